@@ -1,0 +1,115 @@
+"""Wire packing of ternary codes and lookup-table decoding (array reference, NumPy and CuPy).
+
+2-bit: four codes per byte, element 4j+m in bits 2m..2m+1, value code+1 (00 = -1, 01 = 0,
+       10 = +1, as in the public TernGrad code); 0b11 is invalid. Pad codes are 0 (bits 01).
+base-3: five trits per byte, byte = Σ_m (code_{5j+m} + 1) 3^m (3^5 = 243 <= 256, 1.6 bits per
+       element); bytes > 242 are invalid. Pad trits are 0 (value 1).
+
+Sizes: ceil(n/4) and ceil(n/5) bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tgsim.backend import array_module
+
+FORMATS = ("2bit", "base3")
+CODES_PER_BYTE = {"2bit": 4, "base3": 5}
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+
+
+def packed_size(n: int, fmt: str) -> int:
+    return -(-n // CODES_PER_BYTE[fmt])
+
+
+def _lut(fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes[256, k] int8, valid[256] bool) for one format."""
+    k = CODES_PER_BYTE[fmt]
+    b = np.arange(256)
+    if fmt == "2bit":
+        digits = (b[:, None] >> (2 * np.arange(4))) & 3
+        valid = (digits != 3).all(axis=1)
+    else:
+        digits = (b[:, None] // (3 ** np.arange(5))) % 3
+        valid = b <= 242
+    codes = np.where(valid[:, None], digits - 1, 0).astype(np.int8)
+    assert codes.shape == (256, k)
+    return codes, valid
+
+
+LUT = {f: _lut(f) for f in FORMATS}
+
+
+def pack(codes, fmt: str = "2bit"):
+    """uint8 payload of int8 codes in {-1, 0, 1}."""
+    xp = array_module(codes)
+    k = CODES_PER_BYTE[fmt]
+    n = codes.size
+    nb = packed_size(n, fmt)
+    v = xp.ones(nb * k, dtype=xp.uint8)
+    v[:n] = (codes.reshape(-1) + 1).astype(xp.uint8)
+    v = v.reshape(nb, k)
+    if fmt == "2bit":
+        return (v[:, 0] | (v[:, 1] << 2) | (v[:, 2] << 4) | (v[:, 3] << 6)).astype(xp.uint8)
+    return (v * xp.asarray(_POW3)).sum(axis=1, dtype=xp.uint8)
+
+
+def check_payload(payload, n: int, fmt: str, where: str = "payload") -> None:
+    """ValueError unless `payload` is exactly the packing of n valid codes (pad codes 0)."""
+    xp = array_module(payload)
+    nb = packed_size(n, fmt)
+    if payload.dtype != xp.uint8 or payload.ndim != 1:
+        raise ValueError(f"{where}: expected a 1-D uint8 payload, got {payload.dtype} {payload.shape}")
+    if payload.size != nb:
+        raise ValueError(f"{where}: {payload.size} bytes for {n} elements in {fmt}, expected {nb}")
+    codes, valid = LUT[fmt]
+    ok = xp.asarray(valid)[payload]
+    if not bool(ok.all()):
+        i = int(xp.argmin(ok))
+        kind = "code 0b11" if fmt == "2bit" else "byte > 242"
+        raise ValueError(f"{where}: invalid {kind} at byte {i} (0x{int(payload[i]):02x})")
+    k = CODES_PER_BYTE[fmt]
+    if nb * k > n:
+        tail = xp.asarray(codes)[payload[-1]][n - (nb - 1) * k:]
+        if bool((tail != 0).any()):
+            raise ValueError(f"{where}: non-zero pad codes after element {n}")
+
+
+def unpack(payload, n: int, fmt: str = "2bit", validate: bool = True):
+    """int8 codes of a payload (ValueError on invalid codes or a wrong length)."""
+    xp = array_module(payload)
+    if validate:
+        check_payload(payload, n, fmt)
+    codes, _ = LUT[fmt]
+    return xp.asarray(codes)[payload].reshape(-1)[:n]
+
+
+def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
+    """Σ_w codes_w as integers, straight from the packed payloads (LUT per byte, no float decode).
+
+    payloads: uint8 array (W, nbytes). dtype defaults to int8 for W <= 127, else int16/int32.
+    """
+    xp = array_module(payloads)
+    w = payloads.shape[0]
+    if dtype is None:
+        dtype = xp.int8 if w <= 127 else (xp.int16 if w <= 32767 else xp.int32)
+    lut = xp.asarray(LUT[fmt][0]).astype(dtype)
+    acc = xp.zeros(payloads.shape[1] * CODES_PER_BYTE[fmt], dtype=dtype)
+    for i in range(w):
+        acc += lut[payloads[i]].reshape(-1)
+    return acc[:n]
+
+
+def weighted_sum(payloads, scalers, n: int, fmt: str = "2bit", divide_by: int = 1):
+    """float32 of (Σ_w s_w codes_w) / divide_by, from packed payloads.
+
+    Order (every path): acc = Σ_w f64(s_w) * code_w, ascending w, in float64; out = f32(acc * (1/divide_by)).
+    With one shared scaler the sum is exact, so it equals f32(f64(s) * Σ_w code_w * (1/divide_by)).
+    """
+    xp = array_module(payloads)
+    lut = xp.asarray(LUT[fmt][0]).astype(xp.float64)
+    acc = xp.zeros(payloads.shape[1] * CODES_PER_BYTE[fmt], dtype=xp.float64)
+    for i in range(payloads.shape[0]):
+        acc += lut[payloads[i]].reshape(-1) * xp.float64(scalers[i])
+    return (acc[:n] * xp.float64(1.0 / divide_by)).astype(xp.float32)
