@@ -1,0 +1,27 @@
+"""Which implementation of the four codec kernels runs: reference (xp), Numba (CPU), CUDA (CuPy).
+
+All three compute the same bits for the same inputs and key; the choice only changes speed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import numpy as np
+
+KERNEL_NAMES = ("auto", "reference", "numba", "cuda")
+
+
+def get_kernels(name: str, xp=np) -> types.ModuleType:
+    """Module with moments/encode/weighted_sum/sum_codes for arrays of module `xp`."""
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"unknown kernels {name!r}; expected one of {KERNEL_NAMES}")
+    on_gpu = xp is not np
+    if name == "auto":
+        name = "cuda" if on_gpu else "numba"
+    if name == "numba" and on_gpu:
+        raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' for CuPy arrays")
+    if name == "cuda" and not on_gpu:
+        raise ValueError("the CUDA kernels run on CuPy arrays; use kernels='numba' for NumPy arrays")
+    return importlib.import_module(f"tgsim.codecs._{name}")

@@ -1,0 +1,163 @@
+"""The wire format of one worker's encoded gradient.
+
+    header  (little-endian)
+      magic        4s   b"TGM1"
+      version      u8   1
+      codec        u8   1 = terngrad
+      packing      u8   0 = 2bit, 1 = base3
+      scaler_dtype u8   1 = float32
+      layout_id    u32  crc32 of the layer names, kinds and shapes (same model on both ends)
+      n_layers     u32
+      body_bytes   u64
+      per layer:   kind u8 (0 = ternary, 1 = float32), ndim u8, ndim x u64 dims
+      header_crc   u32  crc32 of every header byte before it
+    body, per layer in order
+      ternary:     scaler f32, then packed codes (ceil(n/4) or ceil(n/5) bytes)
+      float32:     n x f32
+
+Anything truncated, extended, or not matching the receiver's layout raises ValueError naming the
+field. The body is not checksummed (that is the transport's job); its length and every code are checked.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from tgsim.codecs.packing import FORMATS, packed_size
+
+MAGIC = b"TGM1"
+VERSION = 1
+CODEC_IDS = {"terngrad": 1}
+KIND_TERNARY, KIND_FLOAT = 0, 1
+_FIXED = struct.Struct("<4sBBBBIIQ")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    name: str
+    shape: tuple[int, ...]
+    kind: int  # KIND_TERNARY or KIND_FLOAT
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def body_bytes(self, fmt: str) -> int:
+        if self.kind == KIND_FLOAT:
+            return 4 * self.size
+        return 4 + packed_size(self.size, fmt)
+
+
+@dataclass(frozen=True)
+class Layout:
+    layers: tuple[LayerSpec, ...]
+    packing: str = "2bit"
+
+    @property
+    def layout_id(self) -> int:
+        text = "|".join(f"{s.name}:{s.kind}:{'x'.join(map(str, s.shape))}" for s in self.layers)
+        return zlib.crc32(text.encode())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.layers)
+
+    def body_bytes(self) -> int:
+        return sum(s.body_bytes(self.packing) for s in self.layers)
+
+    def header_bytes(self) -> bytes:
+        head = _FIXED.pack(MAGIC, VERSION, CODEC_IDS["terngrad"], FORMATS.index(self.packing), 1,
+                           self.layout_id, len(self.layers), self.body_bytes())
+        for s in self.layers:
+            head += struct.pack(f"<BB{len(s.shape)}Q", s.kind, len(s.shape), *s.shape)
+        return head + struct.pack("<I", zlib.crc32(head))
+
+
+@dataclass
+class Message:
+    """One worker's encoded layers: scalers (float32, 0 for float layers) and per-layer parts
+    (packed uint8 codes for ternary layers, float32 values for float layers). Arrays may live on
+    the host or the device; `to_bytes` copies to the host."""
+
+    layout: Layout
+    scalers: np.ndarray
+    parts: list
+
+    def to_bytes(self) -> bytes:
+        from tgsim.backend import to_numpy
+
+        chunks = [self.layout.header_bytes()]
+        for spec, s, part in zip(self.layout.layers, self.scalers, self.parts):
+            if spec.kind == KIND_TERNARY:
+                chunks.append(np.float32(s).tobytes())
+            chunks.append(to_numpy(part).tobytes())
+        return b"".join(chunks)
+
+    @property
+    def wire_bytes(self) -> int:
+        return len(self.layout.header_bytes()) + self.layout.body_bytes()
+
+
+def parse_header(buf: bytes | memoryview) -> tuple[Layout | None, tuple, int]:
+    """(fields, layer kinds/shapes, header length) of a serialized message; ValueError if malformed."""
+    buf = memoryview(buf)
+    if len(buf) < _FIXED.size + 4:
+        raise ValueError(f"message truncated: {len(buf)} bytes, shorter than the fixed header")
+    magic, version, codec, packing, sdtype, layout_id, n_layers, body = _FIXED.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise ValueError(f"not a tgsim message (magic {bytes(magic)!r})")
+    if version != VERSION:
+        raise ValueError(f"message version {version}, this tgsim reads version {VERSION}")
+    if codec not in CODEC_IDS.values() or packing >= len(FORMATS) or sdtype != 1:
+        raise ValueError(f"unknown codec/packing/scaler dtype ids ({codec}, {packing}, {sdtype})")
+    off = _FIXED.size
+    specs = []
+    for i in range(n_layers):
+        if off + 2 > len(buf):
+            raise ValueError(f"message truncated in the header at layer {i}")
+        kind, ndim = struct.unpack_from("<BB", buf, off)
+        if kind not in (KIND_TERNARY, KIND_FLOAT):
+            raise ValueError(f"header: layer {i} has unknown kind {kind}")
+        if off + 2 + 8 * ndim + 4 > len(buf):
+            raise ValueError(f"message truncated in the header at layer {i}")
+        shape = struct.unpack_from(f"<{ndim}Q", buf, off + 2)
+        specs.append((kind, tuple(shape)))
+        off += 2 + 8 * ndim
+    (crc,) = struct.unpack_from("<I", buf, off)
+    if crc != zlib.crc32(buf[:off]):
+        raise ValueError("header checksum mismatch (corrupt or truncated header)")
+    fields = dict(packing=FORMATS[packing], layout_id=layout_id, body=body)
+    return fields, tuple(specs), off + 4
+
+
+def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
+    """Parse and check a serialized message against the receiver's layout (ValueError on mismatch)."""
+    fields, specs, off = parse_header(buf)
+    if fields["packing"] != layout.packing:
+        raise ValueError(f"message packed as {fields['packing']}, receiver expects {layout.packing}")
+    mine = tuple((s.kind, s.shape) for s in layout.layers)
+    if fields["layout_id"] != layout.layout_id or specs != mine:
+        raise ValueError("message layout (layer kinds/shapes/names) differs from the receiver's model")
+    if len(buf) - off != fields["body"] or fields["body"] != layout.body_bytes():
+        raise ValueError(f"message body is {len(buf) - off} bytes, header says {fields['body']}, "
+                         f"layout needs {layout.body_bytes()}")
+    data = np.frombuffer(buf, dtype=np.uint8, offset=off)
+    scalers = np.zeros(len(layout.layers), dtype=np.float32)
+    parts, pos = [], 0
+    for i, spec in enumerate(layout.layers):
+        if spec.kind == KIND_TERNARY:
+            scalers[i] = data[pos:pos + 4].view(np.float32)[0]
+            if not (np.isfinite(scalers[i]) and scalers[i] >= 0):
+                raise ValueError(f"layer {spec.name!r}: invalid scaler {scalers[i]}")
+            pos += 4
+            nb = packed_size(spec.size, layout.packing)
+            parts.append(data[pos:pos + nb])
+            pos += nb
+        else:
+            parts.append(data[pos:pos + 4 * spec.size].view(np.float32).reshape(spec.shape))
+            pos += 4 * spec.size
+    return Message(layout, scalers, parts)
