@@ -1,15 +1,65 @@
-"""Command line: `tgsim demo | bench codec` (run, analyze and figures arrive with their issues)."""
+"""Command line: `tgsim run | demo | bench` (analyze and figures arrive with their issues)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
+from pathlib import Path
+
+
+def builtin_config(name: str) -> Path:
+    path = resources.files("tgsim") / "configs" / f"{name}.toml"
+    if not path.is_file():
+        raise SystemExit(f"no built-in config {name!r}")
+    return Path(str(path))
+
+
+def _load_config(args):
+    from tgsim.train import config as config_mod
+
+    if args.resume and args.config is None:
+        if args.out is None:
+            raise SystemExit("tgsim run --resume needs --out DIR (the run to continue) or a config")
+        return config_mod.load(Path(args.out) / "config.toml", args.set)
+    if args.config is None:
+        raise SystemExit("tgsim run needs a CONFIG.toml (or --resume --out DIR)")
+    return config_mod.load(args.config, args.set)
+
+
+def _cmd_run(args) -> int:
+    from tgsim.train.config import ConfigError
+    from tgsim.train.loop import run
+
+    try:
+        cfg = _load_config(args)
+        res = run(cfg, out=args.out, resume=args.resume, quiet=args.quiet)
+    except (ConfigError, FileExistsError) as e:
+        print(f"tgsim run: {e}", file=sys.stderr)
+        return 2
+    print(f"test loss {res.test_loss:.4f}  accuracy {res.test_accuracy:.4f}  "
+          f"bits/worker up {res.bits_up:.3e} down {res.bits_down:.3e}  skipped steps {res.skipped}")
+    print(f"results: {res.out}")
+    return 0
 
 
 def _cmd_demo(args) -> int:
-    from tgsim import demo
+    from tgsim.train import config as config_mod
+    from tgsim.train.loop import run
 
-    demo.run(workers=args.workers, seed=args.seed)
+    base = config_mod.load(builtin_config("demo"))
+    rows = []
+    for codec in ("fp32", "terngrad"):
+        cfg = config_mod.load(builtin_config("demo"), [f"codec.name='{codec}'", f"run.name='demo-{codec}'"] + args.set)
+        print(f"== {codec}: {cfg.model.name} on {cfg.data.name}, {cfg.workers.n} workers, {cfg.run.steps} steps")
+        res = run(cfg, quiet=args.quiet, results_base=args.results)
+        rows.append((codec, res))
+        print(f"   results: {res.out}")
+    print(f"\n{'codec':10} {'test acc':>9} {'test loss':>10} {'Mbit up/worker':>15} {'Mbit down/worker':>17}")
+    for codec, r in rows:
+        print(f"{codec:10} {r.test_accuracy:9.4f} {r.test_loss:10.4f} {r.bits_up / 1e6:15.2f} {r.bits_down / 1e6:17.2f}")
+    up = rows[0][1].bits_up / max(rows[1][1].bits_up, 1)
+    print(f"TernGrad sent {up:.1f}x fewer bits up than fp32 ({base.exchange.mode} exchange).")
     return 0
 
 
@@ -27,9 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tgsim", description="TernGrad and its peers: codec, simulator, analysis.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="encode one step of real gradients with TernGrad and print the statistics")
-    d.add_argument("--workers", type=int, default=4)
-    d.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("run", help="train with N virtual workers per a TOML config; writes a results directory")
+    r.add_argument("config", nargs="?", help="CONFIG.toml (omit with --resume --out DIR)")
+    r.add_argument("--out", help="results directory (default results/<name>-<time>)")
+    r.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+
+    d = sub.add_parser("demo", help="train the built-in demo config with fp32 and with TernGrad, print both")
+    d.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    d.add_argument("--results", default="results", help="where results directories go")
+    d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")

@@ -15,10 +15,11 @@ from tgsim.rng import StreamKey
 class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or Inf; names the layer so the step can be skipped or the run stopped."""
 
-    def __init__(self, layer: str, count: int | None = None):
-        self.layer = layer
+    def __init__(self, layer: str, count: int | None = None, where: str = ""):
+        self.layer, self.count = layer, count
         what = f"{count} non-finite values" if count is not None else "non-finite values"
-        super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf); refusing to encode")
+        at = f" at {where}" if where else ""
+        super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf){at}; refusing to encode")
 
 
 @runtime_checkable

@@ -113,3 +113,33 @@ def weighted_sum(payloads, scalers, n: int, fmt: str = "2bit", divide_by: int = 
     for i in range(payloads.shape[0]):
         acc += lut[payloads[i]].reshape(-1) * xp.float64(scalers[i])
     return (acc[:n] * xp.float64(1.0 / divide_by)).astype(xp.float32)
+
+
+def uint_width(workers: int) -> int:
+    """Bits per element of an aggregate of N ternary codes: ceil(log2(2N+1))."""
+    return max(1, int(2 * workers).bit_length())
+
+
+def pack_uint(values, width: int):
+    """Pack non-negative integers < 2^width at `width` bits each, little-endian bit order."""
+    xp = array_module(values)
+    v = values.reshape(-1).astype(xp.uint32)
+    if v.size and int(v.max()) >> width:
+        raise ValueError(f"value {int(v.max())} does not fit in {width} bits")
+    bits = ((v[:, None] >> xp.arange(width, dtype=xp.uint32)) & xp.uint32(1)).astype(xp.uint8)
+    return xp.packbits(bits.reshape(-1), bitorder="little")
+
+
+def unpack_uint(payload, n: int, width: int):
+    """Inverse of pack_uint (ValueError on a wrong length)."""
+    xp = array_module(payload)
+    if payload.size != -(-n * width // 8):
+        raise ValueError(f"{payload.size} bytes cannot hold {n} values of {width} bits")
+    bits = xp.unpackbits(payload, count=n * width, bitorder="little").reshape(n, width)
+    return (bits.astype(xp.uint32) << xp.arange(width, dtype=xp.uint32)).sum(axis=1, dtype=xp.uint32)
+
+
+def scale_integer_sum(intsum, scaler: float, divide_by: int):
+    """f32(f64(s) * Σcodes * (1/divide_by)): the same bits as weighted_sum with one shared scaler."""
+    xp = array_module(intsum)
+    return ((intsum.astype(xp.float64) * xp.float64(scaler)) * xp.float64(1.0 / divide_by)).astype(xp.float32)

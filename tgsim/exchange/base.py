@@ -1,0 +1,64 @@
+"""The exchange protocol: how workers agree on scalers and combine their gradients.
+
+The trainer holds the gradients of its *local* workers (all N in the simulator, one per MPI rank)
+and never knows which implementation it has. Every implementation returns, on every worker, the
+same aggregate bits for the same inputs; only the transport differs.
+
+Modes (THEORY §1, "Exchange in the paper"):
+  allreduce  fp32: ring all-reduce of the float gradients. terngrad: shared scaler, ring all-reduce
+             of the integer codes (int8 for N <= 127, else int16), decoded s/N · Σ codes.
+  ps         parameter server with parameter localization: workers push packed codes, the server
+             sums them and sends back Σ codes bit-packed at ceil(log2(2N+1)) bits (shared scaler) or
+             the float32 mean (no sharing); optionally the server ternarizes the mean again.
+  allgather  every worker receives every packed message and decodes each with its own scaler.
+Bytes are counted per worker from the payloads that cross the wire: `sent` and `received`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class CommBytes:
+    """Bytes one worker sent and received in one step (averaged over workers where they differ)."""
+
+    sent: float = 0.0
+    received: float = 0.0
+
+    def __iadd__(self, other: "CommBytes") -> "CommBytes":
+        self.sent += other.sent
+        self.received += other.received
+        return self
+
+
+def ring_allreduce_bytes(nbytes: int, workers: int) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce: 2 (N-1)/N · size."""
+    return 2.0 * (workers - 1) / workers * nbytes if workers > 1 else 0.0
+
+
+class Exchange(Protocol):
+    n_workers: int
+    local_workers: tuple[int, ...]
+
+    def max_scalers(self, local: np.ndarray) -> np.ndarray:
+        """(n_local, L) local scalers -> (L,) maximum over all workers (MAX all-reduce)."""
+
+    def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
+        """Mean over all workers of float32 layers: f32(Σ_w f64(g_w), ascending w, · 1/N)."""
+
+    def terngrad(self, codec, local_messages: Sequence, mode: str, shared: bool,
+                 reternarize_key=None) -> tuple[dict, CommBytes]:
+        """Mean over all workers of the decoded messages, with `mode`'s wire format."""
+
+    def any_true(self, flag: bool) -> bool:
+        """True on every worker if `flag` is true on any worker (e.g. a non-finite gradient)."""
+
+    def mean_scalar(self, local_sum: float) -> float:
+        """(Σ over all workers of a per-worker scalar) / N, given this process's local sum."""
+
+    def check_same_config(self, digest: str) -> None:
+        """Raise on every worker if any worker was started with a different config digest."""

@@ -1,0 +1,108 @@
+"""In-process exchange for N virtual workers: every worker is local, the wire is counted, not sent."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from tgsim.codecs import packing
+from tgsim.codecs.message import KIND_TERNARY
+from tgsim.codecs.terngrad import TernGrad
+from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
+
+
+def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
+    """f32(Σ_w f64(g_w) · (1/N)), workers in list order: the one fp32 reduction every path uses."""
+    out = {}
+    for name in layers[0]:
+        acc = np.zeros(np.shape(layers[0][name]), dtype=np.float64)
+        for lay in layers:
+            acc += np.asarray(lay[name], dtype=np.float64)
+        out[name] = (acc * np.float64(1.0 / divide_by)).astype(np.float32)
+    return out
+
+
+def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
+                  reternarize_key=None) -> tuple[dict, dict]:
+    """The aggregate of all N messages in `mode`, and the payloads of the downlink (server side).
+
+    Returns (mean per layer, info) where info holds the real downlink payload sizes in bytes.
+    """
+    n = len(messages)
+    layout = messages[0].layout
+    if mode == "allgather" or not shared:
+        mean = codec.aggregate(messages, divide_by=n)
+        down = sum(4 * s.size for s in layout.layers if s.kind != KIND_TERNARY) + \
+            sum(4 + packing.packed_size(s.size, codec.packing) for s in layout.layers if s.kind == KIND_TERNARY)
+        if mode == "ps":  # server decodes with each scaler and returns the float32 mean
+            down = sum(4 * s.size for s in layout.layers)
+    else:
+        mean, down = {}, 0
+        width = packing.uint_width(n)
+        for i, spec in enumerate(layout.layers):
+            parts = [m.parts[i] for m in messages]
+            if spec.kind != KIND_TERNARY:
+                mean[spec.name] = mean_of_layers([{spec.name: p} for p in parts], n)[spec.name].reshape(spec.shape)
+                down += 4 * spec.size
+                continue
+            s = float(messages[0].scalers[i])
+            intsum = codec._kernels(np).sum_codes(np.stack(parts), spec.size, codec.packing,
+                                                  np.int8 if n <= 127 else np.int16)
+            if mode == "ps":  # the real downlink payload: Σ codes + N at ceil(log2(2N+1)) bits
+                payload = packing.pack_uint((intsum.astype(np.int32) + n).astype(np.uint32), width)
+                intsum = packing.unpack_uint(payload, spec.size, width).astype(np.int32) - n
+                down += 4 + payload.size
+            else:
+                down += intsum.itemsize * spec.size
+            mean[spec.name] = packing.scale_integer_sum(intsum, s, n).reshape(spec.shape)
+    info = {"down_payload": down}
+    if reternarize_key is not None:
+        plain = TernGrad(clip="none", packing=codec.packing, float_layers=codec.float_layers,
+                         min_size=codec.min_size, kernels=codec.kernels)
+        msg = plain.encode(mean, reternarize_key)
+        mean = plain.decode(msg)
+        info["down_payload"] = msg.wire_bytes
+    return mean, info
+
+
+class InProcessExchange:
+    """All N workers live in this process (the simulator)."""
+
+    def __init__(self, n_workers: int):
+        self.n_workers = n_workers
+        self.local_workers = tuple(range(n_workers))
+
+    def check_same_config(self, digest: str) -> None:
+        return None  # one process, one config
+
+    def any_true(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def mean_scalar(self, local_sum: float) -> float:
+        return local_sum / self.n_workers
+
+    def max_scalers(self, local: np.ndarray) -> np.ndarray:
+        return np.max(np.asarray(local, dtype=np.float32), axis=0)
+
+    def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
+        n = self.n_workers
+        nbytes = sum(4 * int(np.size(v)) for v in local_layers[0].values())
+        b = ring_allreduce_bytes(nbytes, n)
+        return mean_of_layers(local_layers, n), CommBytes(b, b)
+
+    def terngrad(self, codec, local_messages, mode, shared, reternarize_key=None):
+        n = self.n_workers
+        mean, info = terngrad_mean(codec, local_messages, mode, shared, reternarize_key)
+        wire = local_messages[0].wire_bytes
+        n_layers = len(local_messages[0].layout.layers)
+        scal = ring_allreduce_bytes(4 * n_layers, n) if shared else 0.0
+        if mode == "allgather":
+            bytes_ = CommBytes((n - 1) * wire, (n - 1) * wire)
+        elif mode == "allreduce":
+            b = ring_allreduce_bytes(info["down_payload"], n)
+            bytes_ = CommBytes(b, b)
+        else:  # ps: push own message, pull the server's downlink
+            bytes_ = CommBytes(wire, info["down_payload"])
+        bytes_ += CommBytes(scal, scal)
+        return mean, bytes_

@@ -1,0 +1,208 @@
+"""Run configuration: nested dataclasses read from TOML, checked before any work starts.
+
+Unknown sections or keys, impossible batch splits and unknown names are errors that name the key.
+`resolved(cfg)` is what a results directory stores as config.toml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tgsim.codecs.packing import FORMATS
+from tgsim.codecs.ternary import CLIP_MODES
+from tgsim.train.optim import OPTIMIZERS, OptimizerConfig
+from tgsim.train.schedules import SCHEDULES, ScheduleConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; raised before any work starts."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    steps: int = 1000
+    eval_every: int = 100        # test-set evaluation period (steps); 0 = only at the end
+    log_every: int = 10          # per-layer statistics period (steps)
+    checkpoint_every: int = 0    # 0 = no checkpoints
+    keep_checkpoints: int = 3
+    on_nonfinite: str = "raise"  # "raise" | "skip" (skip the step, count it)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "mnist1d"
+    sharding: str = "iid"        # "iid" | "dirichlet"
+    alpha: float = 0.5           # Dirichlet concentration
+    options: dict = field(default_factory=dict)   # passed to tgsim.data.load
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+    options: dict = field(default_factory=dict)   # passed to tgsim.models.make_model
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    n: int = 4
+    batch: int = 64              # total (global) batch, or per-worker batch (batch_mode)
+    batch_mode: str = "total"    # "total": each worker takes batch/n (paper Fig. 3) | "per_worker"
+
+    @property
+    def per_worker_batch(self) -> int:
+        return self.batch // self.n if self.batch_mode == "total" else self.batch
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    name: str = "terngrad"       # "fp32" | "terngrad"
+    clip: str = "explicit"
+    clip_factor: float = 2.5
+    packing: str = "2bit"
+    min_size: int = 0
+    float_layers: tuple = ()
+    kernels: str = "auto"
+
+
+EXCHANGE_MODES = ("allreduce", "ps", "allgather")
+
+
+@dataclass(frozen=True)
+class ExchangeConfig:
+    mode: str = "ps"             # "allreduce" (integer codes / fp32) | "ps" (parameter server) | "allgather"
+    share_scalers: bool = True   # MAX all-reduce of per-layer scalers before encoding
+    reternarize_downlink: bool = False   # ps only: the server ternarizes the averaged gradient again
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    codec: CodecConfig = field(default_factory=CodecConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _section(cls, name: str, values: dict):
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in [{name}]; valid: {sorted(known)}")
+    kw = {}
+    for k, v in values.items():
+        default = known[k].default if known[k].default is not dataclasses.MISSING else known[k].default_factory()
+        if isinstance(default, bool) and not isinstance(v, bool):
+            raise ConfigError(f"[{name}] {k} must be true or false, got {v!r}")
+        if isinstance(default, int) and not isinstance(default, bool) and not (isinstance(v, int) and not isinstance(v, bool)):
+            raise ConfigError(f"[{name}] {k} must be an integer, got {v!r}")
+        if isinstance(default, float) and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            raise ConfigError(f"[{name}] {k} must be a number, got {v!r}")
+        if isinstance(default, float):
+            v = float(v)
+        if isinstance(default, tuple):
+            v = tuple(v)
+        kw[k] = v
+    return cls(**kw)
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    unknown = sorted(set(d) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; valid: {sorted(_SECTIONS)}")
+    classes = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+    cfg = Config(**{name: _section(classes[name], name, d.get(name, {})) for name in _SECTIONS})
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a TOML file and apply `section.key=value` overrides (values parsed as TOML)."""
+    with open(path, "rb") as f:
+        d = tomllib.load(f)
+    return from_dict(apply_overrides(d, overrides or []))
+
+
+def apply_overrides(d: dict, overrides: list[str]) -> dict:
+    d = json.loads(json.dumps(d))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) < 2:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw  # a bare string
+        node = d
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return d
+
+
+def validate(cfg: Config) -> None:
+    w, r = cfg.workers, cfg.run
+    if w.n < 1:
+        raise ConfigError(f"[workers] n must be >= 1, got {w.n}")
+    if w.batch_mode not in ("total", "per_worker"):
+        raise ConfigError(f"[workers] batch_mode must be 'total' or 'per_worker', got {w.batch_mode!r}")
+    if w.batch_mode == "total" and (w.batch % w.n or w.batch < w.n):
+        raise ConfigError(f"[workers] total batch {w.batch} cannot be split evenly over {w.n} workers")
+    if w.batch < 1:
+        raise ConfigError(f"[workers] batch must be >= 1, got {w.batch}")
+    if r.steps < 0 or r.eval_every < 0 or r.log_every < 1 or r.checkpoint_every < 0 or r.keep_checkpoints < 1:
+        raise ConfigError("[run] steps/eval_every/checkpoint_every must be >= 0, log_every/keep_checkpoints >= 1")
+    if r.on_nonfinite not in ("raise", "skip"):
+        raise ConfigError(f"[run] on_nonfinite must be 'raise' or 'skip', got {r.on_nonfinite!r}")
+    if not 0 <= r.seed < 2**63:
+        raise ConfigError(f"[run] seed must be in [0, 2^63), got {r.seed}")
+    c = cfg.codec
+    if c.name not in ("fp32", "terngrad"):
+        raise ConfigError(f"[codec] unknown codec {c.name!r}; expected 'fp32' or 'terngrad'")
+    if c.clip not in CLIP_MODES:
+        raise ConfigError(f"[codec] clip must be one of {CLIP_MODES}, got {c.clip!r}")
+    if c.packing not in FORMATS:
+        raise ConfigError(f"[codec] packing must be one of {FORMATS}, got {c.packing!r}")
+    if c.kernels not in ("auto", "reference", "numba", "cuda"):
+        raise ConfigError(f"[codec] kernels must be auto/reference/numba/cuda, got {c.kernels!r}")
+    e = cfg.exchange
+    if e.mode not in EXCHANGE_MODES:
+        raise ConfigError(f"[exchange] mode must be one of {EXCHANGE_MODES}, got {e.mode!r}")
+    if e.reternarize_downlink and (e.mode != "ps" or c.name != "terngrad"):
+        raise ConfigError("[exchange] reternarize_downlink needs mode = 'ps' and codec 'terngrad'")
+    if c.name == "terngrad" and e.mode == "allreduce" and not e.share_scalers:
+        raise ConfigError("[exchange] integer all-reduce of ternary codes needs share_scalers = true "
+                          "(summing codes with different scalers is wrong)")
+    if cfg.optimizer.name not in OPTIMIZERS:
+        raise ConfigError(f"[optimizer] unknown optimizer {cfg.optimizer.name!r}; expected one of {OPTIMIZERS}")
+    if cfg.schedule.name not in SCHEDULES:
+        raise ConfigError(f"[schedule] unknown schedule {cfg.schedule.name!r}; expected one of {SCHEDULES}")
+    if cfg.data.sharding not in ("iid", "dirichlet"):
+        raise ConfigError(f"[data] sharding must be 'iid' or 'dirichlet', got {cfg.data.sharding!r}")
+
+
+def to_dict(cfg: Config) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["codec"]["float_layers"] = list(d["codec"]["float_layers"])
+    return d
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 of the resolved config (what ranks compare at start-up)."""
+    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,268 @@
+"""Synchronous data-parallel training with a gradient codec, for any Exchange.
+
+One step (DESIGN.md "Data flow of one step"), for the workers local to this process:
+    batches (counter-based: seed, step, worker) -> loss_and_grad (batched over the worker axis)
+    -> [fp32] mean | [terngrad] scaling -> MAX-shared scalers -> encode -> exchange -> mean
+    -> optimizer update on every replica (identical bits) -> metrics
+A killed run resumes from its newest good checkpoint and ends with the bits of an uninterrupted run:
+every random draw is a function of (seed, step, worker, layer), so the step number is all the
+state besides the parameters and the optimizer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tgsim.codecs import NonFiniteGradientError, TernGrad
+from tgsim.rng import StreamKey
+from tgsim.train import checkpoint, results
+from tgsim.train.config import Config, ConfigError, config_hash
+from tgsim.train.optim import make_optimizer
+from tgsim.train.schedules import learning_rate
+
+
+@dataclass
+class Setup:
+    cfg: Config
+    dataset: object
+    shards: list
+    model: object
+    codec: TernGrad | None
+    optimizer: object
+    exchange: object
+
+
+def _model_options(model_name: str, options: dict, dataset) -> dict:
+    """Fill the model's input/output sizes from the dataset where the config leaves them out."""
+    from tgsim.models import make_model
+
+    opts = dict(options)
+    probe = {"dim": int(np.prod(dataset.feature_shape)), "length": int(dataset.feature_shape[-1]),
+             "classes": int(dataset.n_classes)}
+    cls = type(make_model(model_name, **_minimal(model_name, probe, opts)))
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k, v in probe.items():
+        if k in names and k not in opts:
+            opts[k] = v
+    return opts
+
+
+def _minimal(model_name, probe, opts):
+    from tgsim.models import make_model
+
+    for keys in (("dim", "classes"), ("dim",), ("length", "classes"), ()):
+        trial = {**{k: probe[k] for k in keys}, **opts}
+        try:
+            make_model(model_name, **trial)
+            return trial
+        except (TypeError, ValueError):
+            continue
+    return opts
+
+
+def build(cfg: Config, exchange=None) -> Setup:
+    """Everything a run needs, checked before the first step (ConfigError on a bad combination)."""
+    from tgsim.data import load, shard
+    from tgsim.exchange import InProcessExchange
+    from tgsim.models import make_model
+
+    try:
+        dataset = load(cfg.data.name, seed=cfg.run.seed, **cfg.data.options)
+        shards = shard(dataset.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha,
+                       seed=cfg.run.seed)
+        model = make_model(cfg.model.name, **_model_options(cfg.model.name, cfg.model.options, dataset))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+    if model.task != dataset.task:
+        raise ConfigError(f"model {cfg.model.name!r} is for {model.task}, data {cfg.data.name!r} is {dataset.task}")
+    b = cfg.workers.per_worker_batch
+    small = min(len(s) for s in shards)
+    if b > small:
+        raise ConfigError(f"per-worker batch {b} is larger than the smallest shard ({small} samples)")
+    codec = None
+    if cfg.codec.name == "terngrad":
+        c = cfg.codec
+        codec = TernGrad(clip=c.clip, clip_factor=c.clip_factor, packing=c.packing, min_size=c.min_size,
+                         float_layers=tuple(c.float_layers), kernels=c.kernels)
+    exchange = exchange or InProcessExchange(cfg.workers.n)
+    if exchange.n_workers != cfg.workers.n:
+        raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
+    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange)
+
+
+def local_batch(setup: Setup, step: int):
+    """(x, y) of this process's workers at `step`: shapes (n_local, B, *features), (n_local, B)."""
+    from tgsim.data import batch_indices
+
+    cfg, ds = setup.cfg, setup.dataset
+    b = cfg.workers.per_worker_batch
+    idx = np.stack([batch_indices(setup.shards[w], b, cfg.run.seed, step, w) for w in setup.exchange.local_workers])
+    return ds.x_train[idx], ds.y_train[idx]
+
+
+@dataclass
+class StepInfo:
+    loss: float
+    sent: float
+    received: float
+    skipped: bool
+    layer_stats: list = field(default_factory=list)
+
+
+def _layer_stats(local_layers, scalers, scalings) -> list[dict]:
+    rows = []
+    for i, name in enumerate(local_layers[0]):
+        gs = [np.asarray(lay[name], dtype=np.float64).reshape(-1) for lay in local_layers]
+        inf_l1 = np.mean([np.abs(g).max() * np.abs(g).sum() if g.size else 0.0 for g in gs])
+        l2 = np.mean([g @ g for g in gs])
+        clip = float("nan")
+        if scalings is not None and scalings[0][i] is not None:
+            clip = float(np.mean([(np.abs(g) > sc[i].clip_bound).mean() if g.size else 0.0
+                                  for g, sc in zip(gs, scalings)]))
+        scaler = float(scalers[i]) if scalers is not None else float(np.mean([np.abs(g).max() if g.size else 0.0 for g in gs]))
+        rows.append(dict(layer=name, scaler=scaler, inf_l1=float(inf_l1), l2sq=float(l2), clip_fraction=clip))
+    return rows
+
+
+def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False):
+    """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params."""
+    cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
+    x, y = local_batch(setup, step)
+    losses, grads = setup.model.loss_and_grad(params, x, y)
+    local = ex.local_workers
+    local_layers = [{k: g[i] for k, g in grads.items()} for i in range(len(local))]
+
+    bad = None
+    scalings = None
+    try:
+        if codec is None:
+            for w, lay in zip(local, local_layers):
+                for name, g in lay.items():
+                    if not np.isfinite(g).all():
+                        raise NonFiniteGradientError(name, int((~np.isfinite(g)).sum()))
+        else:
+            scalings = [codec.scaling(lay) for lay in local_layers]
+    except NonFiniteGradientError as e:
+        bad = e
+    if ex.any_true(bad is not None):
+        if cfg.run.on_nonfinite == "raise":
+            if bad is not None:
+                raise NonFiniteGradientError(bad.layer, bad.count, f"step {step}") from bad
+            raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
+        return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
+
+    shared = None
+    if codec is None:
+        mean, comm = ex.mean_fp32(local_layers)
+    else:
+        local_s = np.stack([codec.local_scalers(s) for s in scalings])
+        shared = ex.max_scalers(local_s) if cfg.exchange.share_scalers else None
+        msgs = [codec.encode(lay, StreamKey(cfg.run.seed, step, w), shared, sc)
+                for w, lay, sc in zip(local, local_layers, scalings)]
+        rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
+        mean, comm = ex.terngrad(codec, msgs, cfg.exchange.mode, cfg.exchange.share_scalers, rkey)
+    lr = learning_rate(cfg.schedule, step, cfg.run.steps)
+    params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
+    stats = _layer_stats(local_layers, shared, scalings) if with_stats else []
+    loss = ex.mean_scalar(float(np.sum(losses)))
+    return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, stats)
+
+
+@dataclass
+class RunResult:
+    out: Path | None
+    params: dict
+    steps: int
+    test_loss: float
+    test_accuracy: float
+    bits_up: float
+    bits_down: float
+    skipped: int
+
+
+def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
+        exchange=None, writer: bool = True, results_base: str | Path = "results") -> RunResult:
+    """Train per `cfg`, writing a results directory (only where `writer`); see module docstring."""
+    setup = build(cfg, exchange)
+    ex = setup.exchange
+    ex.check_same_config(config_hash(cfg))
+    if out is None and resume:
+        raise ConfigError("--resume needs the results directory to continue")
+    out = Path(out) if out is not None else results.new_run_dir(results_base, cfg.run.name)
+    if writer:
+        results.prepare(out, cfg, resume)
+    start, params, opt_state = 0, None, None
+    ckpt_dir = out / "checkpoints"
+    if resume:
+        found = checkpoint.latest_good(ckpt_dir)
+        if found is not None:
+            start, state = found
+            params, opt_state = state["params"], _restore_opt(state.get("opt", {}))
+    if params is None:
+        params = setup.model.init(cfg.run.seed)
+        opt_state = setup.optimizer.init(params)
+    metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
+    if writer:
+        results.write_manifest(out, cfg, {"backend": "numpy", "kernels": cfg.codec.kernels,
+                                          "exchange": type(ex).__name__, "resumed_from_step": start})
+
+    bar = None
+    if not quiet and writer:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.run.steps, initial=start, desc=cfg.run.name, unit="step", file=sys.stderr,
+                   dynamic_ncols=True)
+    t0 = time.perf_counter()
+    bits_up = bits_down = 0.0
+    skipped = 0
+    test = (float("nan"), float("nan"))
+    for step in range(start, cfg.run.steps):
+        with_stats = step % cfg.run.log_every == 0
+        params, opt_state, info = train_step(setup, params, opt_state, step, with_stats)
+        bits_up += 8 * info.sent
+        bits_down += 8 * info.received
+        skipped += info.skipped
+        done = step + 1
+        if metrics is not None:
+            elapsed = time.perf_counter() - t0
+            metrics.write(step=done, split="train", layer="model", loss=info.loss, bits_up=8 * info.sent,
+                          bits_down=8 * info.received, lr=learning_rate(cfg.schedule, step, cfg.run.steps),
+                          skipped=int(info.skipped), seconds=elapsed)
+            for row in info.layer_stats:
+                metrics.write(step=done, split="train", **row)
+        if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
+            test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
+            if metrics is not None:
+                metrics.write(step=done, split="test", layer="model", loss=float(test[0]), accuracy=float(test[1]))
+        if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
+            if metrics is not None:
+                metrics.flush()
+            if writer:
+                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state}, cfg.run.keep_checkpoints)
+            if hasattr(ex, "barrier"):
+                ex.barrier()
+        if bar is not None:
+            bar.update(1)
+            if done % 10 == 0 or done == cfg.run.steps:
+                bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
+    if bar is not None:
+        bar.close()
+    if writer:
+        metrics.close()
+        results.save_params(out, params)
+    if start >= cfg.run.steps and math.isnan(test[0]):
+        test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
+    return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
+                     bits_up, bits_down, skipped)
+
+
+def _restore_opt(flat_tree: dict):
+    """Checkpointed optimizer state back to the shapes the optimizer expects."""
+    return flat_tree if flat_tree else {}

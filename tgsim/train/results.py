@@ -1,0 +1,130 @@
+"""Results directory of one run: config.toml, manifest.json, metrics.csv, checkpoints/, params.npz.
+
+Existing results are never overwritten silently: a non-empty directory is only reused by --resume.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from tgsim.train.config import Config, config_hash, to_dict
+
+METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "bits_up", "bits_down", "lr",
+                  "scaler", "inf_l1", "l2sq", "clip_fraction", "skipped", "seconds"]
+
+
+def new_run_dir(base: str | Path, name: str) -> Path:
+    """results/<name>-<UTC time>, with a numeric suffix if that exists already."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"{name}-{stamp}"
+    k = 2
+    while path.exists():
+        path = Path(base) / f"{name}-{stamp}-{k}"
+        k += 1
+    return path
+
+
+def prepare(out: Path, cfg: Config, resume: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise FileExistsError(f"results directory {out} exists and is not empty; pass --resume to continue "
+                              "that run or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "config.toml"
+    if resume and cfg_path.exists():
+        return
+    tmp = cfg_path.with_suffix(".tmp")
+    tmp.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
+    os.replace(tmp, cfg_path)
+
+
+def _git_commit() -> str:
+    src = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
+    manifest = {
+        "tgsim": _version("tgsim"),
+        "python": sys.version.split()[0],
+        "versions": {p: _version(p) for p in ("numpy", "scipy", "numba", "pandas", "scikit-learn", "mnist1d",
+                                              "cupy-cuda12x", "mpi4py")},
+        "git_commit": _git_commit(),
+        "seed": cfg.run.seed,
+        "config_sha256": config_hash(cfg),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "command": sys.argv,
+        "written_at": datetime.now(timezone.utc).isoformat(),
+        **extra,
+    }
+    path = out / "manifest.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Append-only tidy CSV; on resume, rows after the checkpoint's step are dropped first."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        self.path = path
+        if resume_step is not None and path.exists():
+            with open(path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, METRIC_COLUMNS)
+                w.writeheader()
+                w.writerows(rows)
+            os.replace(tmp, path)
+        new = not path.exists()
+        self._f = open(path, "a", newline="")
+        self._w = csv.DictWriter(self._f, METRIC_COLUMNS, extrasaction="raise")
+        if new:
+            self._w.writeheader()
+        self._t0 = time.perf_counter()
+
+    def write(self, **row) -> None:
+        row = {k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in row.items()}
+        self._w.writerow(row)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def save_params(out: Path, params: dict) -> None:
+    path = out / "params.npz"
+    tmp = out / "params.tmp.npz"
+    np.savez(tmp, **{k: np.asarray(v) for k, v in params.items()})
+    os.replace(tmp, path)
