@@ -1,0 +1,746 @@
+"""The CUDA path of the codec (tgsim/cuda/*.cu, tgsim/codecs/_cuda.py) against the NumPy reference, bit for bit.
+
+Without a GPU (marker `nvcc`):
+  * nvcc builds tgsim/cuda/host_harness.cu into a shared library, once per session, into a pytest
+    tmp dir. The harness #includes terngrad.cu, so the same run also compiles every __global__
+    kernel for the device (a kernel that does not compile fails the build). Each tg_host_<kernel>
+    function runs the per-thread body of kernel <kernel> (the same __host__ __device__ function)
+    for every logical thread index; ctypes calls it and the result is compared with
+    tgsim.rng / tgsim.codecs.{stats,ternary,packing}.
+  * nvcc --ptx compiles the exact source the wrapper hands to NVRTC (philox.cuh inlined) with the
+    wrapper's NVRTC options: the six kernels must be there and no FMA instruction may appear.
+  * The wrapper itself (tgsim.codecs._cuda) runs against a stand-in `cupy` module whose RawModule
+    kernels dispatch to the harness, checking every kernel argument's type against the kernel's
+    C signature (parsed from terngrad.cu).
+With a GPU and CuPy (marker `gpu`): the same wrapper tests run on the device.
+
+Build command (checked with CUDA 13.0 nvcc and gcc 12.2 as host compiler; nvcc's default device
+arch for CUDA 13 is sm_75, no -arch needed):
+    nvcc -O2 -shared -Xcompiler -fPIC,-ffp-contract=off --fmad=false -o libtg_host.so host_harness.cu
+-Xcompiler -fPIC: needed for a shared library; -ffp-contract=off: gcc must not fuse the host bodies'
+a*b+c into FMA (the device bodies use __dadd_rn/__dmul_rn, which are never fused); --fmad=false:
+the device pass is compiled as the wrapper compiles it with NVRTC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgsim import backend
+from tgsim.codecs import _cuda, _reference, packing, stats, ternary
+from tgsim.rng import StreamKey, philox4x32_10, random_words
+from tgsim.rng.philox import MAX_ELEMENTS
+
+CUDA_DIR = Path(_cuda.__file__).resolve().parent.parent / "cuda"
+NVCC = shutil.which("nvcc")
+HARNESS_FLAGS = ["-O2", "-shared", "-Xcompiler", "-fPIC,-ffp-contract=off", "--fmad=false"]
+NO_BAD = 2**64 - 1
+LANES = stats.LANES
+
+needs_nvcc = [
+    pytest.mark.nvcc,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: the CUDA kernel logic is built and run "
+                                            "on the CPU with nvcc (install the CUDA toolkit)"),
+]
+needs_gpu = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not backend.gpu_available(), reason="no CUDA GPU (CuPy not installed or no device)"),
+]
+
+SIZES = [0, 1, 3, 4, 5, 19, 20, 21, 65535, 65536, 65537, 100_003]
+KINDS = ["normal", "denormal", "zeros", "range", "mixed", "constant"]
+KEYS = [
+    StreamKey(0x0123456789ABCDEF, step=5, worker=2, layer=9),      # seed > 2^32
+    StreamKey(2**64 - 1, step=2**32 - 1, worker=2**32 - 1, layer=2**32 - 1),
+    StreamKey(2**32 + 7, step=1),
+    StreamKey(0),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# C signatures (parsed from the sources) and the ctypes harness
+# ------------------------------------------------------------------------------------------------
+_C_TYPES = {
+    "float*": ("p", np.float32), "double*": ("p", np.float64), "int*": ("p", np.int32),
+    "unsigned char*": ("p", np.uint8), "signed char*": ("p", np.int8),
+    "unsigned int*": ("p", np.uint32), "unsigned long long*": ("p", np.uint64),
+    "long long": ("s", np.int64), "int": ("s", np.int32), "unsigned int": ("s", np.uint32),
+    "float": ("s", np.float32), "double": ("s", np.float64),
+}
+_CTYPES_SCALAR = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.uint32: ctypes.c_uint,
+                  np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
+def _params(text: str) -> list[tuple[str, type]]:
+    text = text.strip()
+    if text in ("", "void"):
+        return []
+    out = []
+    for p in text.split(","):
+        m = re.fullmatch(r"(.*?)\s*(\w+)", " ".join(p.replace("*", "* ").split()))
+        ctype = m.group(1).replace("const ", "").replace(" *", "*").strip()
+        out.append(_C_TYPES[ctype])
+    return out
+
+
+def kernel_signatures() -> dict[str, list]:
+    src = (CUDA_DIR / "terngrad.cu").read_text()
+    return {name: _params(args)
+            for name, args in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', src)}
+
+
+def host_signatures() -> dict[str, list]:
+    src = (CUDA_DIR / "host_harness.cu").read_text()
+    return {name: _params(args) for name, args in re.findall(r"\n\w+ (tg_host_\w+)\(([^)]*)\)", src)}
+
+
+def host_name(kernel: str) -> str:
+    """tg_<x> (kernel) -> tg_host_<x> (its CPU loop in host_harness.cu)."""
+    assert kernel.startswith("tg_")
+    return "tg_host_" + kernel[3:]
+
+
+class Harness:
+    """ctypes view of libtg_host.so with strict argument checking against the C signatures."""
+
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        self.sigs = host_signatures()
+        for name, params in self.sigs.items():
+            fn = getattr(self.lib, name)
+            fn.argtypes = [ctypes.c_void_p if k == "p" else _CTYPES_SCALAR[t] for k, t in params]
+            fn.restype = ctypes.c_int if name == "tg_host_lanes" else None
+
+    def call(self, name: str, *args):
+        params = self.sigs[name]
+        if len(args) != len(params):
+            raise TypeError(f"{name}: {len(args)} arguments for {len(params)} parameters")
+        conv = []
+        for i, (a, (kind, t)) in enumerate(zip(args, params)):
+            if kind == "p":
+                if not isinstance(a, np.ndarray) or a.dtype != t or not a.flags.c_contiguous:
+                    raise TypeError(f"{name} argument {i}: expected a contiguous {np.dtype(t)} array, got "
+                                    f"{type(a).__name__} {getattr(a, 'dtype', '')}")
+                conv.append(a.ctypes.data)
+            else:
+                if type(a) is not t:   # Python int/float would reach the kernel as long long/double
+                    raise TypeError(f"{name} argument {i}: expected numpy.{np.dtype(t)}, got {type(a).__name__}")
+                conv.append(a.item())
+        return getattr(self.lib, name)(*conv)
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory):
+    """libtg_host.so and the PTX of the wrapper's module source, built concurrently (2 nvcc runs)."""
+    if NVCC is None:
+        pytest.skip("nvcc not on PATH")
+    d = tmp_path_factory.mktemp("tg_cuda")
+    so, mod_src, ptx = d / "libtg_host.so", d / "terngrad_module.cu", d / "terngrad_module.ptx"
+    mod_src.write_text(_cuda.source())
+    cmds = [
+        [NVCC, *HARNESS_FLAGS, "-o", str(so), str(CUDA_DIR / "host_harness.cu")],
+        [NVCC, "--ptx", *_cuda.NVRTC_OPTIONS, "-o", str(ptx), str(mod_src)],
+    ]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    for p, c in zip(procs, cmds):
+        out, err = p.communicate(timeout=600)
+        if p.returncode:
+            raise RuntimeError(f"build failed ({p.returncode}): {' '.join(c)}\n{out}\n{err}")
+    return types.SimpleNamespace(so=so, ptx=ptx.read_text(), cmds=cmds)
+
+
+@pytest.fixture(scope="session")
+def h(builds):
+    return Harness(builds.so)
+
+
+# ------------------------------------------------------------------------------------------------
+# data and small helpers
+# ------------------------------------------------------------------------------------------------
+def make_layer(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([seed, n, KINDS.index(kind)])
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    if kind == "normal":
+        g = rng.standard_normal(n) * 1e-2
+    elif kind == "denormal":   # half denormals (all 23 mantissa bits), half tiny normals
+        bits = rng.integers(1, 2**23, n, dtype=np.uint32)
+        g = bits.view(np.float32).astype(np.float64) * sign
+        tiny = rng.random(n) < 0.5
+        g[tiny] = sign[tiny] * rng.uniform(1.2e-38, 1e-37, int(tiny.sum()))
+    elif kind == "zeros":
+        g = 0.0 * sign                                   # +0.0 and -0.0
+    elif kind == "range":      # exponents across the whole float32 range
+        g = sign * np.exp2(rng.uniform(-149.0, 127.9, n))
+    elif kind == "mixed":      # normal bulk, exact zeros, huge outliers, denormals
+        g = rng.standard_normal(n)
+        u = rng.random(n)
+        g[u < 0.1] = 0.0
+        g[(u >= 0.1) & (u < 0.12)] *= 1e30
+        g[(u >= 0.12) & (u < 0.14)] = 1e-40
+    elif kind == "constant":
+        g = np.full(n, 0.375)
+    else:
+        raise ValueError(kind)
+    with np.errstate(over="ignore"):
+        g = g.astype(np.float32)
+    g[~np.isfinite(g)] = np.float32(3.0e38)
+    return g
+
+
+def bits(a) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.view({4: np.uint32, 8: np.uint64, 1: np.uint8, 2: np.uint16}[a.dtype.itemsize])
+
+
+def assert_same_bits(actual, expected):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    bad = np.flatnonzero(bits(actual) != bits(expected))
+    assert bad.size == 0, (f"{bad.size} of {actual.size} differ; first at {bad[0]}: "
+                           f"{actual[bad[0]]!r} vs {expected[bad[0]]!r}")
+
+
+def f64bits(x: float) -> int:
+    return int(np.float64(x).view(np.uint64))
+
+
+def same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or f64bits(a) == f64bits(b)
+
+
+def scalings(g: np.ndarray):
+    m = stats.layer_moments(g, need_sigma=True)
+    return {c: ternary.scaling_from_moments(m.absmax, m.sigma, c, 2.5) for c in ternary.CLIP_MODES}
+
+
+def ref_encode(g, s, cb, key, fmt):
+    return packing.pack(ternary.ternarize(g, s, key, cb), fmt)
+
+
+def ref_lanes(g):
+    """stats.lane_sums' lanes before the tree (same loop)."""
+    n = g.size
+    k = np.float64(g[0]) if n else np.float64(0.0)
+    s1, s2 = np.zeros(LANES), np.zeros(LANES)
+    for r0 in range(0, n, LANES):
+        d = g[r0:r0 + LANES].astype(np.float64) - k
+        s1[:d.size] += d
+        s2[:d.size] += d * d
+    return s1, s2
+
+
+def random_payloads(workers: int, n: int, fmt: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([seed, workers, n])
+    nb = packing.packed_size(n, fmt)
+    out = np.empty((workers, nb), dtype=np.uint8)
+    for w in range(workers):
+        out[w] = packing.pack(rng.integers(-1, 2, n).astype(np.int8), fmt)
+    return out
+
+
+SCALER_SETS = {
+    "distinct": [1.0, 0.1, 0.0, 1e-45, 3.0e38, -2.5, 7.25e-3, 65504.0],
+    "shared": [0.0123] * 8,
+}
+
+
+def scalers_for(kind: str, workers: int) -> np.ndarray:
+    return np.array(SCALER_SETS[kind][:workers], dtype=np.float32)
+
+
+# harness front ends: same arguments as the kernels, host arrays
+def h_moments(h, g):
+    s1, s2 = np.full(LANES, np.nan), np.full(LANES, np.nan)
+    amax, bad = np.full(LANES, np.nan, dtype=np.float32), np.zeros(1, dtype=np.int32)
+    h.call("tg_host_moments_lanes", g, np.int64(g.size), s1, s2, amax, bad)
+    lanes = (s1.copy(), s2.copy(), amax.copy())
+    h.call("tg_host_moments_tree", s1, s2, amax, np.int32(LANES))
+    return lanes, (float(s1[0]), float(s2[0]), float(amax[0])), int(bad[0])
+
+
+def h_encode(h, g, s, cb, key, fmt):
+    out = np.full(packing.packed_size(g.size, fmt), 0xFF, dtype=np.uint8)   # 0xFF: invalid in both formats
+    k0, k1 = key.key
+    h.call(f"tg_host_encode_{fmt}", g, np.int64(g.size), np.float32(s), np.float32(cb), np.uint32(k0),
+           np.uint32(k1), np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step), out)
+    return out
+
+
+def h_weighted_sum(h, payloads, scalers, n, fmt, divide_by):
+    out = np.full(n, np.nan, dtype=np.float32)
+    first_bad = np.array([NO_BAD], dtype=np.uint64)
+    h.call("tg_host_weighted_sum", np.ascontiguousarray(payloads), np.int32(payloads.shape[0]),
+           np.int64(payloads.shape[1]), np.ascontiguousarray(scalers, dtype=np.float32), np.int64(n),
+           np.int32(_cuda.FMT_CODE[fmt]), np.float64(1.0 / divide_by), out, first_bad)
+    return out, int(first_bad[0])
+
+
+def h_sum_codes(h, payloads, n, fmt):
+    out = np.full(n, -99, dtype=np.int32)
+    first_bad = np.array([NO_BAD], dtype=np.uint64)
+    h.call("tg_host_sum_codes", np.ascontiguousarray(payloads), np.int32(payloads.shape[0]),
+           np.int64(payloads.shape[1]), np.int64(n), np.int32(_cuda.FMT_CODE[fmt]), out, first_bad)
+    return out, int(first_bad[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# the module source and the build
+# ------------------------------------------------------------------------------------------------
+def test_module_imports_without_cupy():
+    code = ("import sys; sys.modules['cupy'] = None; import tgsim.codecs._cuda as c; "
+            "assert 'cupy' not in [m for m in sys.modules if sys.modules[m] is not None]")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_module_source_is_self_contained():
+    src = _cuda.source()
+    assert not re.search(r"^\s*#\s*include", src, flags=re.M), "NVRTC has no system headers"
+    assert set(kernel_signatures()) == set(_cuda.KERNELS)
+
+
+@pytest.mark.usefixtures("builds")
+class TestBuild:
+    pytestmark = needs_nvcc
+
+    def test_host_functions_mirror_kernels(self, h):
+        kernels = kernel_signatures()
+        assert set(_cuda.KERNELS) == set(kernels)
+        for name, params in kernels.items():
+            assert h.sigs[host_name(name)] == params, name
+        assert h.lib.tg_host_lanes() == LANES
+
+    def test_ptx_has_every_kernel_and_no_fma(self, builds):
+        entries = re.findall(r"\.entry\s+(\w+)\(", builds.ptx)
+        assert sorted(entries) == sorted(_cuda.KERNELS)
+        fused = sorted(set(re.findall(r"\b(fma\.\w+(?:\.\w+)*|mad\.\w*f\d+)", builds.ptx)))
+        assert not fused, f"FMA in the module: {fused}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Philox
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("builds")
+class TestPhilox:
+    pytestmark = needs_nvcc
+
+    # Random123 kat_vectors, philox4x32_10
+    KAT = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ]
+
+    def test_known_answers(self, h):
+        ctr = np.array([c for c, _, _ in self.KAT], dtype=np.uint32)
+        keys = np.array([k for _, k, _ in self.KAT], dtype=np.uint32)
+        out = np.zeros_like(ctr)
+        h.call("tg_host_philox", np.int64(len(ctr)), ctr, keys, out)
+        assert out.tolist() == [list(e) for _, _, e in self.KAT]
+        ref = philox4x32_10(tuple(ctr.T), (0, 0))   # reference agrees on the first vector
+        assert [int(x[0]) for x in ref] == list(self.KAT[0][2])
+
+    def test_random_counters_and_keys(self, h):
+        rng = np.random.default_rng(1)
+        ctr = rng.integers(0, 2**32, (64, 4), dtype=np.uint32)
+        keys = rng.integers(0, 2**32, (64, 2), dtype=np.uint32)
+        out = np.zeros_like(ctr)
+        h.call("tg_host_philox", np.int64(64), ctr, keys, out)
+        for i in range(64):
+            ref = philox4x32_10(tuple(ctr[i:i + 1].T), (int(keys[i, 0]), int(keys[i, 1])))
+            assert out[i].tolist() == [int(x[0]) for x in ref]
+
+    @pytest.mark.parametrize("key", KEYS)
+    @pytest.mark.parametrize("start,n", [(0, 0), (0, 1), (0, 4), (3, 18), (0, 1001), (MAX_ELEMENTS - 23, 23)])
+    def test_stream_words(self, h, key, start, n):
+        out = np.zeros(n, dtype=np.uint32)
+        h.call("tg_host_random_words", np.int64(n), np.int64(start), np.uint32(key.key[0]),
+               np.uint32(key.key[1]), np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step), out)
+        assert_same_bits(out, random_words(n, key, start=start))
+
+
+# ------------------------------------------------------------------------------------------------
+# moments
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("builds")
+class TestMoments:
+    pytestmark = needs_nvcc
+
+    @pytest.mark.parametrize("kind", KINDS)
+    @pytest.mark.parametrize("n", SIZES)
+    def test_lanes_tree_and_moments(self, h, n, kind):
+        g = make_layer(kind, n)
+        (s1, s2, amax), (t1, t2, tmax), bad = h_moments(h, g)
+        r1, r2 = ref_lanes(g)
+        assert_same_bits(s1, r1)
+        assert_same_bits(s2, r2)
+        _, e1, e2 = stats.lane_sums(g)
+        assert f64bits(t1) == f64bits(e1) and f64bits(t2) == f64bits(e2)
+        assert bad == 0
+        ref = stats.layer_moments(g, need_sigma=True)
+        assert tmax == ref.absmax and float(amax.max(initial=0.0)) == ref.absmax
+        assert same_float(stats.moments_from_sums(n, 0.0, t1, t2), ref.sigma)
+
+    @pytest.mark.parametrize("n,where", [(1, 0), (20, 19), (65537, 65536), (100_003, 70_000)])
+    @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+    def test_nonfinite_flag(self, h, n, where, value):
+        g = make_layer("normal", n)
+        g[where] = value
+        assert h_moments(h, g)[2] == 1
+        assert not stats.layer_moments(g).finite
+
+
+# ------------------------------------------------------------------------------------------------
+# encode
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("builds")
+class TestEncode:
+    pytestmark = needs_nvcc
+
+    @pytest.mark.parametrize("kind", KINDS)
+    @pytest.mark.parametrize("n", SIZES)
+    def test_matches_ternarize_and_pack(self, h, n, kind):
+        g = make_layer(kind, n, seed=1)
+        key = KEYS[(SIZES.index(n) + KINDS.index(kind)) % len(KEYS)]
+        for clip, sc in scalings(g).items():
+            for fmt in packing.FORMATS:
+                got = h_encode(h, g, sc.scaler, sc.clip_bound, key, fmt)
+                assert_same_bits(got, ref_encode(g, sc.scaler, sc.clip_bound, key, fmt))
+            # a shared scaler above the local one (as after the MAX all-reduce)
+            s = float(np.float32(min(sc.scaler * 1.75 + 1e-30, 3.4e38)))
+            got = h_encode(h, g, s, sc.clip_bound, key, "2bit")
+            assert_same_bits(got, ref_encode(g, s, sc.clip_bound, key, "2bit"))
+
+    @pytest.mark.parametrize("cb", [float("inf"), 0.5, 2.0**-24])
+    def test_rule_at_the_boundary(self, h, cb):
+        """x = (t + δ)/2^24 with s = 1: the exact products hit equality, where the rule says 0."""
+        key, n = KEYS[0], 4099
+        t = (random_words(n, key) >> np.uint32(8)).astype(np.int64)
+        rng = np.random.default_rng(2)
+        x = np.clip(t + rng.integers(-1, 2, n), 0, 2**24 - 1) / 2.0**24
+        g = (x * np.where(rng.random(n) < 0.5, -1.0, 1.0)).astype(np.float32)
+        g[::7] = -0.0
+        codes = np.zeros(n, dtype=np.int8)
+        h.call("tg_host_ternary_codes", g, np.int64(n), np.float32(1.0), np.float32(cb),
+               np.uint32(key.key[0]), np.uint32(key.key[1]), np.uint32(key.layer), np.uint32(key.worker),
+               np.uint32(key.step), codes)
+        ref = ternary.ternarize(g, 1.0, key, cb)
+        assert_same_bits(codes, ref)
+        if cb == float("inf"):
+            on_boundary = np.abs(g).astype(np.float64) * 2.0**24 == t
+            assert on_boundary.sum() > 100 and not codes[on_boundary].any()
+        for fmt in packing.FORMATS:
+            assert_same_bits(h_encode(h, g, 1.0, cb, key, fmt), ref_encode(g, 1.0, cb, key, fmt))
+
+    @pytest.mark.parametrize("kind", ["range", "zeros", "denormal"])
+    @pytest.mark.parametrize("s", [0.0, 1e-45, 3.4028235e38, float("inf"), -1.0, float("nan")])
+    def test_extreme_scalers(self, h, s, kind):
+        """The rule as written, for any scaler (a negative one even decides the sign of ±0)."""
+        g = make_layer(kind, 1003)
+        for cb in (float("inf"), 1e-40):
+            for fmt in packing.FORMATS:
+                assert_same_bits(h_encode(h, g, s, cb, KEYS[1], fmt), ref_encode(g, s, cb, KEYS[1], fmt))
+
+    @pytest.mark.parametrize("cb", [float("inf"), 0.25, float("nan")])
+    def test_nonfinite_elements(self, h, cb):
+        """NaN/Inf never reach encode through the codec, but the rule still equals the reference's
+        (x = np.minimum(|g|, clip_bound) propagates NaN: a NaN element or bound gives code 0)."""
+        g = make_layer("normal", 1001, seed=9)
+        g[::5], g[1::7], g[2::11] = np.nan, np.inf, -np.inf
+        for fmt in packing.FORMATS:
+            assert_same_bits(h_encode(h, g, 0.03, cb, KEYS[2], fmt), ref_encode(g, 0.03, cb, KEYS[2], fmt))
+
+
+# ------------------------------------------------------------------------------------------------
+# weighted sum, code sum, validation
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("builds")
+class TestDecode:
+    pytestmark = needs_nvcc
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    @pytest.mark.parametrize("n", SIZES)
+    def test_weighted_sum(self, h, n, fmt):
+        for workers in (1, 3, 8):
+            p = random_payloads(workers, n, fmt)
+            for skind in SCALER_SETS:
+                s = scalers_for(skind, workers)
+                for divide_by in (1, 3, workers):
+                    got, bad = h_weighted_sum(h, p, s, n, fmt, divide_by)
+                    with np.errstate(all="ignore"):
+                        ref = packing.weighted_sum(p, s, n, fmt, divide_by)
+                    assert bad == NO_BAD
+                    assert_same_bits(got, ref)
+
+    def test_no_workers(self, h):
+        p = np.zeros((0, 3), dtype=np.uint8)
+        got, bad = h_weighted_sum(h, p, np.zeros(0, np.float32), 10, "2bit", 1)
+        assert bad == NO_BAD
+        assert_same_bits(got, packing.weighted_sum(p, [], 10, "2bit", 1))
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    @pytest.mark.parametrize("n", [0, 1, 5, 21, 65537, 100_003])
+    def test_sum_codes(self, h, n, fmt):
+        for workers in (1, 4, 130):
+            p = random_payloads(workers, n, fmt, seed=3)
+            got, bad = h_sum_codes(h, p, n, fmt)
+            assert bad == NO_BAD
+            ref = packing.sum_codes(p, n, fmt)
+            assert_same_bits(got.astype(ref.dtype), ref)
+            assert_same_bits(got, packing.sum_codes(p, n, fmt, np.int32))
+
+    @staticmethod
+    def corrupt(fmt: str, p: np.ndarray, n: int, w: int, b: int, what: str):
+        """Make byte b of worker w invalid: "code" (0b11 / > 242) or "pad" (non-zero pad code)."""
+        if what == "code":
+            p[w, b] = (p[w, b] | 0b11 << 4) if fmt == "2bit" else 243 + (b % 13)
+            return
+        k = packing.CODES_PER_BYTE[fmt]
+        m = n - b * k                     # first pad position in byte b
+        assert b == p.shape[1] - 1 and 0 < m < k
+        codes = packing.LUT[fmt][0][p[w, b]].astype(np.int64)
+        codes[m] = 1
+        p[w, b] = (sum((c + 1) << 2 * i for i, c in enumerate(codes)) if fmt == "2bit"
+                   else sum((c + 1) * 3**i for i, c in enumerate(codes)))
+
+    CASES = [  # (n, [(worker, byte, what)], expected (worker, byte))
+        (1000, [(1, 3, "code")], (1, 3)),
+        (1000, [(2, 0, "code"), (1, 7, "code")], (1, 7)),
+        (21, [(0, -1, "pad")], (0, -1)),
+        (21, [(0, -1, "pad"), (0, 2, "code")], (0, 2)),
+        (22, [(2, -1, "pad"), (1, -1, "pad")], (1, -1)),
+        (100_003, [(3, -1, "pad"), (3, 12_345, "code")], (3, 12_345)),
+    ]
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    @pytest.mark.parametrize("case", CASES)
+    def test_invalid_payloads(self, h, fmt, case):
+        n, edits, (ew, eb) = case
+        workers = 4
+        p = random_payloads(workers, n, fmt, seed=4)
+        nb = p.shape[1]
+        if any(what == "pad" for _, _, what in edits) and n % packing.CODES_PER_BYTE[fmt] == 0:
+            pytest.skip("no pad codes")
+        for w, b, what in edits:
+            self.corrupt(fmt, p, n, w, b % nb, what)
+        expected = ew * nb + eb % nb
+        s = scalers_for("distinct", workers)
+        got, bad = h_weighted_sum(h, p, s, n, fmt, 2)
+        assert bad == expected
+        with np.errstate(all="ignore"):
+            assert_same_bits(got, packing.weighted_sum(p, s, n, fmt, 2))   # invalid bytes decode as 0
+        assert h_sum_codes(h, p, n, fmt)[1] == expected
+        # the reference names the same worker and byte
+        with pytest.raises(ValueError, match=rf"payload of worker {ew}: "):
+            _reference.weighted_sum(p, s, n, fmt, 2)
+        try:
+            packing.check_payload(p[ew], n, fmt)
+        except ValueError as e:
+            m = re.search(r"at byte (\d+)", str(e))
+            assert (int(m.group(1)) if m else nb - 1) == eb % nb
+        else:
+            raise AssertionError("reference accepted the payload")
+
+
+# ------------------------------------------------------------------------------------------------
+# the wrapper, tgsim.codecs._cuda: same tests with a stand-in CuPy (harness) and on a real GPU
+# ------------------------------------------------------------------------------------------------
+class _WrapperContract:
+    """Wrapper vs `_reference`, bit for bit. Subclasses provide dev() / host() and the array module."""
+
+    launches: list
+
+    def dev(self, a):
+        raise NotImplementedError
+
+    def host(self, a):
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("kind", ["normal", "denormal", "zeros", "range", "mixed"])
+    @pytest.mark.parametrize("n", [0, 1, 5, 21, 65537, 100_003])
+    def test_moments(self, n, kind):
+        g = make_layer(kind, n, seed=5)
+        for need_sigma in (True, False):
+            got = _cuda.moments(self.dev(g), need_sigma)
+            ref = _reference.moments(g, need_sigma)
+            assert got.finite == ref.finite
+            assert same_float(got.absmax, ref.absmax) and same_float(got.sigma, ref.sigma), (got, ref)
+
+    @pytest.mark.parametrize("value", [np.nan, np.inf])
+    def test_moments_nonfinite(self, value):
+        g = make_layer("normal", 70_001)
+        g[66_000] = value
+        got = _cuda.moments(self.dev(g), True)
+        assert not got.finite and math.isnan(got.absmax) and math.isnan(got.sigma)
+
+    @pytest.mark.parametrize("kind", ["normal", "denormal", "mixed"])
+    @pytest.mark.parametrize("n", [0, 1, 19, 20, 21, 65537, 100_003])
+    def test_encode(self, n, kind):
+        g = make_layer(kind, n, seed=6)
+        for i, (clip, sc) in enumerate(scalings(g).items()):
+            key = KEYS[i % len(KEYS)]
+            for fmt in packing.FORMATS:
+                got = _cuda.encode(self.dev(g), sc.scaler, sc.clip_bound, key, fmt)
+                ref = _reference.encode(g, sc.scaler, sc.clip_bound, key, fmt)
+                assert_same_bits(self.host(got), ref)
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    @pytest.mark.parametrize("n", [0, 1, 21, 65537, 100_003])
+    def test_weighted_sum_and_sum_codes(self, n, fmt):
+        for workers in (1, 5):
+            p = random_payloads(workers, n, fmt, seed=7)
+            for skind in SCALER_SETS:
+                s = scalers_for(skind, workers)
+                with np.errstate(all="ignore"):
+                    ref = _reference.weighted_sum(p, s, n, fmt, 3)
+                got = _cuda.weighted_sum(self.dev(p), self.dev(s), n, fmt, 3)
+                assert_same_bits(self.host(got), ref)
+            # a list of payloads and Python-float scalers that are float32 values
+            got = _cuda.weighted_sum([self.dev(r) for r in p], [float(x) for x in s], n, fmt, 1)
+            with np.errstate(all="ignore"):
+                assert_same_bits(self.host(got), _reference.weighted_sum(p, s, n, fmt, 1))
+            assert_same_bits(self.host(_cuda.sum_codes(self.dev(p), n, fmt)), _reference.sum_codes(p, n, fmt))
+            assert_same_bits(self.host(_cuda.sum_codes(self.dev(p), n, fmt, np.int32)),
+                             _reference.sum_codes(p, n, fmt, np.int32))
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    def test_invalid_payloads_raise_like_the_reference(self, fmt):
+        n = 1001
+        p = random_payloads(3, n, fmt, seed=8)
+        nb = p.shape[1]
+        q = p.copy()
+        TestDecode.corrupt(fmt, q, n, 2, 17, "code")
+        TestDecode.corrupt(fmt, q, n, 1, nb - 1, "pad")
+        s = scalers_for("shared", 3)
+        for fn, args in ((_cuda.weighted_sum, (s, n, fmt, 1)), (_cuda.sum_codes, (n, fmt))):
+            with pytest.raises(ValueError, match=r"payload of worker 1: non-zero pad codes after element 1001"):
+                fn(self.dev(q), *args)
+        TestDecode.corrupt(fmt, q, n, 1, 40, "code")
+        kind = "code 0b11" if fmt == "2bit" else r"byte > 242"
+        msg = rf"payload of worker 1: invalid {kind} at byte 40 \(0x{q[1, 40]:02x}\)"
+        with pytest.raises(ValueError, match=msg):
+            _reference.weighted_sum(q, s, n, fmt, 1)
+        with pytest.raises(ValueError, match=msg):
+            _cuda.weighted_sum(self.dev(q), self.dev(s), n, fmt, 1)
+        with pytest.raises(ValueError, match=msg):
+            _cuda.sum_codes(self.dev(q), n, fmt)
+        with pytest.raises(ValueError, match=rf"payload of worker 0: {nb - 1} bytes for 1001 elements"):
+            _cuda.weighted_sum(self.dev(p[:, :-1]), s, n, fmt, 1)
+
+    def test_non_contiguous_inputs(self):
+        g = make_layer("normal", 2 * 1001, seed=10)
+        key = KEYS[0]
+        got = _cuda.encode(self.dev(g)[::2], 0.05, float("inf"), key, "2bit")
+        assert_same_bits(self.host(got), _reference.encode(g[::2].copy(), 0.05, float("inf"), key, "2bit"))
+        got = _cuda.moments(self.dev(g)[1::2], True)
+        assert got == _reference.moments(g[1::2].copy(), True)
+        p = random_payloads(3, 1001, "base3", seed=11)
+        wide = np.zeros((3, 2 * p.shape[1]), dtype=np.uint8)
+        wide[:, ::2] = p
+        s = scalers_for("distinct", 3)
+        wide_s = np.repeat(s, 2)
+        got = _cuda.weighted_sum(self.dev(wide)[:, ::2], self.dev(wide_s)[::2], 1001, "base3", 2)
+        with np.errstate(all="ignore"):
+            assert_same_bits(self.host(got), _reference.weighted_sum(p, s, 1001, "base3", 2))
+        got = _cuda.sum_codes(self.dev(wide)[:, ::2], 1001, "base3")
+        assert_same_bits(self.host(got), _reference.sum_codes(p, 1001, "base3"))
+
+    def test_argument_errors(self):
+        p = random_payloads(2, 10, "2bit")
+        with pytest.raises(ValueError, match="float32 values"):
+            _cuda.weighted_sum(self.dev(p), [0.1, 1.0], 10, "2bit", 1)
+        with pytest.raises(ValueError, match="3 scalers for 2 payloads"):
+            _cuda.weighted_sum(self.dev(p), [1.0, 1.0, 1.0], 10, "2bit", 1)
+        with pytest.raises(ValueError, match="float32 layer"):
+            _cuda.moments(self.dev(np.zeros(4)), True)
+        with pytest.raises(ValueError, match="unknown packing"):
+            _cuda.encode(self.dev(np.zeros(4, np.float32)), 1.0, float("inf"), KEYS[0], "1bit")
+
+
+class _FakeKernel:
+    def __init__(self, harness: Harness, name: str, launches: list):
+        self.harness, self.name, self.launches = harness, name, launches
+
+    def __call__(self, grid, block, args, **kwargs):
+        assert isinstance(grid, tuple) and isinstance(block, tuple) and isinstance(args, tuple)
+        assert grid[0] >= 1 and 1 <= block[0] <= 1024 and grid[0] < 2**31
+        if self.name == "tg_moments_tree":
+            assert grid == (1,), "the tree kernel needs one block"
+        self.launches.append((self.name, grid, block))
+        self.harness.call(host_name(self.name), *args)
+
+
+def fake_cupy(harness: Harness, launches: list) -> types.ModuleType:
+    """A `cupy` whose arrays are NumPy arrays and whose RawModule kernels run on the harness."""
+    cp = types.ModuleType("cupy")
+    for name in ("ndarray", "asarray", "ascontiguousarray", "empty", "zeros", "full", "stack", "isnan",
+                 "float32", "float64", "int8", "int16", "int32", "uint8", "uint64"):
+        setattr(cp, name, getattr(np, name))
+    cp.asnumpy = lambda a: np.array(a, copy=True)
+
+    class RawModule:
+        def __init__(self, code=None, options=(), **kwargs):
+            assert code == _cuda.source() and "-fmad=false" in options
+            self.kernels = kernel_signatures()
+
+        def get_function(self, name):
+            assert name in self.kernels, name
+            return _FakeKernel(harness, name, launches)
+
+    cp.RawModule = RawModule
+    return cp
+
+
+class TestWrapperOnHostHarness(_WrapperContract):
+    pytestmark = needs_nvcc
+
+    @pytest.fixture(autouse=True)
+    def _fake_cupy(self, h, monkeypatch):
+        backend.gpu_available()            # fill backend's caches with the real answer first
+        self.launches = []
+        _cuda._reset_cache()
+        monkeypatch.setitem(sys.modules, "cupy", fake_cupy(h, self.launches))
+        yield
+        _cuda._reset_cache()
+
+    def dev(self, a):
+        return np.asarray(a)
+
+    def host(self, a):
+        assert isinstance(a, np.ndarray)
+        return a
+
+    def test_launch_configuration(self):
+        g = make_layer("normal", 100_003)
+        _cuda.moments(g, True)
+        _cuda.encode(g, 1.0, float("inf"), KEYS[0], "base3")
+        names = [name for name, _, _ in self.launches]
+        assert names == ["tg_moments_lanes", "tg_moments_tree", "tg_encode_base3"]
+
+
+class TestWrapperOnGPU(_WrapperContract):
+    pytestmark = needs_gpu
+
+    def dev(self, a):
+        import cupy
+        return cupy.asarray(a)
+
+    def host(self, a):
+        import cupy
+        assert isinstance(a, cupy.ndarray)
+        return cupy.asnumpy(a)
+
+    def test_kernels_backend_is_this_module(self):
+        import cupy
+        from tgsim.codecs.kernels import get_kernels
+        assert get_kernels("cuda", cupy) is _cuda

@@ -1,0 +1,355 @@
+"""tgsim.models: gradients (finite differences in float64), bitwise per-worker independence, the
+least-squares optimum, shapes/dtypes, init determinism, evaluation, the registry, and a training
+sanity check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tgsim.backend import gpu_available
+from tgsim.models import (MODELS, MLP, ConvNet1D, LeastSquares, LogisticRegression, SoftmaxRegression,
+                          make_model)
+from tgsim.models import base as mbase
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
+
+
+def make_data(model, n, b, seed=0, dtype=np.float32):
+    rng = np.random.default_rng([seed, 77])
+    x = rng.standard_normal((n, b, *model.feature_shape)).astype(dtype)
+    if model.task == "regression":
+        y = rng.standard_normal((n, b)).astype(dtype)
+    else:
+        y = rng.integers(0, model.num_classes, size=(n, b)).astype(np.int64)
+    return x, y
+
+
+# small instances for the gradient checks (float64), realistic ones for the bitwise checks
+SMALL = {
+    "least_squares": LeastSquares(dim=6, l2=0.3),
+    "least_squares_nobias": LeastSquares(dim=5, l2=0.0, bias=False),
+    "logistic": LogisticRegression(dim=7, l2=0.05),
+    "softmax": SoftmaxRegression(dim=6, classes=4, l2=0.1),
+    "mlp": MLP(dim=7, hidden=(9, 8), classes=5, l2=0.01),
+    "mlp_nohidden": MLP(dim=5, hidden=(), classes=3),
+    "convnet1d": ConvNet1D(length=16, channels=(3, 4), kernel=5, hidden=6, classes=4, l2=0.02),
+    "convnet1d_valid_odd": ConvNet1D(length=23, channels=(2, 3), kernel=4, hidden=5, classes=3, padding="valid"),
+}
+
+REALISTIC = {
+    "least_squares": LeastSquares(dim=40, l2=0.1),
+    "logistic": LogisticRegression(dim=40, l2=0.01),
+    "softmax": SoftmaxRegression(dim=40, classes=10, l2=0.01),
+    "mlp": MLP(dim=40, hidden=(256, 256), classes=10),
+    "convnet1d": ConvNet1D(),
+}
+
+
+def as64(params):
+    return {k: v.astype(np.float64) for k, v in params.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# gradients
+
+
+@pytest.mark.parametrize("key", list(SMALL))
+def test_gradient_matches_finite_differences_float64(key):
+    model = SMALL[key]
+    rng = np.random.default_rng(123)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in as64(model.init(3)).items()}
+    x, y = make_data(model, 2, 5, seed=1, dtype=np.float64)
+    loss, grads = model.loss_and_grad(params, x, y)
+    assert loss.dtype == np.float64 and all(g.dtype == np.float64 for g in grads.values())
+    eps = 1e-6
+    for worker in range(2):
+        xi, yi = x[worker:worker + 1], y[worker:worker + 1]
+        for name, p in params.items():
+            flat_idx = rng.choice(p.size, size=min(p.size, 12), replace=False)
+            fd, an = [], []
+            for j in flat_idx:
+                idx = np.unravel_index(j, p.shape)
+                plus = {k: v.copy() for k, v in params.items()}
+                minus = {k: v.copy() for k, v in params.items()}
+                plus[name][idx] += eps
+                minus[name][idx] -= eps
+                lp = model.loss_and_grad(plus, xi, yi)[0][0]
+                lm = model.loss_and_grad(minus, xi, yi)[0][0]
+                fd.append((lp - lm) / (2 * eps))
+                an.append(grads[name][worker][idx])
+            fd, an = np.array(fd), np.array(an)
+            scale = max(np.linalg.norm(fd), np.linalg.norm(an), 1e-8)
+            rel = np.linalg.norm(fd - an) / scale
+            assert rel < 1e-5, f"{key} worker {worker} {name}: relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("key", ["mlp", "convnet1d", "softmax"])
+def test_float32_gradient_close_to_float64(key):
+    model = REALISTIC[key]
+    params = model.init(0)
+    x, y = make_data(model, 2, 16)
+    l32, g32 = model.loss_and_grad(params, x, y)
+    l64, g64 = model.loss_and_grad(as64(params), x.astype(np.float64), y)
+    np.testing.assert_allclose(l32, l64, rtol=1e-5)
+    for k in g32:
+        err = np.linalg.norm(g32[k] - g64[k]) / max(np.linalg.norm(g64[k]), 1e-12)
+        assert err < 1e-4, (k, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# bitwise: batched over workers == one worker at a time, and independent of the BLAS thread count
+
+
+def _assert_batched_equals_single(model, params, x, y):
+    loss, grads = model.loss_and_grad(params, x, y)
+    for i in range(x.shape[0]):
+        li, gi = model.loss_and_grad(params, x[i:i + 1], y[i:i + 1])
+        assert np.array_equal(li[0], loss[i]), (model.name, x.shape, i, "loss")
+        for k in grads:
+            assert np.array_equal(gi[k][0], grads[k][i]), (model.name, x.shape, i, k)
+    return loss, grads
+
+
+BITWISE_CASES = [(k, n, b) for k in REALISTIC for (n, b) in [(1, 8), (3, 7), (8, 64)]]
+# long reductions (input dim 500, batch 300 > K_CHUNK) exercise the chunked-matmul path
+LONG = {"mlp_long": MLP(dim=500, hidden=(32,), classes=10), "ls_long": LeastSquares(dim=500, l2=0.1)}
+
+
+@pytest.mark.parametrize("key,n,b", BITWISE_CASES + [(k, n, 300) for k in LONG for n in (1, 3)])
+def test_batched_equals_single_worker_bitwise(key, n, b):
+    model = REALISTIC.get(key) or LONG[key]
+    params = model.init(5)
+    x, y = make_data(model, n, b, seed=n * 100 + b)
+    loss, grads = _assert_batched_equals_single(model, params, x, y)
+    assert loss.shape == (n,) and loss.dtype == np.float64
+    for k, s in model.layer_shapes().items():
+        assert grads[k].shape == (n, *s) and grads[k].dtype == np.float32
+
+
+@pytest.mark.skipif(threadpool_limits is None, reason="threadpoolctl not installed")
+@pytest.mark.parametrize("key", list(REALISTIC) + list(LONG))
+def test_bits_independent_of_blas_threads(key):
+    model = REALISTIC.get(key) or LONG[key]
+    params = model.init(7)
+    b = 300 if key in LONG else 64
+    x, y = make_data(model, 3, b, seed=9)
+    results = {}
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            results[threads] = _assert_batched_equals_single(model, params, x, y)
+    (l1, g1), (l2, g2) = results[1], results[2]
+    assert np.array_equal(l1, l2)
+    for k in g1:
+        assert np.array_equal(g1[k], g2[k]), f"{key}: {k} changes with the BLAS thread count"
+
+
+def test_bmm_chunking_matches_matmul_closely():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 5, 3 * mbase.K_CHUNK + 17)).astype(np.float64)
+    b = rng.standard_normal((a.shape[-1], 4))
+    np.testing.assert_allclose(mbase.bmm(np, a, b), np.matmul(a, b), rtol=1e-12, atol=1e-12)
+    # the transposed (weight-gradient) form: a swapaxes view with a long reduction, per-worker b
+    h = rng.standard_normal((2, 2 * mbase.K_CHUNK + 5, 7)).astype(np.float32)
+    d = rng.standard_normal((2, h.shape[1], 3)).astype(np.float32)
+    got = mbase.bmm(np, np.swapaxes(h, 1, 2), d)
+    want = np.einsum("nbi,nbo->nio", h.astype(np.float64), d.astype(np.float64))
+    assert got.shape == (2, 7, 3) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# least squares optimum
+
+
+@pytest.mark.parametrize("l2,bias", [(0.0, True), (0.5, True), (0.1, False)])
+def test_least_squares_optimum(l2, bias):
+    rng = np.random.default_rng(4)
+    m, d = 400, 12
+    x = rng.standard_normal((m, d)) * rng.uniform(0.5, 2.0, d) + 1.5
+    y = x @ rng.standard_normal(d) + 0.7 + 0.3 * rng.standard_normal(m)
+    model = LeastSquares(dim=d, l2=l2, bias=bias)
+    opt = model.optimum(x, y)
+    assert all(v.dtype == np.float64 for v in opt.values())
+    # zero full-batch gradient: one worker holding all samples, in float64
+    g_ref = model.loss_and_grad(as64(model.init(0)), x[None], y[None])[1]
+    _, g = model.loss_and_grad(opt, x[None], y[None])
+    ref = np.sqrt(sum(np.sum(v ** 2) for v in g_ref.values()))
+    gnorm = np.sqrt(sum(np.sum(v ** 2) for v in g.values()))
+    assert gnorm <= 1e-6 * ref, gnorm / ref
+    # it is the minimum: every perturbation increases the objective
+    f_star, acc = model.evaluate(opt, x, y)
+    assert np.isnan(acc)
+    for _ in range(20):
+        pert = {k: v + 1e-3 * rng.standard_normal(v.shape) for k, v in opt.items()}
+        assert model.evaluate(pert, x, y)[0] > f_star
+    if l2 == 0.0 and bias:
+        theta, *_ = np.linalg.lstsq(np.c_[x, np.ones(m)], y, rcond=None)
+        np.testing.assert_allclose(opt["linear.w"], theta[:d], rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(opt["linear.b"], theta[d:], rtol=1e-8, atol=1e-10)
+
+
+def test_least_squares_optimum_accepts_worker_layout_and_rejects_singular():
+    model = LeastSquares(dim=3, l2=0.0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 10, 3))
+    y = rng.standard_normal((4, 10))
+    a, b = model.optimum(x, y), model.optimum(x.reshape(40, 3), y.reshape(40))
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    xs = np.zeros((10, 3))
+    with pytest.raises(ValueError, match="singular"):
+        model.optimum(xs, np.zeros(10))
+    assert np.isfinite(LeastSquares(dim=3, l2=0.1).optimum(xs, np.zeros(10))["linear.w"]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes, init, evaluate, registry
+
+
+@pytest.mark.parametrize("key", list(REALISTIC))
+def test_init_deterministic_float32_and_scaled(key):
+    model = REALISTIC[key]
+    p1, p2, p3 = model.init(11), model.init(11), model.init(12)
+    assert list(p1) == list(model.layer_shapes())
+    for k, s in model.layer_shapes().items():
+        assert p1[k].shape == s and p1[k].dtype == np.float32
+        np.testing.assert_array_equal(p1[k], p2[k])
+        if k.endswith(".w"):
+            assert not np.array_equal(p1[k], p3[k])
+            fan_in = s[1] * s[2] if len(s) == 3 else s[0]
+            std = float(p1[k].std())
+            assert 0.5 / np.sqrt(fan_in) < std < 2.0 * np.sqrt(2.0 / fan_in), (k, std)
+        else:
+            assert not p1[k].any()
+    assert model.num_params == sum(int(np.prod(s)) for s in model.layer_shapes().values())
+
+
+def test_parameter_counts():
+    assert ConvNet1D().num_params == 23_882
+    assert MLP(dim=40, hidden=(256, 256)).num_params == 78_858
+    assert 10_000 <= ConvNet1D().num_params <= 30_000
+
+
+@pytest.mark.parametrize("key", list(REALISTIC))
+def test_evaluate(key):
+    model = REALISTIC[key]
+    params = model.init(1)
+    x, y = make_data(model, 1, 250, seed=3)
+    loss_a, acc_a = model.evaluate(params, x[0], y[0])
+    loss_b, acc_b = model.evaluate(params, x[0], y[0], batch_size=32)
+    full = model.loss_and_grad(params, x, y)[0][0]
+    np.testing.assert_allclose([loss_a, loss_b], full, rtol=1e-6)
+    if model.task == "regression":
+        assert np.isnan(acc_a) and np.isnan(acc_b)
+    else:
+        assert 0.0 <= acc_a <= 1.0 and acc_a == acc_b
+
+
+def test_evaluate_accuracy_of_a_known_classifier():
+    model = LogisticRegression(dim=2)
+    params = {"linear.w": np.array([1.0, 0.0], np.float32), "linear.b": np.zeros(1, np.float32)}
+    x = np.array([[1.0, 5.0], [-1.0, 2.0], [2.0, 0.0], [-3.0, 1.0]], np.float32)
+    assert model.evaluate(params, x, np.array([1, 0, 1, 0]))[1] == 1.0
+    assert model.evaluate(params, x, np.array([0, 0, 1, 1]))[1] == 0.5
+
+
+def test_input_validation():
+    model = MLP(dim=4, hidden=(3,), classes=3)
+    params = model.init(0)
+    x, y = make_data(model, 2, 3)
+    with pytest.raises(ValueError, match="x must have shape"):
+        model.loss_and_grad(params, x[0], y)
+    with pytest.raises(ValueError, match="y must have shape"):
+        model.loss_and_grad(params, x, y[:, :2])
+    with pytest.raises(ValueError, match="labels"):
+        model.loss_and_grad(params, x, y + 3)
+    with pytest.raises(ValueError, match="integers"):
+        model.loss_and_grad(params, x, y.astype(np.float32))
+    with pytest.raises(ValueError, match="missing"):
+        model.loss_and_grad({k: v for k, v in params.items() if k != "fc1.b"}, x, y)
+    with pytest.raises(ValueError, match="channels"):
+        ConvNet1D(channels=(8, 0))
+    with pytest.raises(ValueError, match="too short"):
+        ConvNet1D(length=4, padding="valid")
+
+
+def test_registry():
+    assert set(MODELS) == {"least_squares", "logistic", "softmax", "mlp", "convnet1d"}
+    m = make_model("mlp", dim=40, hidden=[64, 32], classes=10)
+    assert isinstance(m, MLP) and m.hidden == (64, 32)
+    assert make_model("convnet1d") == ConvNet1D()
+    assert make_model("least_squares", dim=3, l2=0.5).l2 == 0.5
+    assert isinstance(make_model("logistic", dim=3), LogisticRegression)
+    assert isinstance(make_model("softmax", dim=3, classes=4), SoftmaxRegression)
+    with pytest.raises(ValueError, match="valid names: least_squares, logistic, softmax, mlp, convnet1d"):
+        make_model("resnet")
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) depth, widht.*valid arguments: dim, hidden"):
+        make_model("mlp", dim=3, widht=4, depth=2)
+    with pytest.raises(ValueError, match="missing required argument"):
+        make_model("softmax")
+    for name in MODELS:  # every model satisfies the protocol and is hashable/frozen
+        model = make_model(name, **({} if name == "convnet1d" else {"dim": 4}))
+        assert isinstance(model, mbase.Model) and model.name == name
+        assert model.task in mbase.TASKS
+        hash(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# training sanity
+
+
+def test_mlp_sgd_reduces_loss_on_separable_problem():
+    rng = np.random.default_rng(0)
+    dim, classes, m = 10, 3, 600
+    centers = 3.0 * rng.standard_normal((classes, dim))
+    labels = rng.integers(0, classes, m)
+    data = (centers[labels] + rng.standard_normal((m, dim))).astype(np.float32)
+    model = MLP(dim=dim, hidden=(32,), classes=classes)
+    params = model.init(0)
+    loss0, _ = model.evaluate(params, data, labels)
+    lr, workers, batch = 0.05, 4, 16
+    for _ in range(200):
+        idx = rng.integers(0, m, (workers, batch))
+        _, grads = model.loss_and_grad(params, data[idx], labels[idx])
+        params = {k: v - np.float32(lr) * grads[k].mean(axis=0) for k, v in params.items()}
+        assert all(v.dtype == np.float32 for v in params.values())
+    loss1, acc1 = model.evaluate(params, data, labels)
+    assert loss1 < 0.5 * loss0, (loss0, loss1)
+    assert acc1 > 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the same lines under CuPy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU / CuPy")
+@pytest.mark.parametrize("key", list(REALISTIC))
+def test_cupy_matches_numpy(key):  # pragma: no cover - needs a GPU
+    import cupy as cp
+
+    model = REALISTIC[key]
+    params = model.init(2)
+    x, y = make_data(model, 3, 16)
+    loss, grads = model.loss_and_grad(params, x, y)
+    lg, gg = model.loss_and_grad({k: cp.asarray(v) for k, v in params.items()}, cp.asarray(x), cp.asarray(y))
+    np.testing.assert_allclose(cp.asnumpy(lg), loss, rtol=1e-5)
+    for k in grads:
+        np.testing.assert_allclose(cp.asnumpy(gg[k]), grads[k], rtol=1e-4, atol=1e-6)
+    _assert_batched_equals_single_cupy(model, params, x, y)
+
+
+def _assert_batched_equals_single_cupy(model, params, x, y):  # pragma: no cover - needs a GPU
+    import cupy as cp
+
+    p = {k: cp.asarray(v) for k, v in params.items()}
+    loss, grads = model.loss_and_grad(p, cp.asarray(x), cp.asarray(y))
+    for i in range(x.shape[0]):
+        li, gi = model.loss_and_grad(p, cp.asarray(x[i:i + 1]), cp.asarray(y[i:i + 1]))
+        assert bool((li[0] == loss[i]).all())
+        for k in grads:
+            assert bool(cp.array_equal(gi[k][0], grads[k][i])), (k, i)

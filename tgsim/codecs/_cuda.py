@@ -1,0 +1,241 @@
+"""The CUDA kernels (tgsim/cuda/terngrad.cu) on CuPy arrays: same functions, same bits as `_reference`.
+
+    moments(g, need_sigma)                         -> stats.LayerMoments
+    encode(g, scaler, clip_bound, key, fmt)        -> cupy uint8 payload
+    weighted_sum(payloads, scalers, n, fmt, divide_by) -> cupy float32
+    sum_codes(payloads, n, fmt, dtype=None)        -> cupy integer codes summed over workers
+
+The kernel source is compiled once per process with `cupy.RawModule` (NVRTC, `-fmad=false`; CuPy
+also keeps the binary in its on-disk kernel cache). CuPy is imported only inside functions, so this
+module imports on machines without it. The kernel logic is tested on the CPU by
+tests/test_cuda_kernels.py (nvcc host build of the same bodies), and on a GPU against the reference.
+
+Inputs: `g` is a float32 layer (flattened); payloads are a (workers, nbytes) uint8 array (or a
+sequence of 1-D payloads); scalers are float32 values (a float32 array, or numbers that are exactly
+float32 - anything else is a ValueError, since the kernel reads float32 and must equal the float64
+reference arithmetic bit for bit).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from tgsim.codecs import packing, stats
+from tgsim.rng import StreamKey
+from tgsim.rng.philox import MAX_ELEMENTS
+
+CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
+KERNEL_FILE = "terngrad.cu"
+HEADER_FILE = "philox.cuh"
+# -fmad=false: no FMA contraction anywhere (the kernels also use __d*_rn intrinsics);
+# the IEEE defaults are spelled out so a global CuPy/NVRTC setting cannot change them.
+NVRTC_OPTIONS = ("-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
+KERNELS = ("tg_moments_lanes", "tg_moments_tree", "tg_encode_2bit", "tg_encode_base3",
+           "tg_weighted_sum", "tg_sum_codes")
+FMT_CODE = {"2bit": 0, "base3": 1}
+BLOCK = 256
+MAX_GRID = 1 << 16          # grid-stride loops cover the rest
+TREE_BLOCK = 1024
+NO_BAD = 2**64 - 1
+
+
+def _cp():
+    import cupy  # noqa: PLC0415  (optional dependency, imported lazily)
+    return cupy
+
+
+def source() -> str:
+    """terngrad.cu with philox.cuh inlined: one self-contained unit (so CuPy's cache key covers both)."""
+    header = (CUDA_DIR / HEADER_FILE).read_text()
+    code = (CUDA_DIR / KERNEL_FILE).read_text()
+    include = f'#include "{HEADER_FILE}"'
+    if include not in code:
+        raise RuntimeError(f"{KERNEL_FILE} no longer includes {HEADER_FILE}")
+    return code.replace(include, header, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+    return _cp().RawModule(code=source(), options=NVRTC_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str):
+    return _module().get_function(name)
+
+
+def _reset_cache() -> None:
+    """Forget the compiled module (tests swap the array module)."""
+    _kernel.cache_clear()
+    _module.cache_clear()
+
+
+def _launch(name: str, threads: int, args: tuple) -> None:
+    if threads <= 0:
+        return
+    grid = min(-(-threads // BLOCK), MAX_GRID)
+    _kernel(name)((grid,), (BLOCK,), args)
+
+
+def _fmt(fmt: str) -> int:
+    if fmt not in FMT_CODE:
+        raise ValueError(f"unknown packing format {fmt!r}; expected one of {packing.FORMATS}")
+    return FMT_CODE[fmt]
+
+
+def _layer(g):
+    """Contiguous flat float32 device array (no silent dtype conversion: that would change bits)."""
+    cp = _cp()
+    g = cp.asarray(g)
+    if g.dtype != cp.float32:
+        raise ValueError(f"expected a float32 layer, got {g.dtype}")
+    return cp.ascontiguousarray(g).reshape(-1)
+
+
+# -- moments ------------------------------------------------------------------------------------
+def moments(g, need_sigma: bool = True) -> stats.LayerMoments:
+    """absmax, σ (when needed) and finiteness in the order of stats.layer_moments."""
+    cp = _cp()
+    g = _layer(g)
+    n = int(g.size)
+    if n == 0:
+        return stats.LayerMoments(0.0, 0.0, True)
+    lanes = stats.LANES
+    s1 = cp.empty(lanes, dtype=cp.float64)
+    s2 = cp.empty(lanes, dtype=cp.float64)
+    amax = cp.empty(lanes, dtype=cp.float32)
+    bad = cp.zeros(1, dtype=cp.int32)
+    _launch("tg_moments_lanes", lanes, (g, np.int64(n), s1, s2, amax, bad))
+    if int(cp.asnumpy(bad)[0]):
+        return stats.LayerMoments(float("nan"), float("nan"), False)
+    _kernel("tg_moments_tree")((1,), (TREE_BLOCK,), (s1, s2, amax, np.int32(lanes)))
+    absmax = float(cp.asnumpy(amax[:1])[0])
+    if not need_sigma:
+        return stats.LayerMoments(absmax, 0.0, True)
+    k = float(cp.asnumpy(g[:1]).astype(np.float64)[0])
+    sigma = stats.moments_from_sums(n, k, float(cp.asnumpy(s1[:1])[0]), float(cp.asnumpy(s2[:1])[0]))
+    return stats.LayerMoments(absmax, sigma, True)
+
+
+# -- encode -------------------------------------------------------------------------------------
+def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
+    """Packed payload of ternary.ternarize(g, scaler, key, clip_bound): one fused kernel."""
+    cp = _cp()
+    code = _fmt(fmt)
+    g = _layer(g)
+    n = int(g.size)
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    nb = packing.packed_size(n, fmt)
+    out = cp.empty(nb, dtype=cp.uint8)
+    if nb == 0:
+        return out
+    k0, k1 = key.key
+    args = (g, np.int64(n), np.float32(scaler), np.float32(clip_bound), np.uint32(k0), np.uint32(k1),
+            np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step), out)
+    if code == 0:
+        _launch("tg_encode_2bit", -(-n // 4), args)
+    else:
+        _launch("tg_encode_base3", -(-nb // 4), args)
+    return out
+
+
+# -- decode -------------------------------------------------------------------------------------
+def _payloads(payloads, n: int, fmt: str):
+    """(workers, nbytes) contiguous uint8 device array, checked like packing.check_payload."""
+    cp = _cp()
+    if isinstance(payloads, np.ndarray):
+        payloads = cp.asarray(payloads)
+    elif not isinstance(payloads, cp.ndarray):      # a sequence of 1-D payloads
+        payloads = cp.stack([cp.asarray(p) for p in payloads]) if len(payloads) else \
+            cp.zeros((0, packing.packed_size(n, fmt)), dtype=cp.uint8)
+    nb = packing.packed_size(n, fmt)
+    if payloads.ndim != 2 or payloads.dtype != cp.uint8:
+        row = payloads[0] if payloads.ndim >= 1 and payloads.shape[0] else payloads
+        raise ValueError(f"payload of worker 0: expected a 1-D uint8 payload, got {row.dtype} {row.shape}")
+    if payloads.shape[1] != nb and payloads.shape[0]:
+        raise ValueError(f"payload of worker 0: {payloads.shape[1]} bytes for {n} elements in {fmt}, "
+                         f"expected {nb}")
+    if payloads.shape[0] >= 2**31:
+        raise ValueError(f"{payloads.shape[0]} payloads: at most 2^31 - 1 workers")
+    return cp.ascontiguousarray(payloads)
+
+
+def _no_bad():
+    return _cp().asarray(np.array([NO_BAD], dtype=np.uint64))
+
+
+def _raise_bad(payloads, first_bad, n: int, fmt: str) -> None:
+    """ValueError naming the first invalid (worker, byte), as packing.check_payload words it."""
+    cp = _cp()
+    idx = int(cp.asnumpy(first_bad)[0])
+    if idx == NO_BAD:
+        return
+    nb = payloads.shape[1]
+    w, b = divmod(idx, nb)
+    byte = int(cp.asnumpy(payloads[w, b:b + 1])[0])
+    where = f"payload of worker {w}"
+    if not packing.LUT[fmt][1][byte]:
+        kind = "code 0b11" if fmt == "2bit" else "byte > 242"
+        raise ValueError(f"{where}: invalid {kind} at byte {b} (0x{byte:02x})")
+    raise ValueError(f"{where}: non-zero pad codes after element {n} (byte {b}, 0x{byte:02x})")
+
+
+def _scalers(scalers, workers: int):
+    """float32 device vector of the workers' scalers; ValueError unless each is exactly a float32."""
+    cp = _cp()
+    if isinstance(scalers, cp.ndarray):
+        s = scalers.reshape(-1)
+        if s.dtype != cp.float32:
+            s64 = s.astype(cp.float64)
+            s = s64.astype(cp.float32)
+            same = (s.astype(cp.float64) == s64) | cp.isnan(s64)
+            if not bool(cp.asnumpy(same.all())):
+                raise ValueError("scalers must be float32 values (the kernel reads float32)")
+    else:
+        s64 = np.asarray(scalers, dtype=np.float64).reshape(-1)
+        s32 = s64.astype(np.float32)
+        if not bool(((s32.astype(np.float64) == s64) | np.isnan(s64)).all()):
+            raise ValueError("scalers must be float32 values (the kernel reads float32)")
+        s = cp.asarray(s32)
+    if s.size != workers:
+        raise ValueError(f"{s.size} scalers for {workers} payloads")
+    return cp.ascontiguousarray(s)
+
+
+def weighted_sum(payloads, scalers, n: int, fmt: str, divide_by: int):
+    """float32 (Σ_w s_w codes_w) / divide_by, as packing.weighted_sum, after the payload checks."""
+    cp = _cp()
+    code = _fmt(fmt)
+    payloads = _payloads(payloads, n, fmt)
+    workers, nb = int(payloads.shape[0]), packing.packed_size(n, fmt)
+    s = _scalers(scalers, workers)
+    inv = np.float64(1.0 / divide_by)
+    out = cp.empty(n, dtype=cp.float32)
+    first_bad = _no_bad()
+    _launch("tg_weighted_sum", nb, (payloads, np.int32(workers), np.int64(nb), s, np.int64(n),
+                                    np.int32(code), inv, out, first_bad))
+    _raise_bad(payloads, first_bad, n, fmt)
+    return out
+
+
+def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
+    """Σ_w codes_w as integers (packing.sum_codes), after the payload checks."""
+    cp = _cp()
+    code = _fmt(fmt)
+    payloads = _payloads(payloads, n, fmt)
+    workers, nb = int(payloads.shape[0]), packing.packed_size(n, fmt)
+    if dtype is None:
+        dtype = cp.int8 if workers <= 127 else (cp.int16 if workers <= 32767 else cp.int32)
+    out = cp.empty(n, dtype=cp.int32)
+    first_bad = _no_bad()
+    _launch("tg_sum_codes", nb, (payloads, np.int32(workers), np.int64(nb), np.int64(n),
+                                 np.int32(code), out, first_bad))
+    _raise_bad(payloads, first_bad, n, fmt)
+    return out.astype(dtype)
+
+
+__all__ = ["moments", "encode", "weighted_sum", "sum_codes", "source", "NVRTC_OPTIONS", "KERNELS"]
