@@ -11,7 +11,6 @@ state besides the parameters and the optimizer state.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import time
@@ -41,30 +40,12 @@ class Setup:
 
 def _model_options(model_name: str, options: dict, dataset) -> dict:
     """Fill the model's input/output sizes from the dataset where the config leaves them out."""
-    from tgsim.models import make_model
+    from tgsim.models import model_kwargs
 
-    opts = dict(options)
     probe = {"dim": int(np.prod(dataset.feature_shape)), "length": int(dataset.feature_shape[-1]),
              "classes": int(dataset.n_classes)}
-    cls = type(make_model(model_name, **_minimal(model_name, probe, opts)))
-    names = {f.name for f in dataclasses.fields(cls)}
-    for k, v in probe.items():
-        if k in names and k not in opts:
-            opts[k] = v
-    return opts
-
-
-def _minimal(model_name, probe, opts):
-    from tgsim.models import make_model
-
-    for keys in (("dim", "classes"), ("dim",), ("length", "classes"), ()):
-        trial = {**{k: probe[k] for k in keys}, **opts}
-        try:
-            make_model(model_name, **trial)
-            return trial
-        except (TypeError, ValueError):
-            continue
-    return opts
+    accepted = model_kwargs(model_name)
+    return {**{k: v for k, v in probe.items() if k in accepted}, **options}
 
 
 def build(cfg: Config, exchange=None) -> Setup:
