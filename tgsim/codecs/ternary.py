@@ -11,10 +11,12 @@ The Bernoulli draw uses the top 24 bits t of the element's Philox word (`tgsim.r
 Both products are exact in float64 (24-bit x 24-bit mantissas), so the comparison is exact and
 P(b_k = 1) = ceil(2^24 x_k / s) / 2^24 for x_k <= s. The resolution bias is therefore
 0 <= E|g~_k| - x_k < 2^-24 * s, upward in magnitude, and it is the only bias (tested by counting
-over all 2^24 values of t). x_k >= s saturates to b_k = 1 (the public code's implicit clipping).
-s = 0 gives all-zero codes without a division.
+over all 2^24 values of t). x_k >= s saturates to b_k = 1 (the public code's implicit clipping);
+that includes s = 0 with x_k > 0, which the codec never produces: its scalers are >= every x_k
+and are 0 only for an all-zero layer, whose codes are then all zero (no division anywhere).
 
-Clipping variants (clip factor c, σ = population std of the layer; σ = 0 disables clipping):
+Clipping variants (clip factor c, σ = population std of the layer; σ = 0, or a bound f32(c σ) that
+overflows to inf or underflows to 0, disables clipping for that layer):
   "none":     clip_bound = inf,        s = max|g|
   "explicit": clip_bound = f32(c σ),   s = max min(|g|, c σ)     (the paper, Sec. 3.3)
   "implicit": clip_bound = inf,        s = f32(c σ)              (the public TF code: |g| >= s saturate)
@@ -48,14 +50,15 @@ class LayerScaling(NamedTuple):
 def scaling_from_moments(absmax: float, sigma: float, clip: ClipMode, clip_factor: float) -> LayerScaling:
     """Local scaler and clip bound of a layer from its moments (same arithmetic on every path)."""
     inf = float("inf")
-    if clip == "none" or sigma <= 0.0:
+    if clip not in CLIP_MODES:
+        raise ValueError(f"unknown clip mode {clip!r}; expected one of {CLIP_MODES}")
+    with np.errstate(over="ignore"):
+        bound = float(np.float32(clip_factor * sigma)) if clip != "none" else inf
+    if not 0.0 < bound < inf:  # no clipping, sigma = 0, or f32(c·σ) out of float32's range
         return LayerScaling(absmax, inf, absmax, sigma)
-    bound = float(np.float32(clip_factor * sigma))
     if clip == "explicit":
         return LayerScaling(min(absmax, bound), bound, absmax, sigma)
-    if clip == "implicit":
-        return LayerScaling(bound, inf, absmax, sigma)
-    raise ValueError(f"unknown clip mode {clip!r}; expected one of {CLIP_MODES}")
+    return LayerScaling(bound, inf, absmax, sigma)  # implicit
 
 
 def layer_scaling(g, clip: ClipMode = "none", clip_factor: float = 2.5) -> LayerScaling:
@@ -85,10 +88,13 @@ def ternarize(g, scaler: float, key: StreamKey, clip_bound: float = float("inf")
 
 
 def exact_nonzero_probability(x, s: float):
-    """P(b = 1) = min(ceil(2^24 x / s), 2^24) / 2^24 exactly, for the documented rule (NumPy)."""
+    """P(b = 1) = min(ceil(2^24 x / s), 2^24) / 2^24 exactly, for the documented rule (NumPy).
+
+    s = 0: 1 where x > 0 (saturation), 0 where x = 0.
+    """
     x = np.asarray(x, dtype=np.float64)
     if s == 0:
-        return np.zeros_like(x)
+        return (x > 0).astype(np.float64)
     # smallest integer t with t*s >= x*2^24 is ceil(x*2^24/s); count of t below it, capped at 2^24
     q = np.ceil(x * TWO24 / np.float64(s))
     # guard the float division: step q down/up until the exact product comparison agrees

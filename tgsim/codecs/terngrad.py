@@ -27,6 +27,7 @@ from tgsim.codecs.base import NonFiniteGradientError
 from tgsim.codecs.kernels import get_kernels
 from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message
 from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS
+from tgsim.codecs.stats import layer_moments
 from tgsim.codecs.ternary import CLIP_MODES, LayerScaling, scaling_from_moments
 from tgsim.rng import StreamKey
 
@@ -40,10 +41,10 @@ def as_float32_layer(name: str, g):
     if g.dtype.kind != "f":
         raise TypeError(f"layer {name!r}: gradient dtype {g.dtype} is not floating point "
                         "(expected float16, float32 or float64)")
-    if g.dtype == xp.float64 and g.size:
+    if g.dtype.itemsize > 4 and g.size:  # float64, longdouble: rounding to float32 may overflow
         big = xp.abs(g[xp.isfinite(g)]).max() if bool(xp.isfinite(g).any()) else 0.0
         if float(big) > _F32_MAX:
-            raise ValueError(f"layer {name!r}: float64 gradient value {float(big):.3g} overflows float32")
+            raise ValueError(f"layer {name!r}: {g.dtype} gradient value {float(big):.3g} overflows float32")
     return xp.ascontiguousarray(g, dtype=xp.float32).reshape(-1)
 
 
@@ -84,13 +85,22 @@ class TernGrad:
         up = 8 * math.ceil(n / k) / n + 32 / n if n else 0.0
         return {"up": up, "down": math.ceil(math.log2(2 * workers + 1))}
 
-    @staticmethod
-    def exact_error(g) -> float:
-        """E||g~ - g||^2 = s||g||_1 - ||g||_2^2 with s = ||g||_inf (no clipping; THEORY §1)."""
-        g = np.asarray(g, dtype=np.float64).reshape(-1)
-        if g.size == 0:
+    def exact_error(self, g) -> float:
+        """E||g~ - g||^2 of one layer with its own scaler (THEORY §1).
+
+        Per element, with x = min(|g|, bound) and p = min(x/s, 1) (resolution bias neglected):
+            E(g~ - g)^2 = p (s - |g|)^2 + (1 - p) g^2,
+        which without clipping (p = |g|/s) sums to s||g||_1 - ||g||_2^2, s = ||g||_inf.
+        """
+        flat = as_float32_layer("g", np.asarray(g))
+        if flat.size == 0:
             return 0.0
-        return float(np.abs(g).max() * np.abs(g).sum() - g @ g)
+        sc = scaling_from_moments(*layer_moments(flat, self.clip != "none")[:2], self.clip, self.clip_factor)
+        a = np.abs(flat.astype(np.float64))
+        if sc.scaler == 0.0:
+            return 0.0
+        p = np.minimum(np.minimum(a, sc.clip_bound) / sc.scaler, 1.0)
+        return float(np.sum(p * (sc.scaler - a) ** 2 + (1.0 - p) * a * a))
 
     # -- layout and pass 1 --------------------------------------------------------------------
     def layout(self, layers: Mapping) -> Layout:
@@ -141,11 +151,11 @@ class TernGrad:
             scalers = np.asarray(shared_scalers, dtype=np.float32).reshape(-1)
             if scalers.shape != local.shape:
                 raise ValueError(f"{scalers.size} shared scalers for {local.size} layers")
-            low = np.flatnonzero(~(scalers >= local))
+            low = np.flatnonzero(~((scalers >= local) & np.isfinite(scalers)))
             if low.size:
                 i = int(low[0])
-                raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[i]} is below "
-                                 f"this worker's local scaler {local[i]} (share with MAX)")
+                raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[i]} is not a finite "
+                                 f"value >= this worker's local scaler {local[i]} (share with MAX)")
         parts = []
         for i, (spec, g, sc) in enumerate(zip(layout.layers, layers.values(), scalings)):
             flat = as_float32_layer(spec.name, g)

@@ -1,0 +1,1 @@
+"""tgsim.analysis: statistical checks of the codecs' claims (installed from `analysis/`)."""
