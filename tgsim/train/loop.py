@@ -36,6 +36,15 @@ class Setup:
     codec: TernGrad | None
     optimizer: object
     exchange: object
+    optimum: dict | None = None   # w* of the full training objective, where the model can solve it
+
+    def distance_to_optimum(self, params) -> float:
+        """||w - w*|| / ||w*|| over all parameters (nan when w* is unknown)."""
+        if self.optimum is None:
+            return float("nan")
+        num = sum(float(np.sum((np.asarray(params[k], np.float64) - v) ** 2)) for k, v in self.optimum.items())
+        den = sum(float(np.sum(v ** 2)) for v in self.optimum.values())
+        return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
 
 def _model_options(model_name: str, options: dict, dataset) -> dict:
@@ -75,7 +84,8 @@ def build(cfg: Config, exchange=None) -> Setup:
     exchange = exchange or InProcessExchange(cfg.workers.n)
     if exchange.n_workers != cfg.workers.n:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
-    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange)
+    optimum = model.optimum(dataset.x_train, dataset.y_train) if hasattr(model, "optimum") else None
+    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum)
 
 
 def local_batch(setup: Setup, step: int):
@@ -166,6 +176,7 @@ class RunResult:
     bits_up: float
     bits_down: float
     skipped: int
+    dist_opt: float = float("nan")
 
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
@@ -213,7 +224,8 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         done = step + 1
         if metrics is not None:
             elapsed = time.perf_counter() - t0
-            metrics.write(step=done, split="train", layer="model", loss=info.loss, bits_up=8 * info.sent,
+            dist = setup.distance_to_optimum(params) if with_stats or done == cfg.run.steps else float("nan")
+            metrics.write(step=done, split="train", layer="model", loss=info.loss, dist_opt=dist, bits_up=8 * info.sent,
                           bits_down=8 * info.received, lr=learning_rate(cfg.schedule, step, cfg.run.steps),
                           skipped=int(info.skipped), seconds=elapsed)
             for row in info.layer_stats:
@@ -241,7 +253,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if start >= cfg.run.steps and math.isnan(test[0]):
         test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
-                     bits_up, bits_down, skipped)
+                     bits_up, bits_down, skipped, setup.distance_to_optimum(params))
 
 
 def _restore_opt(flat_tree: dict):

@@ -22,7 +22,7 @@ import tomli_w
 
 from tgsim.train.config import Config, config_hash, to_dict
 
-METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "bits_up", "bits_down", "lr",
+METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "dist_opt", "bits_up", "bits_down", "lr",
                   "scaler", "inf_l1", "l2sq", "clip_fraction", "skipped", "seconds"]
 
 

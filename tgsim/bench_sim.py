@@ -1,0 +1,115 @@
+"""`tgsim bench sim`: simulator throughput and memory, as ratios measured in one run.
+
+For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
+  * steps/s of the batched step (one loss_and_grad over the worker axis, then the TernGrad
+    exchange) against the same step with a per-worker Python loop over loss_and_grad;
+  * the gradient phase alone, batched against looped;
+  * peak memory of one step (tracemalloc, which sees NumPy's allocations) against the floor
+    N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+
+from tgsim.train.config import from_dict
+from tgsim.train.loop import build, train_step
+
+
+def _config(n: int, hidden, batch: int, kernels: str):
+    return from_dict({
+        "run": {"name": "bench", "steps": 1000},
+        "data": {"name": "mnist1d"},
+        "model": {"name": "mlp", "options": {"hidden": list(hidden)}},
+        "workers": {"n": n, "batch": batch, "batch_mode": "per_worker"},
+        "codec": {"name": "terngrad", "clip": "explicit", "kernels": kernels},
+        "exchange": {"mode": "ps"},
+        "optimizer": {"name": "momentum"},
+    })
+
+
+class _LoopedModel:
+    """The same model, its loss_and_grad called once per worker in a Python loop."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def loss_and_grad(self, params, x, y):
+        parts = [self.model.loss_and_grad(params, x[i:i + 1], y[i:i + 1]) for i in range(x.shape[0])]
+        loss = np.concatenate([p[0] for p in parts])
+        grads = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
+        return loss, grads
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up (JIT, caches)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repeats: int = 5,
+               kernels: str = "auto") -> list[dict]:
+    rows = []
+    for n in workers:
+        setup = build(_config(n, hidden, batch, kernels))
+        params = setup.model.init(0)
+        state = setup.optimizer.init(params)
+        from tgsim.train.loop import local_batch
+
+        x, y = local_batch(setup, 0)
+        batched_grad = _time(lambda: setup.model.loss_and_grad(params, x, y), repeats)
+        looped = _LoopedModel(setup.model)
+        looped_grad = _time(lambda: looped.loss_and_grad(params, x, y), repeats)
+        batched_step = _time(lambda: train_step(setup, params, state, 0), repeats)
+        setup.model = looped
+        looped_step = _time(lambda: train_step(setup, params, state, 0), repeats)
+        rows.append({"workers": n, "steps_per_s": 1 / batched_step, "looped_steps_per_s": 1 / looped_step,
+                     "step_speedup": looped_step / batched_step, "grad_speedup": looped_grad / batched_grad})
+    return rows
+
+
+def peak_memory(workers: int = 8, hidden=(1024, 1024), batch: int = 8, kernels: str = "auto") -> dict:
+    setup = build(_config(workers, hidden, batch, kernels))
+    params = setup.model.init(0)
+    state = setup.optimizer.init(params)
+    n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
+    train_step(setup, params, state, 0)  # warm-up outside the measurement
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    train_step(setup, params, state, 1)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    floor = workers * n_params * 4
+    return {"workers": workers, "params": n_params, "peak_bytes": peak, "floor_bytes": floor,
+            "peak_over_floor": peak / floor}
+
+
+def run(workers=(1, 8, 32, 128), repeats: int = 5) -> dict:
+    return {"throughput": throughput(workers, repeats=repeats), "memory": peak_memory()}
+
+
+def print_report(res: dict) -> None:
+    print("simulator throughput, MLP 40-256-256-10, 8 samples per worker, TernGrad (ps, explicit clip)")
+    print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>13} {'grad speedup':>13}")
+    for r in res["throughput"]:
+        print(f"{r['workers']:5d} {r['steps_per_s']:9.1f} {r['looped_steps_per_s']:15.1f} "
+              f"{r['step_speedup']:12.2f}x {r['grad_speedup']:12.2f}x")
+    m = res["memory"]
+    print(f"peak memory of one step, MLP of {m['params']:,} parameters, N = {m['workers']}: "
+          f"{m['peak_bytes'] / 2**20:.1f} MiB against the gradient floor {m['floor_bytes'] / 2**20:.1f} MiB "
+          f"({m['peak_over_floor']:.2f}x)")
+
+
+if __name__ == "__main__":
+    print_report(run())
