@@ -8,7 +8,7 @@
 
 from tgsim.data.batching import batch_indices, worker_batch_indices, worker_batches
 from tgsim.data.datasets import DATASETS, Dataset, dataset_kwargs, load
-from tgsim.data.sharding import SCHEMES, label_histograms, shard, tv_distances
+from tgsim.data.sharding import SCHEMES, label_histograms, shard, shard_plan_digest, tv_distances
 
 __all__ = ["DATASETS", "Dataset", "SCHEMES", "batch_indices", "dataset_kwargs", "label_histograms",
-           "load", "shard", "tv_distances", "worker_batch_indices", "worker_batches"]
+           "load", "shard", "shard_plan_digest", "tv_distances", "worker_batch_indices", "worker_batches"]

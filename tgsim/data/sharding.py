@@ -119,3 +119,15 @@ def tv_distances(y_train, shards, n_classes: int | None = None) -> np.ndarray:
     h = label_histograms(y, shards, k).astype(np.float64)
     local = h / np.maximum(h.sum(axis=1, keepdims=True), 1)
     return 0.5 * np.abs(local - glob).sum(axis=1)
+
+
+def shard_plan_digest(shards, *arrays) -> str:
+    """sha256 of the shard index arrays (and the data arrays) a run trains on: what MPI ranks compare."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in list(shards) + list(arrays):
+        a = np.ascontiguousarray(np.asarray(s))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -60,5 +60,5 @@ class Exchange(Protocol):
     def mean_scalar(self, local_sum: float) -> float:
         """(Σ over all workers of a per-worker scalar) / N, given this process's local sum."""
 
-    def check_same_config(self, digest: str) -> None:
-        """Raise on every worker if any worker was started with a different config digest."""
+    def check_same_config(self, digest: str, shard_plan: str | None = None) -> None:
+        """Raise on every worker if any worker was started with a different config or shard plan."""

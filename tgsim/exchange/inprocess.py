@@ -73,7 +73,7 @@ class InProcessExchange:
         self.n_workers = n_workers
         self.local_workers = tuple(range(n_workers))
 
-    def check_same_config(self, digest: str) -> None:
+    def check_same_config(self, digest: str, shard_plan: str | None = None) -> None:
         return None  # one process, one config
 
     def any_true(self, flag: bool) -> bool:

@@ -184,7 +184,10 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     """Train per `cfg`, writing a results directory (only where `writer`); see module docstring."""
     setup = build(cfg, exchange)
     ex = setup.exchange
-    ex.check_same_config(config_hash(cfg))
+    from tgsim.data import shard_plan_digest
+
+    ex.check_same_config(config_hash(cfg), shard_plan=shard_plan_digest(
+        setup.shards, setup.dataset.x_train, setup.dataset.y_train))
     if out is None and resume:
         raise ConfigError("--resume needs the results directory to continue")
     out = Path(out) if out is not None else results.new_run_dir(results_base, cfg.run.name)

@@ -1,0 +1,1 @@
+"""Entry points for real multi-process runs: `mpiexec -n N python -m mpi_runs.train CONFIG.toml`."""

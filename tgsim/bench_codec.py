@@ -1,0 +1,197 @@
+"""Codec kernel benchmark: fused Numba kernels vs the array reference vs memory-bandwidth floors.
+
+    python -m tgsim.bench_codec [n_elements] [workers] [repeats]
+
+Every row is the median of `repeats` timed calls after one untimed warm-up call (so Numba compile
+time is excluded); the slow reference path uses at most 2 timed calls. Rows:
+
+  floor read g             one parallel read-only pass over the float32 gradient (Numba sum)
+  floor read payloads      one parallel read-only pass over the W packed 2-bit payloads
+  floor write out          one parallel write pass of the float32[n] result (Numba fill into a
+                           preallocated array)
+  floor wsum               read payloads + write out: the weighted_sum floor
+  write fresh out          the same fill into a fresh np.empty each call (page-fault cost)
+  moments+encode           reference: stats.layer_moments + ternary.scaling_from_moments +
+                           ternary.ternarize + packing.pack; fused: _numba.moments +
+                           scaling_from_moments + _numba.encode (clip none / explicit; 2bit / base3)
+  fused moments / encode   the two fused passes on their own
+  weighted_sum             W workers' 2-bit payloads, one shared scaler (TernGrad's MAX-shared s)
+                           and per-worker scalers; fused into a fresh result or into `out=`
+  sum_codes                integer Σ codes of the same payloads
+
+Columns: seconds (median), min_seconds (fastest call: the machine may be shared); ratio_vs_floor = seconds / floor (the read floor of g for the encode
+rows, the wsum floor for the payload rows); ratio_vs_reference = reference seconds / seconds (the
+speed-up; > 1 is faster); wire_bytes = payload bytes (2-bit: n/4 per worker, base-3: ceil(n/5));
+bit_identical = the fused output equals the reference output byte for byte (None: not compared).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from numba import njit, prange
+
+from tgsim.codecs import _numba as fused
+from tgsim.codecs import packing, stats, ternary
+from tgsim.rng import StreamKey
+
+CLIP_FACTOR = 2.5
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _read_floor_f32(a):
+    s = np.float32(0.0)
+    for i in prange(a.size):
+        s += a[i]
+    return s
+
+
+@njit(cache=True, parallel=True)
+def _read_floor_u8(a):
+    s = np.uint64(0)
+    for i in prange(a.size):
+        s += np.uint64(a[i])
+    return s
+
+
+@njit(cache=True, parallel=True)
+def _write_floor_f32(a, v):
+    for i in prange(a.size):
+        a[i] = v
+
+
+class _Timing(float):
+    """Median seconds (a float) that also carries the fastest call, `.best`."""
+
+    best: float
+
+
+def _median_time(fn, repeats: int) -> tuple[_Timing, object]:
+    """(median seconds of `repeats` calls after one warm-up call, the last result)."""
+    result = fn()                        # warm-up: compile, caches, first touch; not timed
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    med = _Timing(np.median(times))
+    med.best = float(min(times))
+    return med, result
+
+
+def _reference_encode(g, clip, key, fmt):
+    m = stats.layer_moments(g, need_sigma=clip != "none")
+    sc = ternary.scaling_from_moments(m.absmax, m.sigma, clip, CLIP_FACTOR)
+    return packing.pack(ternary.ternarize(g, sc.scaler, key, sc.clip_bound), fmt)
+
+
+def _fused_encode(g, clip, key, fmt):
+    m = fused.moments(g, clip != "none")
+    sc = ternary.scaling_from_moments(m.absmax, m.sigma, clip, CLIP_FACTOR)
+    return fused.encode(g, sc.scaler, sc.clip_bound, key, fmt)
+
+
+def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> list[dict]:
+    """Measure every row in one run (see the module docstring); returns a list of row dicts."""
+    n = int(n_elements)
+    ref_repeats = max(1, min(repeats, 2))
+    rng = np.random.default_rng(12345)
+    g = rng.standard_normal(n, dtype=np.float32)
+    key = StreamKey(seed=0x1234_5678_9ABC, step=3, worker=1, layer=2)
+    wire = {f: packing.packed_size(n, f) for f in packing.FORMATS}
+    rows: list[dict] = []
+
+    def row(what, seconds, floor=None, reference=None, wire_bytes=None, same=None):
+        rows.append({"what": what, "seconds": float(seconds),
+                     "min_seconds": getattr(seconds, "best", float(seconds)),
+                     "ratio_vs_floor": None if floor is None else seconds / floor,
+                     "ratio_vs_reference": None if reference is None else reference / seconds,
+                     "wire_bytes": wire_bytes, "bit_identical": same})
+
+    # -- floor of the encode side ------------------------------------------------------------------
+    floor_read, _ = _median_time(lambda: _read_floor_f32(g), repeats)
+    row("floor read g (float32, 1 pass)", floor_read, floor=floor_read)
+
+    # -- moments + encode of one layer ------------------------------------------------------------
+    for fmt in ("2bit", "base3"):
+        for clip in ("none", "explicit"):
+            ref_t, ref_out = _median_time(lambda: _reference_encode(g, clip, key, fmt), ref_repeats)
+            t, out = _median_time(lambda: _fused_encode(g, clip, key, fmt), repeats)
+            row(f"reference moments+encode {fmt} clip={clip}", ref_t, floor=floor_read,
+                wire_bytes=wire[fmt])
+            row(f"fused moments+encode {fmt} clip={clip}", t, floor=floor_read, reference=ref_t,
+                wire_bytes=wire[fmt], same=bool(np.array_equal(out, ref_out)))
+    for need_sigma in (False, True):
+        t, _ = _median_time(lambda: fused.moments(g, need_sigma), repeats)
+        row(f"fused moments only, need_sigma={need_sigma}", t, floor=floor_read)
+    m = fused.moments(g, True)
+    sc = ternary.scaling_from_moments(m.absmax, m.sigma, "explicit", CLIP_FACTOR)
+    for clip_bound in (float("inf"), sc.clip_bound):
+        label = "none" if clip_bound == float("inf") else "explicit"
+        t, _ = _median_time(lambda: fused.encode(g, sc.scaler, clip_bound, key, "2bit"), repeats)
+        row(f"fused encode only 2bit clip={label}", t, floor=floor_read, wire_bytes=wire["2bit"])
+
+    # -- weighted_sum of W workers' 2-bit payloads --------------------------------------------------
+    payloads = np.stack([
+        fused.encode(g, m.absmax, float("inf"), StreamKey(7, step=1, worker=w), "2bit")
+        for w in range(workers)])
+    shared = np.full(workers, m.absmax, dtype=np.float32)
+    distinct = (m.absmax * np.linspace(1.0, 2.0, workers)).astype(np.float32)
+    out = np.empty(n, dtype=np.float32)
+    floor_rp, _ = _median_time(lambda: _read_floor_u8(payloads.reshape(-1)), repeats)
+    floor_w, _ = _median_time(lambda: _write_floor_f32(out, np.float32(1.0)), repeats)
+    floor_ws = _Timing(floor_rp + floor_w)
+    floor_ws.best = floor_rp.best + floor_w.best
+    row(f"floor read payloads ({workers} x 2bit)", floor_rp, floor=floor_rp, wire_bytes=payloads.size)
+    row("floor write out (float32[n], preallocated)", floor_w, floor=floor_w)
+    row("floor wsum = read payloads + write out", floor_ws, floor=floor_ws)
+    t, _ = _median_time(lambda: _write_floor_f32(np.empty(n, np.float32), np.float32(1.0)), repeats)
+    row("write fresh out (np.empty + fill: page faults)", t, floor=floor_ws)
+    for label, scalers in (("shared scaler", shared), ("per-worker scalers", distinct)):
+        ref_t, ref_out = _median_time(
+            lambda: packing.weighted_sum(payloads, scalers, n, "2bit", workers), ref_repeats)
+        row(f"reference weighted_sum {workers} x 2bit, {label}", ref_t, floor=floor_ws,
+            wire_bytes=payloads.size)
+        t, res = _median_time(lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers), repeats)
+        row(f"fused weighted_sum {workers} x 2bit, {label}, fresh out", t, floor=floor_ws,
+            reference=ref_t, wire_bytes=payloads.size,
+            same=bool(np.array_equal(res.view(np.uint32), ref_out.view(np.uint32))))
+        t, res = _median_time(
+            lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers, out=out), repeats)
+        row(f"fused weighted_sum {workers} x 2bit, {label}, out= preallocated", t, floor=floor_ws,
+            reference=ref_t, wire_bytes=payloads.size,
+            same=bool(np.array_equal(res.view(np.uint32), ref_out.view(np.uint32))))
+    ref_t, ref_out = _median_time(lambda: packing.sum_codes(payloads, n, "2bit"), ref_repeats)
+    t, res = _median_time(lambda: fused.sum_codes(payloads, n, "2bit"), repeats)
+    row(f"fused sum_codes {workers} x 2bit (int8)", t, floor=floor_ws, reference=ref_t,
+        wire_bytes=payloads.size, same=bool(np.array_equal(res, ref_out)))
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    head = (f"{'what':<62} {'ms':>9} {'min ms':>8} {'x floor':>8} {'speedup':>8} "
+            f"{'wire bytes':>11} {'identical':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        f = "" if r["ratio_vs_floor"] is None else f"{r['ratio_vs_floor']:.2f}"
+        s = "" if r["ratio_vs_reference"] is None else f"{r['ratio_vs_reference']:.1f}"
+        w = "" if r["wire_bytes"] is None else str(r["wire_bytes"])
+        b = "" if r.get("bit_identical") is None else str(r["bit_identical"])
+        lines.append(f"{r['what']:<62} {r['seconds'] * 1e3:>9.3f} {r['min_seconds'] * 1e3:>8.3f} "
+                     f"{f:>8} {s:>8} {w:>11} {b:>9}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import numba
+
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)[:3]]
+    n = args[0] if args else 16_777_216
+    print(f"n_elements={n} ({n * 4 / 2**20:.0f} MiB float32), numba threads={numba.get_num_threads()}")
+    print(format_rows(run(*args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,912 @@
+"""Fused, multi-threaded Numba CPU kernels of the TernGrad codec, bit-identical to the array reference.
+
+Same four entry points as `tgsim.codecs._reference` (moments, encode, weighted_sum, sum_codes), for
+NumPy arrays. Every kernel computes exactly the reference's operations in the reference's order
+(`tgsim.rng.philox`, `tgsim.codecs.stats`, `tgsim.codecs.ternary`, `tgsim.codecs.packing`); only the
+loop structure differs:
+
+* moments: one parallel pass. absmax and finiteness come from the largest |g| bit pattern (an
+  integer max: the ordering of non-negative IEEE floats is the ordering of their bits, inf is
+  0x7f800000 and every NaN is above it). The σ sums follow the documented lane order: LANES lanes,
+  lane j sums d_i = f64(g_i) - K over i ≡ j (mod LANES) in ascending i; each thread owns fixed
+  ranges of lanes and walks the rows, so the bits do not depend on the thread count; then the
+  fixed pairwise tree and `stats.moments_from_sums`. No fastmath anywhere (no FMA contraction,
+  no reassociation).
+* encode: Philox4x32-10 block -> four words -> the exact ternary rule -> code -> packed byte, in one
+  parallel pass. The rule f64(t)*f64(s) < f64(x)*2^24 is evaluated as f64(t)*(f64(s)*2^-24) <
+  f64(x): both sides are the reference's exact products scaled by the same power of two (t*s has
+  at most 48 significant bits, and |t*s*2^-24| >= 2^-173 is far from the float64 subnormal
+  range), so every comparison - including inf/NaN/zero cases - has the same outcome.
+* weighted_sum / sum_codes: one parallel pass over the payloads in chunks of bytes; per chunk the
+  bytes of every worker are decoded into SoA scratch (contiguous, byte/word-wide SIMD), validated
+  on the way (2-bit: a 0b11 pair; base-3: > 242), and the chunk's float32/int results written.
+  Three exact routes to the reference's float64 sum acc = (((0 + c_0 s_0) + c_1 s_1) + ...):
+    - one shared scaler s (TernGrad's MAX-shared scaler: finite, > 0, a float32 value): every
+      partial sum is j*s for a small integer j, exactly representable, so acc = f64(Σ codes) * s;
+      only the integer code counts are accumulated (uint8 lanes for <= 127 workers);
+    - per-worker scalers: the first (up to) 8 workers' codes form a base-3 index into a table of
+      the reference's partial sums for all 3^8 code tuples (computed with the reference's own
+      float64 operations), and any further workers are added in float64 in ascending order.
+  out = f32(acc * (1/divide_by)) as in the reference. (NaN results are NaN, but the sign/payload
+  of a NaN made from NaN operands is not specified by IEEE 754 nor reproducible across builds.)
+
+Everything compiles lazily on the first call (`cache=True` keeps the machine code on disk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from tgsim.codecs import packing
+from tgsim.codecs.stats import LANES, LayerMoments, moments_from_sums
+from tgsim.rng import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, StreamKey
+from tgsim.rng.philox import MAX_ELEMENTS
+
+__all__ = ["moments", "encode", "weighted_sum", "sum_codes", "philox_block", "philox4x32_10",
+           "random_words"]
+
+# ---------------------------------------------------------------------------------------------
+# Philox4x32-10
+# ---------------------------------------------------------------------------------------------
+# Keep every integer in uint32/uint64: Numba turns mixed signed/unsigned 64-bit arithmetic into
+# float64. The products are formed in uint64 (32x32 -> 64 bits); LLVM lowers them to vpmuludq and
+# vectorizes a loop over blocks 8 (AVX-512) or 4 (AVX2) blocks per vector.
+_M0 = np.uint64(PHILOX_M0)
+_M1 = np.uint64(PHILOX_M1)
+_W0 = np.uint32(PHILOX_W0)
+_W1 = np.uint32(PHILOX_W1)
+_S32 = np.uint64(32)
+_U8 = np.uint32(8)
+
+
+@njit(inline="always")
+def _philox_round(c0, c1, c2, c3, k0, k1):
+    # The xors are left to Numba's integer widening (uint64 holding 32-bit values): truncating them
+    # to uint32 here makes LLVM shuffle between 32- and 64-bit lanes every round (2x slower).
+    p0 = np.uint64(c0) * _M0
+    p1 = np.uint64(c2) * _M1
+    return (np.uint32(p1 >> _S32) ^ c1 ^ k0, np.uint32(p1),
+            np.uint32(p0 >> _S32) ^ c3 ^ k1, np.uint32(p0))
+
+
+@njit(inline="always")
+def philox_block(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 of counter (c0, c1, c2, c3) and key (k0, k1): a tuple of four np.uint32 words.
+
+    Straight-line (the round loop has a constant trip count and is unrolled by LLVM), so a loop
+    over blocks that calls it vectorizes across blocks (vpmuludq, 8 blocks per zmm register).
+    """
+    c0 = np.uint32(c0)
+    c1 = np.uint32(c1)
+    c2 = np.uint32(c2)
+    c3 = np.uint32(c3)
+    k0 = np.uint32(k0)
+    k1 = np.uint32(k1)
+    for _ in range(9):
+        c0, c1, c2, c3 = _philox_round(c0, c1, c2, c3, k0, k1)
+        k0 = np.uint32(k0 + _W0)
+        k1 = np.uint32(k1 + _W1)
+    c0, c1, c2, c3 = _philox_round(c0, c1, c2, c3, k0, k1)
+    return np.uint32(c0), np.uint32(c1), np.uint32(c2), np.uint32(c3)
+
+
+philox4x32_10 = philox_block    # the name of the array reference (tgsim.rng.philox4x32_10)
+
+
+def _stream_args(key: StreamKey):
+    """(c1, c2, c3, k0, k1) as np.uint32 for the tgsim stream layout (c0 = element // 4)."""
+    k0, k1 = key.key
+    return (np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step),
+            np.uint32(k0), np.uint32(k1))
+
+
+@njit(cache=True)
+def _words_range(out, b0, c1, c2, c3, k0, k1):
+    """out[4j + m] = word m of block b0 + j, for 0 <= j < out.size // 4.
+
+    Indices start at 0 (callers pass slices) so that they are provably non-negative: Numba's
+    negative-index wraparound would otherwise stop the vectorizer.
+    """
+    for j in range(out.size // 4):
+        w0, w1, w2, w3 = philox_block(np.uint32(b0 + j), c1, c2, c3, k0, k1)
+        out[4 * j] = w0
+        out[4 * j + 1] = w1
+        out[4 * j + 2] = w2
+        out[4 * j + 3] = w3
+
+
+_WORDS_CHUNK = 1 << 14  # blocks per parallel task
+
+
+@njit(cache=True, parallel=True)
+def _words_kernel(out, first_block, nblocks, c1, c2, c3, k0, k1):
+    nch = (nblocks + _WORDS_CHUNK - 1) // _WORDS_CHUNK
+    for ch in prange(nch):
+        j0 = ch * _WORDS_CHUNK
+        j1 = min(j0 + _WORDS_CHUNK, nblocks)
+        _words_range(out[4 * j0:4 * j1], first_block + j0, c1, c2, c3, k0, k1)
+
+
+def random_words(n: int, key: StreamKey, start: int = 0) -> np.ndarray:
+    """uint32 words start..start+n-1 of the stream `key` (equals `tgsim.rng.random_words`)."""
+    n, start = int(n), int(start)
+    if n < 0 or start < 0 or start + n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [{start}, {start + n}) outside [0, {MAX_ELEMENTS})")
+    if n == 0:
+        return np.zeros(0, dtype=np.uint32)
+    first, last = start // 4, (start + n - 1) // 4
+    out = np.empty(4 * (last - first + 1), dtype=np.uint32)
+    _words_kernel(out, np.int64(first), np.int64(last - first + 1), *_stream_args(key))
+    off = start - 4 * first
+    return out[off:off + n]
+
+
+# ---------------------------------------------------------------------------------------------
+# moments
+# ---------------------------------------------------------------------------------------------
+_ABS = np.uint32(0x7FFFFFFF)
+_INF_BITS = 0x7F800000
+_MAX_CHUNK = 1 << 16            # elements per task of the absmax-only pass
+_LANE_CHUNK = 2048              # lanes per task of the σ pass (2 x 16 KiB of partials, L1-resident)
+_N_LANE_CHUNKS = LANES // _LANE_CHUNK
+
+
+@njit(cache=True)
+def _absbits_max(bits):
+    m = np.uint32(0)
+    for i in range(bits.size):
+        v = bits[i] & _ABS
+        if v > m:
+            m = v
+    return m
+
+
+@njit(cache=True, parallel=True)
+def _absmax_kernel(bits):
+    n = bits.size
+    nch = (n + _MAX_CHUNK - 1) // _MAX_CHUNK
+    part = np.zeros(nch, dtype=np.uint32)
+    for ch in prange(nch):
+        i0 = ch * _MAX_CHUNK
+        part[ch] = _absbits_max(bits[i0:min(i0 + _MAX_CHUNK, n)])
+    m = np.uint32(0)
+    for ch in range(nch):
+        if part[ch] > m:
+            m = part[ch]
+    return m
+
+
+@njit(cache=True)
+def _lane_quad(g, bits, a, k, s1, s2):
+    """Rows a, a+LANES, a+2 LANES, a+3 LANES (cnt = len(s1) lanes from offset a) into the partials:
+    s <- (((s + d_r) + d_r+1) + d_r+2) + d_r+3, the same additions in the same order as one row at
+    a time, with a quarter of the traffic on the partials. Returns the largest |g| bit pattern."""
+    ga = g[a:a + s1.size]
+    gb = g[a + LANES:a + LANES + s1.size]
+    gc = g[a + 2 * LANES:a + 2 * LANES + s1.size]
+    gd = g[a + 3 * LANES:a + 3 * LANES + s1.size]
+    ba = bits[a:a + s1.size]
+    bb = bits[a + LANES:a + LANES + s1.size]
+    bc = bits[a + 2 * LANES:a + 2 * LANES + s1.size]
+    bd = bits[a + 3 * LANES:a + 3 * LANES + s1.size]
+    m = np.uint32(0)
+    for j in range(s1.size):
+        da = np.float64(ga[j]) - k
+        db = np.float64(gb[j]) - k
+        dc = np.float64(gc[j]) - k
+        dd = np.float64(gd[j]) - k
+        s1[j] = (((s1[j] + da) + db) + dc) + dd
+        s2[j] = (((s2[j] + da * da) + db * db) + dc * dc) + dd * dd
+        v = max(max(ba[j] & _ABS, bb[j] & _ABS), max(bc[j] & _ABS, bd[j] & _ABS))
+        if v > m:
+            m = v
+    return m
+
+
+@njit(cache=True)
+def _lane_one(ga, ba, k, s1, s2):
+    """One row (of ga.size <= len(s1) lanes) into the lane partials."""
+    m = np.uint32(0)
+    for j in range(ga.size):
+        da = np.float64(ga[j]) - k
+        s1[j] = s1[j] + da
+        s2[j] = s2[j] + da * da
+        va = ba[j] & _ABS
+        if va > m:
+            m = va
+    return m
+
+
+@njit(cache=True, parallel=True)
+def _sigma_kernel(g, bits, s1_out, s2_out):
+    """Lane partials (tree-reduced into s1_out[0], s2_out[0]) and the absmax bits of g (n >= 1).
+
+    Only the nl = min(n, LANES) lanes that hold elements are computed. The others are +0.0 in the
+    reference, and adding +0.0 is exact identity for every lane partial: a partial starts at +0.0
+    and x + y is -0.0 only when both are -0.0, so no partial is ever -0.0. The tree therefore
+    skips every a[j] + a[j + h] whose a[j + h] is such a zero lane: O(n), not O(LANES), work for
+    small layers, with the reference's bits.
+    """
+    n = g.size
+    k = np.float64(g[0])
+    rows = n // LANES
+    rem = n - rows * LANES
+    nl = min(n, LANES)
+    nlc = (nl + _LANE_CHUNK - 1) // _LANE_CHUNK
+    part = np.zeros(nlc, dtype=np.uint32)
+    for c in prange(nlc):
+        l0 = c * _LANE_CHUNK
+        l1 = min(l0 + _LANE_CHUNK, nl)
+        s1 = np.zeros(l1 - l0, dtype=np.float64)
+        s2 = np.zeros(l1 - l0, dtype=np.float64)
+        m = np.uint32(0)
+        r = 0
+        while r + 4 <= rows:
+            mr = _lane_quad(g, bits, r * LANES + l0, k, s1, s2)
+            if mr > m:
+                m = mr
+            r += 4
+        while r < rows:
+            a = r * LANES
+            mr = _lane_one(g[a + l0:a + l1], bits[a + l0:a + l1], k, s1, s2)
+            if mr > m:
+                m = mr
+            r += 1
+        if rem > l0:   # the partial last row covers lanes 0..rem-1
+            a = rows * LANES
+            e1 = min(l1, rem)
+            mr = _lane_one(g[a + l0:a + e1], bits[a + l0:a + e1], k, s1, s2)
+            if mr > m:
+                m = mr
+        s1_out[l0:l1] = s1
+        s2_out[l0:l1] = s2
+        part[c] = m
+    # the fixed pairwise tree a <- a[:h] + a[h:], over the live (possibly non-zero) lanes only
+    h = LANES // 2
+    live = nl
+    while h >= 1:
+        for j in range(live - h):          # j + h < live; empty when live <= h
+            s1_out[j] = s1_out[j] + s1_out[j + h]
+            s2_out[j] = s2_out[j] + s2_out[j + h]
+        live = min(live, h)
+        h //= 2
+    m = np.uint32(0)
+    for c in range(nlc):
+        if part[c] > m:
+            m = part[c]
+    return m
+
+
+def _as_f32_flat(g, what="g") -> np.ndarray:
+    g = np.asarray(g)
+    if g.dtype != np.float32:
+        raise ValueError(f"{what}: expected float32, got {g.dtype}")
+    return np.ascontiguousarray(g.reshape(-1))
+
+
+def moments(g: np.ndarray, need_sigma: bool) -> LayerMoments:
+    """Same bits as `stats.layer_moments(g, need_sigma)`, in one parallel pass over g."""
+    g = _as_f32_flat(g)
+    n = g.size
+    if n == 0:
+        return LayerMoments(0.0, 0.0, True)
+    bits = g.view(np.uint32)
+    if need_sigma:
+        s1 = np.empty(LANES, dtype=np.float64)
+        s2 = np.empty(LANES, dtype=np.float64)
+        mbits = int(_sigma_kernel(g, bits, s1, s2))
+    else:
+        mbits = int(_absmax_kernel(bits))
+    if mbits >= _INF_BITS:
+        return LayerMoments(float("nan"), float("nan"), False)
+    absmax = float(np.array(mbits, dtype=np.uint32).view(np.float32))
+    sigma = moments_from_sums(n, float(g[0]), float(s1[0]), float(s2[0])) if need_sigma else 0.0
+    return LayerMoments(absmax, sigma, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# encode
+# ---------------------------------------------------------------------------------------------
+@njit(inline="always")
+def _code1(w, gv, s_scaled, cb, clip):
+    """code + 1 (0, 1, 2) of one element: the documented rule on t = w >> 8 (see module docstring).
+
+    clip (a constant after inlining): x = np.minimum(|g|, cb) - written so that a NaN |g| stays
+    NaN; cb is never NaN here - else x = |g|.
+    """
+    x = abs(gv)
+    if clip:
+        x = cb if cb < x else x
+    keep = np.float64(w >> _U8) * s_scaled < np.float64(x)
+    pos = gv > np.float32(0.0)
+    return np.uint32(2 if pos else 0) if keep else np.uint32(1)
+
+
+@njit(inline="always")
+def _enc2_body(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1, clip):
+    for j in range(out.size):
+        w0, w1, w2, w3 = philox_block(np.uint32(b0 + j), c1, c2, c3, k0, k1)
+        e = 4 * j
+        v = (_code1(w0, g[e], s_scaled, cb, clip)
+             | (_code1(w1, g[e + 1], s_scaled, cb, clip) << np.uint32(2))
+             | (_code1(w2, g[e + 2], s_scaled, cb, clip) << np.uint32(4))
+             | (_code1(w3, g[e + 3], s_scaled, cb, clip) << np.uint32(6)))
+        out[j] = np.uint8(v)
+
+
+@njit(cache=True)
+def _enc2_range(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1):
+    """out[j] = 2-bit byte of elements 4j..4j+3 of g, drawn from Philox block b0 + j (full blocks).
+
+    One Philox block per byte, one straight-line loop body (vectorized across blocks). g and out
+    are slices starting at element 4 b0 / byte b0: 0-based indices are provably non-negative, so
+    Numba's wraparound check does not stop the vectorizer.
+    """
+    _enc2_body(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1, True)
+
+
+@njit(cache=True)
+def _enc2_range_noclip(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1):
+    """_enc2_range for cb = +inf (no explicit clipping): skips the min."""
+    _enc2_body(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1, False)
+
+
+_ENC2_CHUNK = 1 << 14   # bytes (= Philox blocks) per parallel task
+
+
+@njit(cache=True, parallel=True)
+def _enc2_kernel(g, out, s_scaled, cb, c1, c2, c3, k0, k1):
+    n = g.size
+    nfull = n // 4
+    clip = cb != np.inf
+    nch = (nfull + _ENC2_CHUNK - 1) // _ENC2_CHUNK
+    for ch in prange(nch):
+        b0 = ch * _ENC2_CHUNK
+        b1 = min(b0 + _ENC2_CHUNK, nfull)
+        if clip:
+            _enc2_range(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
+        else:
+            _enc2_range_noclip(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
+    if nfull * 4 < n:          # the last, partial block: pad codes are 0 (value 1)
+        w = philox_block(np.uint32(nfull), c1, c2, c3, k0, k1)
+        v = np.uint32(0)
+        for m in range(4):
+            e = 4 * nfull + m
+            vm = _code1(w[m], g[e], s_scaled, cb, True) if e < n else np.uint32(1)
+            v |= vm << np.uint32(2 * m)
+        out[nfull] = np.uint8(v)
+
+
+_B3_UNITS = 1024   # 20-element units (5 Philox blocks, 4 bytes) per parallel task
+
+
+@njit(cache=True)
+def _enc3_range(g, out, u0, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
+    """Base-3 bytes of units u0.. (20 elements, 5 Philox blocks, 4 bytes each): words, values, bytes.
+
+    g: the elements of these units (the last unit may be short: missing elements are pad codes 0,
+    value 1); out: 4 bytes per unit; words (uint32) / vals (uint8): scratch of 20 per unit.
+    Three simple loops (each vectorizes) over L1/L2-resident scratch.
+    """
+    nu = out.size // 4
+    blk0 = 5 * u0
+    for j in range(5 * nu):
+        w0, w1, w2, w3 = philox_block(np.uint32(blk0 + j), c1, c2, c3, k0, k1)
+        words[4 * j] = w0
+        words[4 * j + 1] = w1
+        words[4 * j + 2] = w2
+        words[4 * j + 3] = w3
+    ne = g.size
+    for i in range(ne):
+        vals[i] = np.uint8(_code1(words[i], g[i], s_scaled, cb, True))
+    for i in range(ne, 20 * nu):
+        vals[i] = np.uint8(1)
+    for j in range(4 * nu):
+        q = 5 * j
+        out[j] = np.uint8(np.uint32(vals[q]) + np.uint32(3) * np.uint32(vals[q + 1])
+                          + np.uint32(9) * np.uint32(vals[q + 2])
+                          + np.uint32(27) * np.uint32(vals[q + 3])
+                          + np.uint32(81) * np.uint32(vals[q + 4]))
+
+
+@njit(cache=True, parallel=True)
+def _enc3_kernel(g, out, s_scaled, cb, c1, c2, c3, k0, k1):
+    """out: 4 bytes per 20-element unit (ceil(n/5) rounded up to a multiple of 4); the caller trims."""
+    n = g.size
+    nunits = (n + 19) // 20
+    nch = (nunits + _B3_UNITS - 1) // _B3_UNITS
+    for ch in prange(nch):
+        words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
+        vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
+        u0 = ch * _B3_UNITS
+        u1 = min(u0 + _B3_UNITS, nunits)
+        _enc3_range(g[20 * u0:min(20 * u1, n)], out[4 * u0:4 * u1], u0, s_scaled, cb,
+                    c1, c2, c3, k0, k1, words, vals)
+
+
+_ZERO_BYTE = {"2bit": 0b01010101, "base3": 1 + 3 + 9 + 27 + 81}
+
+
+def _check_fmt(fmt: str) -> None:
+    if fmt not in packing.FORMATS:
+        raise ValueError(f"unknown packing {fmt!r}; expected one of {packing.FORMATS}")
+
+
+def encode(g: np.ndarray, scaler: float, clip_bound: float, key: StreamKey, fmt: str) -> np.ndarray:
+    """uint8 payload equal to packing.pack(ternary.ternarize(g, scaler, key, clip_bound), fmt)."""
+    _check_fmt(fmt)
+    g = _as_f32_flat(g)
+    n = g.size
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    nb = packing.packed_size(n, fmt)
+    with np.errstate(over="ignore"):
+        cb = np.float32(clip_bound)      # the reference: np.minimum(x, f32(clip_bound)), no-op for inf
+        s32 = np.float32(scaler)         # the reference: ternary_rule(t, x, np.float32(scaler))
+    if np.isnan(cb):                     # np.minimum(x, nan) = nan: every draw rejects
+        return np.full(nb, _ZERO_BYTE[fmt], dtype=np.uint8)
+    s_scaled = np.float64(s32) * np.float64(2.0 ** -24)      # exact (see the module docstring)
+    args = (s_scaled, cb) + _stream_args(key)
+    if fmt == "2bit":
+        out = np.empty(nb, dtype=np.uint8)
+        if n:
+            _enc2_kernel(g, out, *args)
+        return out
+    out = np.empty(4 * ((n + 19) // 20), dtype=np.uint8)
+    if n:
+        _enc3_kernel(g, out, *args)
+    return out[:nb] if out.size != nb else out
+
+
+# ---------------------------------------------------------------------------------------------
+# weighted_sum / sum_codes
+# ---------------------------------------------------------------------------------------------
+_DEC_CHUNK = 2048   # payload bytes per parallel task (scratch of 8-10 K elements: L1/L2-resident)
+_TABLE_WORKERS = 8  # the first (up to) 8 workers' codes index a table of 3^8 exact partial sums
+_U8_1 = np.uint8(1)
+_U8_2 = np.uint8(2)
+_U8_3 = np.uint8(3)
+_U8_4 = np.uint8(4)
+_U8_6 = np.uint8(6)
+_U8_55 = np.uint8(0x55)
+_U8_242 = np.uint8(242)
+_U3 = np.uint32(3)
+
+# Decoding works on SoA scratch rows c[m, j] = (something of) field m of byte j, so that every
+# inner loop is contiguous and byte/word-wide SIMD; the interleave to element order k j + m happens
+# once, in the output loop. Every decoding loop also ORs a validity flag over its bytes (2-bit: a
+# 0b11 pair; base-3: > 242), so validation costs no extra pass.
+
+
+@njit(inline="always")
+def _bad2(v):
+    return np.uint8(v & (v >> _U8_1) & _U8_55)
+
+
+@njit(inline="always")
+def _bad3(v):
+    return np.uint8(v > _U8_242)
+
+
+@njit(inline="always")
+def _trits(v):
+    """The five base-3 digits of byte v (division by 3 compiles to a multiply-shift)."""
+    v = np.uint32(v)
+    q1 = v // _U3
+    q2 = q1 // _U3
+    q3 = q2 // _U3
+    q4 = q3 // _U3
+    return v - _U3 * q1, q1 - _U3 * q2, q2 - _U3 * q3, q3 - _U3 * q4, q4
+
+
+@njit(cache=True)
+def _first_bad(p, k):
+    for j in range(p.size):
+        if (_bad2(p[j]) if k == 4 else _bad3(p[j])) != 0:
+            return j
+    return -1
+
+
+@njit(cache=True)
+def _count2(c, p):
+    """c[m, j] += field m of 2-bit byte p[j] (value = code + 1). Returns non-zero on invalid bytes."""
+    c0 = c[0]
+    c1 = c[1]
+    c2 = c[2]
+    c3 = c[3]
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad2(v))
+        c0[j] += v & _U8_3
+        c1[j] += (v >> _U8_2) & _U8_3
+        c2[j] += (v >> _U8_4) & _U8_3
+        c3[j] += v >> _U8_6
+    return bad
+
+
+@njit(cache=True)
+def _count3(c, p):
+    """c[m, j] += trit m of base-3 byte p[j]. Returns non-zero on invalid bytes."""
+    c0 = c[0]
+    c1 = c[1]
+    c2 = c[2]
+    c3 = c[3]
+    c4 = c[4]
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad3(v))
+        d0, d1, d2, d3, d4 = _trits(v)
+        c0[j] += d0
+        c1[j] += d1
+        c2[j] += d2
+        c3[j] += d3
+        c4[j] += d4
+    return bad
+
+
+@njit(cache=True)
+def _index2(c, p, mult):
+    """c[m, j] += (field m of p[j]) * mult (uint16 table index). Returns non-zero on invalid bytes."""
+    c0 = c[0]
+    c1 = c[1]
+    c2 = c[2]
+    c3 = c[3]
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad2(v))
+        c0[j] += np.uint16(v & _U8_3) * mult
+        c1[j] += np.uint16((v >> _U8_2) & _U8_3) * mult
+        c2[j] += np.uint16((v >> _U8_4) & _U8_3) * mult
+        c3[j] += np.uint16(v >> _U8_6) * mult
+    return bad
+
+
+@njit(cache=True)
+def _index3(c, p, mult):
+    c0 = c[0]
+    c1 = c[1]
+    c2 = c[2]
+    c3 = c[3]
+    c4 = c[4]
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad3(v))
+        d0, d1, d2, d3, d4 = _trits(v)
+        c0[j] += np.uint16(d0) * mult
+        c1[j] += np.uint16(d1) * mult
+        c2[j] += np.uint16(d2) * mult
+        c3[j] += np.uint16(d3) * mult
+        c4[j] += np.uint16(d4) * mult
+    return bad
+
+
+@njit(cache=True)
+def _acc2(a, p, s):
+    """a[m, j] += f64(code m of p[j]) * s: the reference's float64 step for one more worker."""
+    a0 = a[0]
+    a1 = a[1]
+    a2 = a[2]
+    a3 = a[3]
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad2(v))
+        a0[j] += np.float64(np.int32(v & _U8_3) - np.int32(1)) * s
+        a1[j] += np.float64(np.int32((v >> _U8_2) & _U8_3) - np.int32(1)) * s
+        a2[j] += np.float64(np.int32((v >> _U8_4) & _U8_3) - np.int32(1)) * s
+        a3[j] += np.float64(np.int32(v >> _U8_6) - np.int32(1)) * s
+    return bad
+
+
+@njit(cache=True)
+def _acc3(a, p, s):
+    bad = np.uint8(0)
+    for j in range(p.size):
+        v = p[j]
+        bad = np.uint8(bad | _bad3(v))
+        d0, d1, d2, d3, d4 = _trits(v)
+        a[0, j] += np.float64(np.int32(d0) - np.int32(1)) * s
+        a[1, j] += np.float64(np.int32(d1) - np.int32(1)) * s
+        a[2, j] += np.float64(np.int32(d2) - np.int32(1)) * s
+        a[3, j] += np.float64(np.int32(d3) - np.int32(1)) * s
+        a[4, j] += np.float64(np.int32(d4) - np.int32(1)) * s
+    return bad
+
+
+@njit(inline="always")
+def _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch):
+    """Record the first invalid byte of the lowest worker of task ch (workers come in ascending order)."""
+    if bad != 0 and bad_w[ch] < 0:
+        bad_w[ch] = w
+        bad_j[ch] = j0 + _first_bad(p, k)
+
+
+@njit(cache=True)
+def _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch):
+    for w in range(payloads.shape[0]):
+        p = payloads[w, j0:j1]
+        bad = _count2(c, p) if k == 4 else _count3(c, p)
+        _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
+
+
+@njit(cache=True)
+def _map_out(out, c, k, f):
+    """out[k j + m] = f[c[m, j]] (f: the float32 result for each count / table index)."""
+    nfull = out.size // k
+    if k == 4:
+        c0 = c[0]
+        c1 = c[1]
+        c2 = c[2]
+        c3 = c[3]
+        for j in range(nfull):
+            out[4 * j] = f[c0[j]]
+            out[4 * j + 1] = f[c1[j]]
+            out[4 * j + 2] = f[c2[j]]
+            out[4 * j + 3] = f[c3[j]]
+    else:
+        for j in range(nfull):
+            for m in range(5):
+                out[5 * j + m] = f[c[m, j]]
+    for e in range(k * nfull, out.size):
+        out[e] = f[c[e - k * nfull, nfull]]
+
+
+@njit(cache=True)
+def _uniform_out(out, c, k, nw, s, inv):
+    """out[k j + m] = f32((f64(Σ codes) * s) * inv) with Σ codes = c[m, j] - nw."""
+    nfull = out.size // k
+    if k == 4:
+        c0 = c[0]
+        c1 = c[1]
+        c2 = c[2]
+        c3 = c[3]
+        for j in range(nfull):
+            out[4 * j] = np.float32((np.float64(np.int32(c0[j]) - nw) * s) * inv)
+            out[4 * j + 1] = np.float32((np.float64(np.int32(c1[j]) - nw) * s) * inv)
+            out[4 * j + 2] = np.float32((np.float64(np.int32(c2[j]) - nw) * s) * inv)
+            out[4 * j + 3] = np.float32((np.float64(np.int32(c3[j]) - nw) * s) * inv)
+    else:
+        for j in range(nfull):
+            for m in range(5):
+                out[5 * j + m] = np.float32((np.float64(np.int32(c[m, j]) - nw) * s) * inv)
+    for e in range(k * nfull, out.size):
+        out[e] = np.float32((np.float64(np.int32(c[e - k * nfull, nfull]) - nw) * s) * inv)
+
+
+@njit(cache=True)
+def _scale_out(out, a, k, inv):
+    """out[k j + m] = f32(a[m, j] * inv)."""
+    nfull = out.size // k
+    for j in range(nfull):
+        for m in range(k):
+            out[k * j + m] = np.float32(a[m, j] * inv)
+    for e in range(k * nfull, out.size):
+        out[e] = np.float32(a[e - k * nfull, nfull] * inv)
+
+
+@njit(cache=True)
+def _int_out(out, c, k, nw):
+    """out[k j + m] = c[m, j] - nw (Σ codes), cast to out's dtype (wrapping like the reference)."""
+    nfull = out.size // k
+    if k == 4:
+        c0 = c[0]
+        c1 = c[1]
+        c2 = c[2]
+        c3 = c[3]
+        for j in range(nfull):
+            out[4 * j] = np.int32(c0[j]) - nw
+            out[4 * j + 1] = np.int32(c1[j]) - nw
+            out[4 * j + 2] = np.int32(c2[j]) - nw
+            out[4 * j + 3] = np.int32(c3[j]) - nw
+    else:
+        for j in range(nfull):
+            for m in range(5):
+                out[5 * j + m] = np.int32(c[m, j]) - nw
+    for e in range(k * nfull, out.size):
+        out[e] = np.int32(c[e - k * nfull, nfull]) - nw
+
+
+@njit(cache=True, parallel=True)
+def _wsum_uniform_kernel(payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype):
+    """One shared scaler s: out = f32((f64(Σ_w code_w) * s) * inv) per element (see _is_uniform)."""
+    nw, nbytes = payloads.shape
+    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
+    for ch in prange(nch):
+        j0 = ch * _DEC_CHUNK
+        j1 = min(j0 + _DEC_CHUNK, nbytes)
+        c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+        _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
+        _uniform_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw), s, inv)
+
+
+@njit(cache=True, parallel=True)
+def _wsum_table_kernel(payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j):
+    """Any scalers. The first nt = len(mults) workers' codes form a base-3 index into `table`, their
+    exact reference partial sums (or, when nt == all workers, `f`: the final float32 values); the
+    remaining workers are added in float64 one at a time, in ascending order, as the reference does.
+    """
+    nw, nbytes = payloads.shape
+    nt = mults.size
+    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
+    for ch in prange(nch):
+        j0 = ch * _DEC_CHUNK
+        j1 = min(j0 + _DEC_CHUNK, nbytes)
+        c = np.zeros((k, j1 - j0), dtype=np.uint16)
+        for w in range(nt):
+            p = payloads[w, j0:j1]
+            bad = _index2(c, p, mults[w]) if k == 4 else _index3(c, p, mults[w])
+            _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
+        o = out[j0 * k:min(j1 * k, n)]
+        if nt == nw:
+            _map_out(o, c, k, f)
+        else:
+            a = np.empty((k, j1 - j0), dtype=np.float64)
+            for m in range(k):
+                for j in range(j1 - j0):
+                    a[m, j] = table[c[m, j]]
+            for w in range(nt, nw):
+                p = payloads[w, j0:j1]
+                bad = _acc2(a, p, scalers[w]) if k == 4 else _acc3(a, p, scalers[w])
+                _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
+            _scale_out(o, a, k, inv)
+
+
+@njit(cache=True, parallel=True)
+def _isum_kernel(payloads, n, k, out, bad_w, bad_j, count_dtype):
+    nw, nbytes = payloads.shape
+    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
+    for ch in prange(nch):
+        j0 = ch * _DEC_CHUNK
+        j1 = min(j0 + _DEC_CHUNK, nbytes)
+        c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+        _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
+        _int_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw))
+
+
+def _partial_sums(scalers: np.ndarray, nt: int) -> np.ndarray:
+    """float64[3^nt]: the reference's acc after workers 0..nt-1 for every code tuple, tuple index
+    Σ_w (code_w + 1) 3^w (same float64 operations in the same order as packing.weighted_sum)."""
+    idx = np.arange(3 ** nt)
+    acc = np.zeros(3 ** nt, dtype=np.float64)
+    with np.errstate(all="ignore"):       # 0 * inf = nan, as in the reference
+        for w in range(nt):
+            code = ((idx // 3 ** w) % 3 - 1).astype(np.float64)
+            acc += code * np.float64(scalers[w])
+    return acc
+
+
+def _count_dtype(nw: int) -> np.ndarray:
+    """Witness array for the per-element count of values (code + 1) <= 2 nw."""
+    return np.zeros(0, dtype=np.uint8 if nw <= 127 else (np.uint16 if nw <= 32767 else np.int64))
+
+
+def _check_payloads(payloads, n: int, fmt: str) -> tuple[np.ndarray, int]:
+    """Shape/dtype/length checks (before any kernel); returns (C-contiguous payloads, nbytes)."""
+    _check_fmt(fmt)
+    if int(n) != n or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    payloads = np.asarray(payloads)
+    nb = packing.packed_size(int(n), fmt)
+    if payloads.dtype != np.uint8 or payloads.ndim != 2:
+        raise ValueError(f"payloads: expected a 2-D uint8 array (workers, bytes), got "
+                         f"{payloads.dtype} {payloads.shape}")
+    if payloads.shape[1] != nb:
+        raise ValueError(f"payloads: {payloads.shape[1]} bytes per worker for {n} elements in {fmt}, "
+                         f"expected {nb}")
+    return np.ascontiguousarray(payloads), nb
+
+
+def _raise_invalid(payloads, n: int, fmt: str, bad_w: np.ndarray, bad_j: np.ndarray) -> None:
+    """ValueError for the lowest worker with an invalid byte or non-zero pad codes, like
+    `packing.check_payload` run on worker 0, 1, ... (invalid bytes before pad codes per worker)."""
+    nw, nb = payloads.shape
+    hit = bad_w >= 0
+    w_bad = int(bad_w[hit].min()) if hit.any() else nw
+    k = packing.CODES_PER_BYTE[fmt]
+    w_pad = nw
+    if nb * k > n and nw:
+        codes, valid = packing.LUT[fmt]
+        last = payloads[:, -1]
+        pad = (codes[last][:, n - (nb - 1) * k:] != 0).any(axis=1) & valid[last]
+        if pad.any():
+            w_pad = int(np.argmax(pad))
+    if w_bad < nw and w_bad <= w_pad:
+        j = int(bad_j[hit & (bad_w == w_bad)].min())
+        kind = "code 0b11" if fmt == "2bit" else "byte > 242"
+        raise ValueError(f"payload of worker {w_bad}: invalid {kind} at byte {j} "
+                         f"(0x{int(payloads[w_bad, j]):02x})")
+    if w_pad < nw:
+        raise ValueError(f"payload of worker {w_pad}: non-zero pad codes after element {n} "
+                         f"at byte {nb - 1} (0x{int(payloads[w_pad, -1]):02x})")
+
+
+def _is_uniform(scalers: np.ndarray, nw: int) -> bool:
+    """True when the reference's float64 sum is exactly f64(Σ codes) * s for one shared s.
+
+    With s finite, > 0 and at most 24 significant bits (a float32 value), every partial sum of the
+    reference is j*s for an integer |j| <= nw, exactly representable (<= 24 + 16 bits), so no
+    addition rounds. (s <= 0 or inf/NaN would differ in signed zeros or NaNs.)
+    """
+    if nw == 0 or nw > 32767:
+        return False
+    s = scalers[0]
+    if not (np.isfinite(s) and s > 0.0 and s <= np.finfo(np.float32).max):
+        return False
+    if np.float64(np.float32(s)) != s:
+        return False
+    return bool((scalers == s).all())
+
+
+def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, divide_by: int,
+                 *, out: np.ndarray | None = None) -> np.ndarray:
+    """float32[n] equal to packing.weighted_sum(...), validating every byte in the same pass.
+
+    One parallel pass over the payloads; per element either (one shared scaler) a count of codes
+    mapped to its float32 result, or (any scalers) a base-3 index of the first 8 workers' codes into
+    a table of the reference's exact partial sums, then the remaining workers in float64.
+    out: optional preallocated C-contiguous float32[n] to write into (and return); saves the page
+    faults of a fresh result array.
+    """
+    payloads, nb = _check_payloads(payloads, n, fmt)
+    n = int(n)
+    nw = payloads.shape[0]
+    scalers = np.asarray(scalers)
+    if scalers.shape != (nw,):
+        raise ValueError(f"scalers: expected shape ({nw},), got {scalers.shape}")
+    scalers = scalers.astype(np.float64)      # xp.float64(scalers[i]) of the reference
+    inv = np.float64(1.0 / divide_by)
+    if out is None:
+        out = np.empty(n, dtype=np.float32)
+    elif out.dtype != np.float32 or out.shape != (n,) or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous float32 array of shape ({n},)")
+    nch = -(-nb // _DEC_CHUNK)
+    bad_w = np.full(nch, -1, dtype=np.int64)
+    bad_j = np.full(nch, -1, dtype=np.int64)
+    k = np.int64(packing.CODES_PER_BYTE[fmt])
+    if nb == 0:
+        pass
+    elif nw == 0:
+        out[:] = np.float32(0.0 * inv)
+    elif _is_uniform(scalers, nw):
+        _wsum_uniform_kernel(payloads, np.int64(n), k, scalers[0], inv, out, bad_w, bad_j,
+                             _count_dtype(nw))
+    else:
+        nt = min(nw, _TABLE_WORKERS)
+        table = _partial_sums(scalers, nt)
+        with np.errstate(all="ignore"):
+            f = (table * inv).astype(np.float32)
+        # An invalid byte decodes to a field value 3 (and raises after the pass); pad the tables so
+        # that its index, up to Σ_w 3 * 3^w, still reads inside them.
+        pad = 3 * (3 ** nt - 1) // 2 + 1 - table.size
+        table = np.concatenate([table, np.zeros(pad)])
+        f = np.concatenate([f, np.zeros(pad, dtype=np.float32)])
+        mults = (3 ** np.arange(nt)).astype(np.uint16)
+        _wsum_table_kernel(payloads, scalers, np.int64(n), k, mults, table, f, inv, out, bad_w, bad_j)
+    _raise_invalid(payloads, n, fmt, bad_w, bad_j)
+    return out
+
+
+def sum_codes(payloads: np.ndarray, n: int, fmt: str, dtype=None) -> np.ndarray:
+    """Σ_w codes_w as integers (equals packing.sum_codes), validating every byte in the same pass."""
+    payloads, nb = _check_payloads(payloads, n, fmt)
+    n = int(n)
+    nw = payloads.shape[0]
+    if dtype is None:
+        dtype = np.int8 if nw <= 127 else (np.int16 if nw <= 32767 else np.int32)
+    out = np.empty(n, dtype=dtype)
+    nch = -(-nb // _DEC_CHUNK)
+    bad_w = np.full(nch, -1, dtype=np.int64)
+    bad_j = np.full(nch, -1, dtype=np.int64)
+    if nb:
+        if nw == 0:
+            out[:] = 0
+        else:
+            _isum_kernel(payloads, np.int64(n), np.int64(packing.CODES_PER_BYTE[fmt]), out,
+                         bad_w, bad_j, _count_dtype(nw))
+    _raise_invalid(payloads, n, fmt, bad_w, bad_j)
+    return out

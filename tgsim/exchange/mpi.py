@@ -1,0 +1,662 @@
+"""MPI exchange (mpi4py): one worker per rank, the real wire, the in-process exchange's bits.
+
+    ex = MPIExchange()                     # MPI.COMM_WORLD: n_workers = size, local_workers = (rank,)
+    run(cfg, exchange=ex, writer=ex.rank == 0)
+
+Every method returns, on every rank, exactly the bits `InProcessExchange` returns for the same
+inputs (same gradients, scalers and keys); only the transport differs. Per step and phase one MPI
+message carries all layers (the layers are concatenated into one buffer, split only into buckets of
+at most `bucket_bytes`), so small layers do not each pay a latency.
+
+Phases and wire formats
+  scalers      one MAX Allreduce of the float32 per-layer scalers (all layers in one message).
+  fp32 (exact) a reduce-scatter with ordered per-chunk sums: the layers' bucket is cut into N
+               contiguous chunks; Alltoallv sends chunk r of every rank to rank r, which sums its
+               chunk over the senders in ascending rank order in float64 -- the in-process order
+               f32(Σ_w f64(g_w), ascending w, · 1/N) -- and Allgatherv returns the float32 chunks to
+               all. Same bytes per rank as a ring all-reduce: 2 (N-1)/N · 4 bytes per element.
+  fp32 (native, `exact=False`, for benchmarking only) MPI Allreduce(SUM) of float32: MPI picks
+               the summation order, so the bits may differ from the simulator's.
+  terngrad allgather   Allgather of slots [u64 length | serialized Message]: every rank parses all N
+               messages and decodes their sum in rank order (`codec.aggregate`).
+  terngrad allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
+               exact in any order), scaled once: s/N · Σ codes. Float layers take the exact fp32
+               path.
+  terngrad ps  rank 0 is the server: Gather of the slots, Σ codes, and one Bcast of the downlink
+               [u64 status | per ternary layer: f32 scaler + (Σ codes + N) bit-packed at
+               ceil(log2(2N+1)) bits; per float layer: f32 mean]; without shared scalers the
+               downlink is the float32 mean; with `reternarize_key` it is the serialized Message of
+               the mean ternarized again with that key. Every rank (the server too) decodes the
+               same downlink bytes.
+
+Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
+sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
+broadcasts the error so every rank raises it; ranks started with different configs raise
+`RankConfigMismatchError` on every rank, naming the ranks that differ. Both are `CollectiveError`s:
+raised identically on every rank, so `mpi_runs.train` can exit cleanly instead of aborting.
+
+Bytes (`CommBytes`) are this rank's, counted from the buffers it hands to MPI: point-to-point style
+collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data must reach
+(sent) and what arrives from other ranks (received); the server's Bcast counts N-1 copies sent.
+Native reductions (Allreduce) count the ring model 2 (N-1)/N · buffer bytes, as the simulator does.
+Control messages (any_true, mean_scalar, barrier, config check) are not counted.
+
+GPU: CuPy arrays are handed to MPI as device buffers when the MPI library is CUDA-aware
+(`cuda_aware()`: MPIX_Query_cuda_support / MPIX_GPU_query_support, overridable with
+TGSIM_MPI_CUDA_AWARE=0|1), otherwise staged through pinned host buffers. Serialized messages
+(allgather, ps) are host bytes either way (Message.to_bytes); decoded results return to the device of
+the local message. Each rank selects GPU (node-local rank mod device count) when a GPU is present.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Sequence
+
+import numpy as np
+
+from tgsim.backend import array_module as _xp_of, get_xp, gpu_available, to_numpy
+from tgsim.codecs import packing
+from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
+from tgsim.codecs.terngrad import TernGrad
+from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
+from tgsim.train.config import ConfigError
+
+_U64 = np.dtype("<u8")
+_HDR = 8          # slot prefix / downlink status: one little-endian u64
+_STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
+
+
+class CollectiveError(Exception):
+    """Marker: this error is raised with the same message on every rank (no rank is left waiting)."""
+
+
+class RankConfigMismatchError(ConfigError, CollectiveError):
+    """Ranks were started with different configs (or codec / library versions, or shard plans)."""
+
+
+class PeerPayloadError(ValueError, CollectiveError):
+    """A payload received from another rank is malformed; the message names the sender rank."""
+
+
+class ServerError(RuntimeError, CollectiveError):
+    """The parameter server (rank 0) failed for another reason; every rank raises it."""
+
+
+def _mpi():
+    from mpi4py import MPI  # noqa: PLC0415  (the `mpi` extra)
+
+    return MPI
+
+
+def cuda_aware() -> bool:
+    """True if the MPI library under mpi4py accepts CUDA device buffers.
+
+    TGSIM_MPI_CUDA_AWARE=1/0 overrides the probe (some Open MPI + UCX builds under-report).
+    Probe: MPIX_Query_cuda_support() (Open MPI, MPICH >= 4) or MPIX_GPU_query_support(CUDA=0, &flag)
+    (MPICH), looked up in libmpi through mpi4py's extension module; False when neither exists.
+    """
+    env = os.environ.get("TGSIM_MPI_CUDA_AWARE", "").strip().lower()
+    if env in ("1", "true", "yes"):
+        return True
+    if env in ("0", "false", "no"):
+        return False
+    MPI = _mpi()
+    try:
+        lib = ctypes.CDLL(MPI.__file__)
+    except OSError:
+        return False
+    fn = getattr(lib, "MPIX_Query_cuda_support", None)
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        return bool(fn())
+    fn = getattr(lib, "MPIX_GPU_query_support", None)
+    if fn is not None:
+        flag = ctypes.c_int(0)
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        return fn(0, ctypes.byref(flag)) == 0 and bool(flag.value)   # 0 = MPIX_GPU_SUPPORT_CUDA
+    return False
+
+
+def node_local_rank(comm) -> tuple[int, int]:
+    """(rank, size) of this process among the ranks on its node (COMM_TYPE_SHARED split)."""
+    MPI = _mpi()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def select_gpu(comm) -> int | None:
+    """Make GPU (node-local rank mod device count) current; None when there is no GPU.
+
+    Collective over `comm` (the node split runs on every rank, with or without a GPU)."""
+    local, _ = node_local_rank(comm)
+    if not gpu_available():
+        return None
+    cp = get_xp("cupy")
+    dev = local % cp.cuda.runtime.getDeviceCount()
+    cp.cuda.Device(dev).use()
+    return dev
+
+
+def _f32_bytes(x) -> np.ndarray:
+    return np.ascontiguousarray(to_numpy(x), dtype=np.float32).reshape(-1).view(np.uint8)
+
+
+def _ordered_sum_mean(parts: Sequence, n: int, xp):
+    """f32(Σ_w f64(p_w), ascending w, · 1/n) of flat arrays: `inprocess.mean_of_layers`' order."""
+    acc = xp.zeros(parts[0].size if parts else 0, dtype=xp.float64)
+    for p in parts:
+        acc += p.reshape(-1).astype(xp.float64)
+    return (acc * xp.float64(1.0 / n)).astype(xp.float32)
+
+
+def _code_dtype(n: int):
+    if n > 32767:
+        raise ValueError(f"the integer all-reduce of ternary codes supports up to 32767 ranks, got {n}")
+    return np.int8 if n <= 127 else np.int16
+
+
+def _plain_codec(codec: TernGrad) -> TernGrad:
+    """The codec the server re-ternarizes with (as `inprocess.terngrad_mean`)."""
+    return TernGrad(clip="none", packing=codec.packing, float_layers=codec.float_layers,
+                    min_size=codec.min_size, kernels=codec.kernels)
+
+
+def _message_to(msg: Message, xp) -> Message:
+    if xp is np:
+        return msg
+    return Message(msg.layout, msg.scalers, [xp.asarray(p) for p in msg.parts])
+
+
+# -- the parameter server's downlink (pure functions, shared by the server and the workers) --------
+
+def ps_downlink_size(layout: Layout, n: int, shared: bool, reternarize: bool) -> int:
+    """Bytes of the server's downlink payload (without the status word); known to every rank."""
+    if reternarize:
+        return len(layout.header_bytes()) + layout.body_bytes()
+    if not shared:
+        return sum(4 * s.size for s in layout.layers)
+    width = packing.uint_width(n)
+    return sum(4 + -(-s.size * width // 8) if s.kind == KIND_TERNARY else 4 * s.size for s in layout.layers)
+
+
+def ps_base_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool) -> np.ndarray:
+    """The server's downlink bytes before any re-ternarization (mirrors inprocess.terngrad_mean, ps)."""
+    n = len(messages)
+    layout = messages[0].layout
+    xp = _xp_of(messages[0].parts[0]) if messages[0].parts else np
+    if not shared:
+        mean = codec.aggregate(messages, divide_by=n)
+        chunks = [_f32_bytes(mean[s.name]) for s in layout.layers]
+    else:
+        width = packing.uint_width(n)
+        kern = codec._kernels(xp)
+        chunks = []
+        for i, spec in enumerate(layout.layers):
+            parts = [m.parts[i] for m in messages]
+            if spec.kind != KIND_TERNARY:
+                chunks.append(_f32_bytes(_ordered_sum_mean(parts, n, xp)))
+                continue
+            intsum = kern.sum_codes(xp.stack(parts), spec.size, codec.packing, _code_dtype(n))
+            payload = packing.pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
+            chunks.append(np.float32(messages[0].scalers[i]).reshape(1).view(np.uint8))
+            chunks.append(to_numpy(payload).astype(np.uint8, copy=False))
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
+
+
+def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np) -> dict:
+    """Mean per layer from a base downlink (ValueError if it is malformed)."""
+    buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
+    mean, off = {}, 0
+    width = packing.uint_width(n)
+    for spec in layout.layers:
+        if spec.kind != KIND_TERNARY or not shared:
+            nb = 4 * spec.size
+            mean[spec.name] = xp.asarray(buf[off:off + nb].copy().view(np.float32).reshape(spec.shape))
+            off += nb
+            continue
+        s = float(buf[off:off + 4].copy().view(np.float32)[0])
+        if not (np.isfinite(s) and s >= 0):
+            raise ValueError(f"layer {spec.name!r}: invalid scaler {s} in the downlink")
+        nb = -(-spec.size * width // 8)
+        raw = packing.unpack_uint(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width)
+        if spec.size and int(raw.max()) > 2 * n:
+            raise ValueError(f"layer {spec.name!r}: downlink code sum {int(raw.max()) - n} exceeds N = {n}")
+        intsum = raw.astype(xp.int32) - n
+        mean[spec.name] = packing.scale_integer_sum(intsum, s, n).reshape(spec.shape)
+        off += 4 + nb
+    if off != buf.size:
+        raise ValueError(f"downlink is {buf.size} bytes, the layout needs {off}")
+    return mean
+
+
+def ps_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool, reternarize_key=None) -> np.ndarray:
+    """The server's complete downlink bytes for `messages` (all N, in rank order)."""
+    base = ps_base_downlink(codec, messages, shared)
+    if reternarize_key is None:
+        return base
+    layout = messages[0].layout
+    xp = _xp_of(messages[0].parts[0]) if messages[0].parts else np
+    mean = ps_decode_base(layout, base, len(messages), shared, xp)
+    msg = _plain_codec(codec).encode(mean, reternarize_key)
+    return np.frombuffer(msg.to_bytes(), dtype=np.uint8)
+
+
+def ps_decode(codec: TernGrad, layout: Layout, buf: np.ndarray, n: int, shared: bool, reternarize: bool,
+              xp=np) -> dict:
+    """Mean per layer from the server's downlink (what every rank applies)."""
+    if not reternarize:
+        return ps_decode_base(layout, buf, n, shared, xp)
+    msg = _message_to(from_bytes(memoryview(np.ascontiguousarray(buf, dtype=np.uint8)), layout), xp)
+    return _plain_codec(codec).decode(msg)
+
+
+# -- the exchange -------------------------------------------------------------------------------------
+
+class MPIExchange:
+    """The `Exchange` protocol over MPI: one worker per rank (see the module docstring)."""
+
+    def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto"):
+        MPI = _mpi()
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.n_workers = self.size
+        self.local_workers = (self.rank,)
+        self.exact = bool(exact)
+        if bucket_bytes < 8:
+            raise ValueError(f"bucket_bytes must be >= 8, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
+        self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
+        self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
+        self.totals = CommBytes()        # this rank's bytes over the life of the exchange
+        self._pending = CommBytes()      # scaler sharing, added to the next terngrad() result
+        self._pinned: dict[str, tuple] = {}
+
+    # -- control ---------------------------------------------------------------------------------
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def any_true(self, flag: bool) -> bool:
+        buf = np.array([1 if flag else 0], dtype=np.int32)
+        self.comm.Allreduce(self.MPI.IN_PLACE, [buf, self.MPI.INT32_T], op=self.MPI.MAX)
+        return bool(buf[0])
+
+    def mean_scalar(self, local_sum: float) -> float:
+        """Allgather of the per-rank values, summed in rank order (the simulator's np.sum over workers)."""
+        vals = np.empty(self.size, dtype=np.float64)
+        self.comm.Allgather([np.array([local_sum], dtype=np.float64), self.MPI.DOUBLE], [vals, self.MPI.DOUBLE])
+        return float(np.sum(vals)) / self.size
+
+    def check_same_config(self, digest: str, shard_plan: str | None = None) -> None:
+        """Allgather (config digest, codec wire version, library versions, shard plan); on any
+        difference every rank raises the same RankConfigMismatchError naming the ranks that differ."""
+        from tgsim import __version__ as tgsim_version
+
+        plan = shard_plan
+        mine = {"config sha256": str(digest), "tgsim": str(tgsim_version),
+                "codec message version": str(MESSAGE_VERSION), "numpy": np.__version__,
+                "shard plan": str(plan) if plan is not None else "-"}
+        everyone = self.comm.allgather(mine)
+        problems = []
+        for key in mine:
+            groups: dict[str, list[int]] = {}
+            for r, d in enumerate(everyone):
+                groups.setdefault(d.get(key, "?"), []).append(r)
+            if len(groups) > 1:
+                ref = everyone[0].get(key, "?")
+                parts = [f"rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}: {v[:16]}" for v, rs in
+                         sorted(groups.items(), key=lambda kv: kv[1][0])]
+                odd = sorted(r for v, rs in groups.items() if v != ref for r in rs)
+                problems.append(f"{key} differs from rank 0's on rank{'s' if len(odd) > 1 else ''} "
+                                f"{_ranges(odd)} ({'; '.join(parts)})")
+        if problems:
+            raise RankConfigMismatchError(
+                f"MPI ranks were started with different configurations ({self.size} ranks): "
+                + " | ".join(problems) + ". Launch every rank with the same config file, --set "
+                "overrides and tgsim installation.")
+
+    def gather_totals(self) -> list[dict]:
+        """Collective: every rank's cumulative bytes, in rank order (on every rank)."""
+        return self.comm.allgather({"rank": self.rank, "sent": self.totals.sent, "received": self.totals.received})
+
+    # -- scalers and fp32 ----------------------------------------------------------------------------
+    def max_scalers(self, local: np.ndarray) -> np.ndarray:
+        local = np.asarray(local, dtype=np.float32)
+        if local.ndim != 2 or local.shape[0] != 1:
+            raise ValueError(f"MPIExchange holds one worker per rank: local scalers must be (1, L), got {local.shape}")
+        out = np.ascontiguousarray(local[0]).copy()
+        if out.size:
+            self.comm.Allreduce(self.MPI.IN_PLACE, [out, self.MPI.FLOAT], op=self.MPI.MAX)
+        b = ring_allreduce_bytes(out.nbytes, self.size)
+        self._pending += CommBytes(b, b)
+        return out
+
+    def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
+        """f32(Σ_w f64(g_w), ascending rank w, · 1/N) per layer; `exact=False` uses MPI's Allreduce."""
+        if len(local_layers) != 1:
+            raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_layers)} local workers")
+        lay = local_layers[0]
+        names = list(lay)
+        if not names:
+            return {}, CommBytes()
+        xp = _xp_of(lay[names[0]])
+        arrays = [xp.asarray(lay[k]) for k in names]
+        wide = any(a.dtype.itemsize > 4 for a in arrays)     # float64 gradients travel as float64
+        wire = xp.float64 if wide else xp.float32
+        flat = xp.concatenate([a.reshape(-1).astype(wire) for a in arrays]) if arrays else xp.zeros(0, wire)
+        if self.exact:
+            out, nbytes = self._ordered_mean_flat(flat)
+        else:
+            out, nbytes = self._native_mean_fp32_flat(flat.astype(xp.float32))
+        return self._unflatten(names, arrays, out, nbytes)
+
+    def mean_fp32_native(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
+        """BENCHMARK ONLY: MPI's own Allreduce(SUM) of float32, whatever `exact` says (not the simulator's bits)."""
+        lay = local_layers[0]
+        names = list(lay)
+        if not names:
+            return {}, CommBytes()
+        xp = _xp_of(lay[names[0]])
+        arrays = [xp.asarray(lay[k]) for k in names]
+        flat = xp.concatenate([a.reshape(-1).astype(xp.float32) for a in arrays])
+        return self._unflatten(names, arrays, *self._native_mean_fp32_flat(flat))
+
+    def _unflatten(self, names, arrays, out, nbytes):
+        mean, off = {}, 0
+        for k, a in zip(names, arrays):
+            mean[k] = out[off:off + a.size].reshape(a.shape)
+            off += a.size
+        self.totals += nbytes
+        return mean, nbytes
+
+    def _ordered_mean_flat(self, flat):
+        """Reduce-scatter with ordered per-chunk sums + Allgatherv; see the module docstring."""
+        MPI, n, r = self.MPI, self.size, self.rank
+        xp = _xp_of(flat)
+        mtype = MPI.DOUBLE if flat.dtype == np.float64 else MPI.FLOAT
+        out = xp.empty(flat.size, dtype=xp.float32)
+        nbytes = CommBytes()
+        step = max(n, self.bucket_bytes // flat.dtype.itemsize)
+        for start in range(0, flat.size, step):
+            seg = flat[start:start + step]
+            m = seg.size
+            bounds = [m * k // n for k in range(n + 1)]
+            counts = [bounds[k + 1] - bounds[k] for k in range(n)]
+            displs = bounds[:-1]
+            own = counts[r]
+            send = self._wire(seg, "a2a-send")
+            recv = self._landing(n * own, seg.dtype, xp, "a2a-recv")
+            self._sync(xp)
+            self.comm.Alltoallv([send, (counts, displs), mtype],
+                                [recv, ([own] * n, [own * w for w in range(n)]), mtype])
+            recv = self._back(recv, xp)
+            mine = _ordered_sum_mean([recv[w * own:(w + 1) * own] for w in range(n)], n, xp)
+            res = self._landing(m, np.float32, xp, "ag-recv")
+            send = self._wire(mine, "ag-send")
+            self._sync(xp)
+            self.comm.Allgatherv([send, MPI.FLOAT], [res, (counts, displs), MPI.FLOAT])
+            out[start:start + m] = self._back(res, xp)
+            isz = seg.dtype.itemsize
+            nbytes += CommBytes(isz * (m - own) + 4 * own * (n - 1), isz * own * (n - 1) + 4 * (m - own))
+        return out, nbytes
+
+    def _native_mean_fp32_flat(self, flat):
+        """BENCHMARK ONLY: MPI Allreduce(SUM) of float32 (MPI's order), then f32(f64(sum) · 1/N)."""
+        MPI, xp = self.MPI, _xp_of(flat)
+        out = xp.empty(flat.size, dtype=xp.float32)
+        step = max(1, self.bucket_bytes // 4)
+        for start in range(0, flat.size, step):
+            seg = self._wire(xp.ascontiguousarray(flat[start:start + step]), "native")
+            self._sync(xp)
+            self.comm.Allreduce(MPI.IN_PLACE, [seg, MPI.FLOAT], op=MPI.SUM)
+            out[start:start + seg.size] = self._back(seg, xp)
+        out = (out.astype(xp.float64) * xp.float64(1.0 / self.size)).astype(xp.float32)
+        b = ring_allreduce_bytes(4 * flat.size, self.size)
+        return out, CommBytes(b, b)
+
+    # -- TernGrad ----------------------------------------------------------------------------------------
+    def terngrad(self, codec, local_messages: Sequence[Message], mode: str, shared: bool,
+                 reternarize_key=None) -> tuple[dict, CommBytes]:
+        if len(local_messages) != 1:
+            raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_messages)} local messages")
+        msg = local_messages[0]
+        if mode not in ("allreduce", "ps", "allgather"):
+            raise ValueError(f"unknown exchange mode {mode!r}")
+        if mode == "ps":
+            mean, nbytes = self._ps(codec, msg, shared, reternarize_key)
+        else:
+            if mode == "allgather" or not shared:
+                mean, nbytes = self._allgather(codec, msg, shared)
+            else:
+                mean, nbytes = self._allreduce_codes(codec, msg)
+            if reternarize_key is not None:   # (the config allows it with ps only) as inprocess: every
+                plain = _plain_codec(codec)    # rank holds the same mean and ternarizes it the same way
+                mean = plain.decode(plain.encode(mean, reternarize_key))
+        nbytes += self._pending
+        self._pending = CommBytes()
+        self.totals += nbytes
+        return mean, nbytes
+
+    def _serialize(self, msg: Message) -> bytes:
+        """The bytes this rank puts on the wire for `msg` (a seam for fault-injection tests)."""
+        return msg.to_bytes()
+
+    def _slot(self, msg: Message) -> np.ndarray:
+        """[u64 true length | payload, padded or cut to the layout's wire size]."""
+        payload = self._serialize(msg)
+        wire = msg.wire_bytes
+        slot = np.zeros(_HDR + wire, dtype=np.uint8)
+        slot[:_HDR] = np.array([len(payload)], dtype=_U64).view(np.uint8)
+        body = np.frombuffer(payload, dtype=np.uint8)[:wire]
+        slot[_HDR:_HDR + body.size] = body
+        return slot
+
+    def _parse(self, slot: np.ndarray, layout: Layout, sender: int, where: str) -> Message:
+        wire = len(layout.header_bytes()) + layout.body_bytes()
+        length = int(slot[:_HDR].view(_U64)[0])
+        if length != wire:
+            raise PeerPayloadError(f"{where} received a malformed payload from rank {sender}: it is {length} "
+                                   f"bytes, the model's layout needs {wire}")
+        try:
+            return from_bytes(memoryview(slot[_HDR:_HDR + wire]), layout)
+        except ValueError as e:
+            raise PeerPayloadError(f"{where} received a malformed payload from rank {sender}: {e}") from e
+
+    @staticmethod
+    def _check_scalers(messages: Sequence[Message], ref: Message, where: str) -> None:
+        """With shared scalers every message carries the same (MAX-shared) scaler per ternary layer."""
+        tern = np.array([s.kind == KIND_TERNARY for s in ref.layout.layers], dtype=bool)
+        for r, m in enumerate(messages):
+            bad = np.flatnonzero(tern & (np.asarray(m.scalers) != np.asarray(ref.scalers)))
+            if bad.size:
+                i = int(bad[0])
+                raise PeerPayloadError(f"{where} received a malformed payload from rank {r}: layer "
+                                       f"{ref.layout.layers[i].name!r} has scaler {m.scalers[i]}, the shared "
+                                       f"scaler is {ref.scalers[i]}")
+
+    @staticmethod
+    def _blame_codes(codec, messages: Sequence[Message], where: str, err: Exception):
+        """After a decode kernel rejected the payloads: the first sender whose codes are invalid."""
+        for r, m in enumerate(messages):
+            for spec, part in zip(m.layout.layers, m.parts):
+                if spec.kind != KIND_TERNARY:
+                    continue
+                try:
+                    packing.check_payload(to_numpy(part), spec.size, codec.packing, where=f"layer {spec.name!r}")
+                except ValueError as e:
+                    return PeerPayloadError(f"{where} received a malformed payload from rank {r}: {e}")
+        return PeerPayloadError(f"{where} could not decode the payloads: {err}")
+
+    def _allgather(self, codec, msg: Message, shared: bool):
+        n = self.size
+        slot = self._slot(msg)
+        slots = np.empty((n, slot.size), dtype=np.uint8)
+        self.comm.Allgather([slot, self.MPI.BYTE], [slots, self.MPI.BYTE])
+        where = f"rank {self.rank}"
+        msgs = [self._parse(slots[r], msg.layout, r, where) for r in range(n)]
+        if shared:
+            self._check_scalers(msgs, msg, where)
+        xp = _xp_of(msg.parts[0]) if msg.parts else np
+        msgs = [_message_to(m, xp) for m in msgs]
+        try:
+            mean = codec.aggregate(msgs, divide_by=n)
+        except ValueError as e:
+            raise self._blame_codes(codec, msgs, where, e) from e
+        return mean, CommBytes((n - 1) * slot.size, (n - 1) * slot.size)
+
+    def _ps(self, codec, msg: Message, shared: bool, reternarize_key):
+        MPI, n, root = self.MPI, self.size, 0
+        slot = self._slot(msg)
+        slots = np.empty((n, slot.size), dtype=np.uint8) if self.rank == root else None
+        self.comm.Gather([slot, MPI.BYTE], [slots, MPI.BYTE] if slots is not None else None, root=root)
+        down_size = ps_downlink_size(msg.layout, n, shared, reternarize_key is not None)
+        buf = np.zeros(_HDR + down_size, dtype=np.uint8)
+        error = None
+        xp = _xp_of(msg.parts[0]) if msg.parts else np
+        if self.rank == root:
+            where = "the parameter server (rank 0)"
+            try:
+                msgs = [self._parse(slots[r], msg.layout, r, where) for r in range(n)]
+                if shared:
+                    self._check_scalers(msgs, msg, where)
+                msgs = [_message_to(m, xp) for m in msgs]
+                try:
+                    down = ps_downlink(codec, msgs, shared, reternarize_key)
+                except PeerPayloadError:
+                    raise
+                except ValueError as e:
+                    raise self._blame_codes(codec, msgs, where, e) from e
+                if down.size != down_size:
+                    raise RuntimeError(f"downlink is {down.size} bytes, expected {down_size}")
+                buf[_HDR:] = down
+            except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
+                payload_error = isinstance(e, PeerPayloadError)
+                error = str(e) if payload_error else f"the parameter server (rank 0) failed: {type(e).__name__}: {e}"
+                status = _STATUS_PAYLOAD if payload_error else _STATUS_SERVER
+                buf[:_HDR] = np.array([status], dtype=_U64).view(np.uint8)
+        self.comm.Bcast([buf, MPI.BYTE], root=root)
+        status = int(buf[:_HDR].view(_U64)[0])
+        if status != _STATUS_OK:
+            text = self.comm.bcast(error, root=root)
+            raise (PeerPayloadError if status == _STATUS_PAYLOAD else ServerError)(text)
+        try:
+            mean = ps_decode(codec, msg.layout, buf[_HDR:], n, shared, reternarize_key is not None, xp)
+        except ValueError as e:
+            raise PeerPayloadError(f"rank {self.rank} received a malformed downlink from rank 0: {e}") from e
+        if self.rank == root:
+            nbytes = CommBytes((n - 1) * buf.size, (n - 1) * slot.size)
+        else:
+            nbytes = CommBytes(slot.size, buf.size)
+        return mean, nbytes
+
+    def _allreduce_codes(self, codec, msg: Message):
+        MPI, n = self.MPI, self.size
+        dtype = _code_dtype(n)
+        mtype = MPI.INT8_T if dtype == np.int8 else MPI.INT16_T
+        xp = _xp_of(msg.parts[0]) if msg.parts else np
+        kern = codec._kernels(xp)
+        layers = msg.layout.layers
+        tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
+        flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
+        total = sum(layers[i].size for i in tern)
+        codes = xp.empty(total, dtype=dtype)
+        off = 0
+        for i in tern:
+            size = layers[i].size
+            codes[off:off + size] = kern.sum_codes(xp.stack([msg.parts[i]]), size, codec.packing, dtype)
+            off += size
+        step = max(1, self.bucket_bytes // codes.itemsize)
+        for start in range(0, total, step):
+            seg = self._wire(xp.ascontiguousarray(codes[start:start + step]), "codes")
+            self._sync(xp)
+            self.comm.Allreduce(MPI.IN_PLACE, [seg, mtype], op=MPI.SUM)
+            codes[start:start + seg.size] = self._back(seg, xp)
+        b = ring_allreduce_bytes(codes.nbytes, n)
+        nbytes = CommBytes(b, b)
+        if total and int(xp.abs(codes.astype(xp.int32)).max()) > n:
+            raise PeerPayloadError(f"rank {self.rank}: the integer all-reduce returned a code sum beyond ±{n}: "
+                                   "some rank contributed invalid codes (a reduction cannot name the sender)")
+        mean = {}
+        if flt:
+            fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
+            fmean, fb = self._ordered_mean_flat(fl) if self.exact else self._native_mean_fp32_flat(fl)
+            nbytes += fb
+        off, foff = 0, 0
+        for i, spec in enumerate(layers):
+            if spec.kind == KIND_TERNARY:
+                intsum = codes[off:off + spec.size]
+                mean[spec.name] = packing.scale_integer_sum(intsum, float(msg.scalers[i]), n).reshape(spec.shape)
+                off += spec.size
+            else:
+                mean[spec.name] = fmean[foff:foff + spec.size].reshape(spec.shape)
+                foff += spec.size
+        return mean, nbytes
+
+    # -- device buffers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _sync(xp) -> None:
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
+
+    def _pinned_array(self, key: str, count: int, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = max(1, count * dtype.itemsize)
+        have = self._pinned.get(key)
+        if have is None or have[1] < nbytes:
+            mem = get_xp("cupy").cuda.alloc_pinned_memory(nbytes)
+            have = (mem, nbytes)
+            self._pinned[key] = have
+        return np.frombuffer(have[0], dtype=dtype, count=count)
+
+    def _wire(self, arr, key: str):
+        """`arr` as a buffer MPI can read: itself (host, or device with CUDA-aware MPI) or a pinned copy."""
+        if isinstance(arr, np.ndarray):
+            return np.ascontiguousarray(arr)
+        xp = _xp_of(arr)
+        arr = xp.ascontiguousarray(arr)
+        if self.cuda_aware:
+            return arr
+        host = self._pinned_array(key, arr.size, arr.dtype)
+        arr.get(out=host)
+        self._sync(xp)
+        return host
+
+    def _landing(self, count: int, dtype, xp, key: str):
+        """A receive buffer: host for NumPy, device with CUDA-aware MPI, else pinned host memory."""
+        if xp is np:
+            return np.empty(count, dtype=dtype)
+        if self.cuda_aware:
+            return xp.empty(count, dtype=dtype)
+        return self._pinned_array(key, count, dtype)
+
+    def _back(self, buf, xp):
+        """A received buffer as an array of module `xp` (copied off the reusable pinned buffer)."""
+        if xp is np or not isinstance(buf, np.ndarray):
+            return buf
+        dev = xp.empty(buf.shape, dtype=buf.dtype)
+        dev.set(buf)
+        self._sync(xp)
+        return dev
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, ranks = [], sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+__all__ = ["CollectiveError", "MPIExchange", "PeerPayloadError", "RankConfigMismatchError", "ServerError", "cuda_aware",
+           "node_local_rank", "ps_decode", "ps_downlink", "ps_downlink_size", "select_gpu"]
