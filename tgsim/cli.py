@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_cmd_demo)
 
+    a = sub.add_parser("analyze", help="statistical checks of the codec and the theorem's assumptions (CSV out)")
+    from tgsim.analysis import cli as analysis_cli  # light: imports nothing heavy until a check runs
+
+    analysis_cli.add_subcommands(a)
+
     b = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     b.add_argument("what", choices=["codec"])
     b.add_argument("--elements", type=int, default=16_777_216, help="gradient size (default 64 MiB of float32)")

@@ -1,0 +1,14 @@
+"""`tgsim analyze <check>`: one subcommand per check; each writes a tidy CSV and prints a summary."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_subcommands(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="check", required=True)
+    # Checks register here: sub.add_parser(name, help=...).set_defaults(func=callable(args) -> int)
+    from tgsim.analysis.checks_cli import register as _register_theory_checks  # light imports only
+
+    _register_theory_checks(sub)   # unbiasedness, variance, bound, assumption1, convergence, clipping, sharing
+    del sub

@@ -1,0 +1,274 @@
+"""Peer quantizers of THEORY.md §2 as small pure functions, each with its exact error formula.
+
+Every quantizer maps a vector v (float64, 1-D) and a NumPy Generator to R draws, shape (R, n):
+
+    qsgd(v, s, rng, R)              QSGD with s levels (one bucket = the whole vector)
+    scaled_sign(v, rng, R)          (||v||_1 / n) sign(v)                      (deterministic)
+    random_sparsification(v, k, rng, R)   Z_i v_i / p_i, p_i = min(λ|v_i|, 1), Σ p_i = k
+    top_k(v, k, rng, R)             keep the k largest |v_i|                    (deterministic)
+    stochastic_binary(v, rng, R)    v_i -> max w.p. (v_i - min)/(max - min) else min (Suresh et al.)
+    terngrad(v, rng, R)             TernGrad without clipping (reference; the checks use the codec)
+
+Exact errors E||Q(v) - v||^2 (``*_error``) and second moments E||Q(v)||^2 (``*_second_moment``;
+= ||v||^2 + error for the unbiased ones, = ||Q(v)||^2 for the deterministic ones), plus the
+published bounds (``bounds(name, v, ...)`` -> {bound name: (quantity, value)}):
+
+    QSGD (Alistarh et al. 2017, Lemma 3.1): E||Q - v||^2 <= min(n/s^2, sqrt(n)/s) ||v||^2.
+        The convex theorem uses min(...)·B as the *second-moment* bound of Q(g) ("printed"); the
+        correct second-moment bound is (1 + min(...))·B ("corrected"). Since E||Q||^2 >= ||v||^2,
+        the printed bound fails whenever min(n/s^2, sqrt(n)/s) < 1.
+    TernGrad (THEORY §1 ordering): E||Q||^2 = ||v||_inf ||v||_1 <= sqrt(n) ||v||^2,
+        error <= (sqrt(n) - 1) ||v||^2.
+    top-k (Stich et al. 2018, k-contraction): ||top_k(v) - v||^2 <= (1 - k/n) ||v||^2.
+    stochastic binary (Suresh et al. 2017, Lemma 2 with one vector): error <= n/4 (max - min)^2
+        and <= (n/2) ||v||^2.
+    scaled sign: error = ||v||^2 - ||v||_1^2 / n <= (1 - 1/n) ||v||^2 (as ||v||_1 >= ||v||_2) for v
+        without zero entries; with zeros (sign(0) = 0) the exact error is
+        ||v||^2 - 2 c ||v||_1 + c^2 nnz(v), c = ||v||_1 / n (``scaled_sign_error``), and the bound
+        is checked against that.
+    random sparsification: no closed bound used (the exact formula is the claim).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PEERS = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "terngrad")
+
+
+def _vec(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(v)):
+        raise ValueError("v must be finite")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# QSGD
+# ---------------------------------------------------------------------------------------------
+def qsgd(v, s: int, rng: np.random.Generator, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    norm = float(np.linalg.norm(v))
+    if norm == 0:
+        return np.zeros((R, v.size))
+    r = s * np.abs(v) / norm
+    lo = np.floor(r)
+    up = rng.random((R, v.size)) < (r - lo)
+    return norm * np.sign(v) * (lo + up) / s
+
+
+def qsgd_error(v, s: int) -> float:
+    v = _vec(v)
+    norm2 = float(v @ v)
+    if norm2 == 0:
+        return 0.0
+    r = s * np.abs(v) / math.sqrt(norm2)
+    f = r - np.floor(r)
+    return norm2 / s**2 * float(np.sum(f * (1 - f)))
+
+
+def qsgd_factor(n: int, s: int) -> float:
+    """min(n/s^2, sqrt(n)/s): QSGD's variance factor."""
+    return min(n / s**2, math.sqrt(n) / s)
+
+
+# ---------------------------------------------------------------------------------------------
+# scaled sign, top-k (deterministic)
+# ---------------------------------------------------------------------------------------------
+def scaled_sign(v, rng=None, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    q = np.abs(v).sum() / v.size * np.sign(v)
+    return np.broadcast_to(q, (R, v.size)).copy()
+
+
+def scaled_sign_error(v) -> float:
+    """||c sign(v) - v||^2 with c = ||v||_1 / n and sign(0) = 0:
+    ||v||^2 - 2 c ||v||_1 + c^2 nnz(v), which is THEORY's ||v||^2 - ||v||_1^2 / n only when v has no
+    zero entries (sparse or ReLU gradients do)."""
+    v = _vec(v)
+    l1 = float(np.abs(v).sum())
+    c = l1 / v.size
+    return float(v @ v - 2 * c * l1 + c * c * np.count_nonzero(v))
+
+
+def top_k(v, k: int, rng=None, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    q = np.zeros_like(v)
+    if k > 0:
+        idx = np.argsort(-np.abs(v), kind="stable")[:k]
+        q[idx] = v[idx]
+    return np.broadcast_to(q, (R, v.size)).copy()
+
+
+def top_k_error(v, k: int) -> float:
+    v = _vec(v)
+    a2 = np.sort(v * v)[::-1]
+    return float(a2[k:].sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# random sparsification with variance-optimal probabilities (Wangni et al. 2018)
+# ---------------------------------------------------------------------------------------------
+def sparsification_probabilities(v, k: float) -> np.ndarray:
+    """p_i = min(λ|v_i|, 1) with Σ p_i = min(k, nnz(v)): the variance-optimal keep probabilities.
+
+    λ solves the piecewise-linear Σ min(λ a_i, 1) = k: with a sorted descending and the j largest
+    saturated, λ_j = (k - j) / Σ_{i>j} a_(i); the answer is the smallest j with λ_j a_(j+1) <= 1.
+    """
+    v = _vec(v)
+    a = np.abs(v)
+    nnz = int(np.count_nonzero(a))
+    k = float(min(k, nnz))
+    if k <= 0:
+        return np.zeros_like(a)
+    if k >= nnz:
+        return (a > 0).astype(np.float64)
+    srt = np.sort(a)[::-1][:nnz]
+    tail = np.cumsum(srt[::-1])[::-1]            # tail[j] = Σ_{i>=j} srt[i]
+    j = np.arange(nnz)
+    lam = (k - j) / tail
+    ok = (lam * srt <= 1.0 + 1e-12) & (k - j > 0)
+    jj = int(np.flatnonzero(ok)[0])
+    return np.minimum(lam[jj] * a, 1.0)
+
+
+def random_sparsification(v, k: float, rng: np.random.Generator, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    p = sparsification_probabilities(v, k)
+    keep = rng.random((R, v.size)) < p
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val = np.where(p > 0, v / p, 0.0)
+    return np.where(keep, val, 0.0)
+
+
+def random_sparsification_error(v, k: float) -> float:
+    v = _vec(v)
+    p = sparsification_probabilities(v, k)
+    nz = p > 0
+    return float(np.sum(v[nz] ** 2 * (1 / p[nz] - 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# stochastic binary (Suresh et al. 2017)
+# ---------------------------------------------------------------------------------------------
+def stochastic_binary(v, rng: np.random.Generator, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    lo, hi = float(v.min()), float(v.max())
+    if hi == lo:
+        return np.broadcast_to(v, (R, v.size)).copy()
+    up = rng.random((R, v.size)) < (v - lo) / (hi - lo)
+    return np.where(up, hi, lo)
+
+
+def stochastic_binary_error(v) -> float:
+    v = _vec(v)
+    return float(np.sum((v.max() - v) * (v - v.min())))
+
+
+# ---------------------------------------------------------------------------------------------
+# TernGrad (pure reference, no clipping)
+# ---------------------------------------------------------------------------------------------
+def terngrad(v, rng: np.random.Generator, R: int = 1) -> np.ndarray:
+    v = _vec(v)
+    s = float(np.abs(v).max())
+    if s == 0:
+        return np.zeros((R, v.size))
+    keep = rng.random((R, v.size)) < np.abs(v) / s
+    return np.where(keep, s * np.sign(v), 0.0)
+
+
+def terngrad_error(v) -> float:
+    v = _vec(v)
+    return float(np.abs(v).max() * np.abs(v).sum() - v @ v)
+
+
+# ---------------------------------------------------------------------------------------------
+# one table of everything
+# ---------------------------------------------------------------------------------------------
+def draw(name: str, v, rng: np.random.Generator, R: int, *, s: int = 4, k: float | None = None) -> np.ndarray:
+    """R draws of peer `name` (s: QSGD levels; k: kept elements for sparsification / top-k)."""
+    n = np.size(v)
+    k = max(1, int(round(0.1 * n))) if k is None else k
+    if name == "qsgd":
+        return qsgd(v, s, rng, R)
+    if name == "scaled_sign":
+        return scaled_sign(v, rng, R)
+    if name == "random_sparsification":
+        return random_sparsification(v, k, rng, R)
+    if name == "top_k":
+        return top_k(v, int(k), rng, R)
+    if name == "stochastic_binary":
+        return stochastic_binary(v, rng, R)
+    if name == "terngrad":
+        return terngrad(v, rng, R)
+    raise ValueError(f"unknown peer {name!r}; valid: {PEERS}")
+
+
+def exact_error(name: str, v, *, s: int = 4, k: float | None = None) -> float:
+    n = np.size(v)
+    k = max(1, int(round(0.1 * n))) if k is None else k
+    return {
+        "qsgd": lambda: qsgd_error(v, s),
+        "scaled_sign": lambda: scaled_sign_error(v),
+        "random_sparsification": lambda: random_sparsification_error(v, k),
+        "top_k": lambda: top_k_error(v, int(k)),
+        "stochastic_binary": lambda: stochastic_binary_error(v),
+        "terngrad": lambda: terngrad_error(v),
+    }[name]()
+
+
+def is_unbiased(name: str) -> bool:
+    return name in ("qsgd", "random_sparsification", "stochastic_binary", "terngrad")
+
+
+def is_deterministic(name: str) -> bool:
+    return name in ("scaled_sign", "top_k")
+
+
+def exact_second_moment(name: str, v, *, s: int = 4, k: float | None = None) -> float:
+    """E||Q(v)||^2: ||v||^2 + error (unbiased) or ||Q(v)||^2 (deterministic)."""
+    v = _vec(v)
+    if is_deterministic(name):
+        q = draw(name, v, None, 1, s=s, k=k)[0]
+        return float(q @ q)
+    return float(v @ v) + exact_error(name, v, s=s, k=k)
+
+
+def bounds(name: str, v, *, s: int = 4, k: float | None = None) -> dict[str, tuple[str, float]]:
+    """Published bounds: {bound name: (quantity 'error' | 'second_moment', value)}."""
+    v = _vec(v)
+    n = v.size
+    k = max(1, int(round(0.1 * n))) if k is None else k
+    nv2 = float(v @ v)
+    if name == "qsgd":
+        q = qsgd_factor(n, s)
+        return {"qsgd_variance": ("error", q * nv2),
+                "qsgd_printed_second_moment": ("second_moment", q * nv2),
+                "qsgd_corrected_second_moment": ("second_moment", (1 + q) * nv2)}
+    if name == "terngrad":
+        return {"sqrt_n_second_moment": ("second_moment", math.sqrt(n) * nv2),
+                "sqrt_n_error": ("error", (math.sqrt(n) - 1) * nv2)}
+    if name == "top_k":
+        return {"k_contraction": ("error", (1 - k / n) * nv2)}
+    if name == "stochastic_binary":
+        rng_ = float(v.max() - v.min())
+        return {"suresh_range": ("error", n / 4 * rng_**2), "suresh_norm": ("error", n / 2 * nv2)}
+    if name == "scaled_sign":
+        return {"one_minus_1_over_n": ("error", (1 - 1 / n) * nv2)}
+    return {}
+
+
+def bits_per_element(name: str, n: int, *, s: int = 4, k: float | None = None) -> float:
+    """Uplink bits per element (THEORY §2 table; 32-bit floats, ceil(log2 n)-bit indices)."""
+    k = max(1, int(round(0.1 * n))) if k is None else k
+    idx = math.ceil(math.log2(max(n, 2)))
+    return {
+        "qsgd": 1 + math.ceil(math.log2(s + 1)) + 32 / n,
+        "scaled_sign": 1 + 32 / n,
+        "random_sparsification": k * (idx + 1) / n + 32 / n,   # kept p<1 values are ±1/λ: one float
+        "top_k": k * (idx + 32) / n,
+        "stochastic_binary": 1 + 64 / n,
+        "terngrad": 2 + 32 / n,
+    }[name]

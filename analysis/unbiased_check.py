@@ -1,0 +1,208 @@
+"""`tgsim analyze unbiasedness`: the exact test on TernGrad over gradient shapes, and its power.
+
+Part 1 (``unbiasedness_tests``): for every gradient shape (Gaussian, Student-t3, log-normal,
+sparse, and an MLP's per-layer gradients recorded from a short fp32 run) and every clipping mode
+(none / explicit / implicit) draw R codes through the real codec (encode -> decode,
+``unbiasedness.codec_draws``) and run the exact per-coordinate binomial test
+(``unbiasedness.binomial_test_of_draws``, Bonferroni over all coordinates, family-wise alpha)
+against two targets:
+
+* ``unbiased wrt g``      -- hypothesis "unbiased", target the raw gradient g: E[Q(g)] = g.
+  Holds without clipping; with clipping every |g_k| above the clip bound is *infeasible* for a
+  {-s, 0, s} code with that s (p-value 0): clipping is biased, and the test says so.
+* ``implemented wrt clip(g)`` -- hypothesis "implemented" (the codec's documented 24-bit rule),
+  target E[Q(g)] = sign(g) min(|g|, bound): the codec does exactly what it documents.
+
+The same draws also go through the normal-approximation z-test (``unbiasedness.mean_z_test``) with
+its validity flags, to show where the naive z-test raises false alarms (heavy tails).
+
+Part 2 (``power_curve``): the smallest multiplicative bias the exact test detects. A codec whose
+keep probabilities are p_i (1 - δ) instead of p_i = |g_i|/s gives counts Binomial(R, p_i (1 - δ)).
+The test accepts coordinate i iff its count lies in the acceptance interval [lo_i, hi_i] of
+Binomial(R, p_i) at level alpha / n (found exactly, by bisection on the monotone p-value), so
+
+    power(δ) = 1 - Π_i P(lo_i <= Binomial(R, p_i (1 - δ)) <= hi_i)
+
+is computed exactly (no simulation), and ``detectable_bias`` solves power(δ) = target (0.5, 0.9)
+by bisection. power(0) is the test's exact size (<= alpha). Reported for R = 100 .. 10000.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+from tgsim.analysis import unbiasedness as ub
+from tgsim.analysis.common import clip_values, gradient_shapes, terngrad_scaling
+from tgsim.codecs import TernGrad
+
+CLIPS = ("none", "explicit", "implicit")
+R_GRID = (100, 300, 1000, 3000, 10000)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact power of the Bonferroni binomial test against a multiplicative bias
+# ---------------------------------------------------------------------------------------------
+def acceptance_region(p, R: int, alpha: float, n_tests: int | None = None):
+    """Per coordinate, the counts [lo, hi] the exact test accepts (p-value >= alpha / n_tests)."""
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    m = p.size if n_tests is None else int(n_tests)
+    thr = alpha / max(m, 1)
+    lo = np.zeros(p.size, dtype=np.int64)
+    hi = np.full(p.size, R, dtype=np.int64)
+    zero, one = p == 0, p == 1
+    hi[zero] = 0
+    lo[one] = R
+    mid_ = ~(zero | one)
+    pp = p[mid_]
+    # lower end: smallest k in [0, floor(R p)] with pv(k) >= thr (pv non-decreasing there)
+    a = np.zeros(pp.size, dtype=np.int64)
+    b = np.floor(R * pp).astype(np.int64)
+    while np.any(a < b):
+        act = a < b
+        m_ = (a + b) // 2
+        ok = np.ones(pp.size, dtype=bool)
+        ok[act] = ub.binom_two_sided_pvalues(m_[act], R, pp[act]) >= thr
+        b = np.where(act & ok, m_, b)
+        a = np.where(act & ~ok, m_ + 1, a)
+    lo[mid_] = a
+    # upper end: largest k in [ceil(R p), R] with pv(k) >= thr (pv non-increasing there)
+    a = np.ceil(R * pp).astype(np.int64)
+    b = np.full(pp.size, R, dtype=np.int64)
+    while np.any(a < b):
+        act = a < b
+        m_ = (a + b + 1) // 2
+        ok = np.ones(pp.size, dtype=bool)
+        ok[act] = ub.binom_two_sided_pvalues(m_[act], R, pp[act]) >= thr
+        a = np.where(act & ok, m_, a)
+        b = np.where(act & ~ok, m_ - 1, b)
+    # the bisections assume the start of each side (floor / ceil of R p) is accepted; the mode always
+    # is (p-value 1), the other neighbour of R p may not be (e.g. R p = 0.01: k = 1 is rejected)
+    ceil_ok = ub.binom_two_sided_pvalues(a, R, pp) >= thr
+    a = np.where(ceil_ok, a, np.floor(R * pp).astype(np.int64))
+    hi[mid_] = a
+    low = lo[mid_]
+    floor_ok = ub.binom_two_sided_pvalues(low, R, pp) >= thr
+    lo[mid_] = np.where(floor_ok, low, np.ceil(R * pp).astype(np.int64))
+    return lo, hi
+
+
+def detection_power(p, R: int, delta: float, alpha: float, region=None) -> float:
+    """Exact P(reject) of the Bonferroni exact test when the true keep probabilities are p (1 - δ)."""
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    lo, hi = acceptance_region(p, R, alpha) if region is None else region
+    q = np.clip(p * (1.0 - delta), 0.0, 1.0)
+    acc = _st.binom.cdf(hi, R, q) - np.where(lo > 0, _st.binom.cdf(lo - 1, R, q), 0.0)
+    acc = np.clip(acc, 0.0, 1.0)
+    if np.any(acc == 0):
+        return 1.0
+    return float(-np.expm1(np.sum(np.log(acc))))
+
+
+def detectable_bias(p, R: int, alpha: float, power: float = 0.9, region=None, tol: float = 1e-4) -> float:
+    """Smallest δ in (0, 1] with power(δ) >= `power` (bisection; nan if even δ = 1 is not detected)."""
+    region = acceptance_region(p, R, alpha) if region is None else region
+    if detection_power(p, R, 1.0, alpha, region) < power:
+        return float("nan")
+    a, b = 0.0, 1.0
+    while b - a > tol:
+        m = 0.5 * (a + b)
+        if detection_power(p, R, m, alpha, region) >= power:
+            b = m
+        else:
+            a = m
+    return b
+
+
+def power_curve(shapes: dict[str, np.ndarray], Rs=R_GRID, alpha: float = 1e-3,
+                powers=(0.5, 0.9)) -> pd.DataFrame:
+    """One row per (shape, R): exact size and the smallest δ detected with each target power.
+
+    ``delta_powerXX`` is computed on the unsaturated coordinates (p_i < 1; the Bonferroni family
+    is still all n coordinates): the coordinates at the scaler (p_i = 1) have the certain count R
+    under H0, so *any* shrink of their probability is caught after ~1/δ draws, which says nothing
+    about the bulk of the vector. ``delta_powerXX_with_max`` includes them (much smaller δ).
+    """
+    rows = []
+    for name, g in shapes.items():
+        a = np.abs(np.asarray(g, dtype=np.float64).reshape(-1))
+        p = a / a.max()
+        bulk = p[p < 1]
+        for R in Rs:
+            R = int(R)
+            reg_all = acceptance_region(p, R, alpha)
+            reg_bulk = acceptance_region(bulk, R, alpha, n_tests=p.size)
+            row = dict(shape=name, n=p.size, n_saturated=int(p.size - bulk.size), R=R, alpha=alpha,
+                       size=detection_power(p, R, 0.0, alpha, reg_all), sum_p=float(p.sum()))
+            for pw in powers:
+                tag = f"delta_power{int(round(100 * pw))}"
+                row[tag] = detectable_bias(bulk, R, alpha, pw, reg_bulk)
+                row[tag + "_with_max"] = detectable_bias(p, R, alpha, pw, reg_all)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact test on the codec
+# ---------------------------------------------------------------------------------------------
+def unbiasedness_tests(shapes: dict[str, np.ndarray], R: int = 2000, alpha: float = 1e-3, seed: int = 0,
+                       clips=CLIPS, clip_factor: float = 2.5, codec_factory=None, n_worst: int = 5):
+    """(tests, worst): one row per (shape, clip, target); the n_worst coordinates of each test.
+
+    codec_factory(clip) -> codec with encode/decode (default TernGrad(clip=clip)); the positive
+    controls pass a biased one.
+    """
+    codec_factory = codec_factory or (lambda clip: TernGrad(clip=clip, clip_factor=clip_factor))
+    rows, worst = [], []
+    for si, (name, g) in enumerate(shapes.items()):
+        g = np.asarray(g, dtype=np.float32).reshape(-1)
+        for ci, clip in enumerate(clips):
+            d = ub.codec_draws(codec_factory(clip), g, R, seed=seed + 1000 * si + ci)
+            s_rule, bound = terngrad_scaling(g, clip, clip_factor)
+            target_clip = clip_values(g, clip, clip_factor).reshape(-1) if clip != "none" else d.g
+            frac_clipped = float(np.mean(np.abs(d.g) > min(bound[0], s_rule[0]))) if clip != "none" else 0.0
+            for label, target, hyp in (("unbiased wrt g", d.g, "unbiased"),
+                                       ("implemented wrt clip(g)", target_clip, "implemented")):
+                res = ub.binomial_test_of_draws(d, target=target, alpha=alpha, hypothesis=hyp, n_worst=n_worst)
+                s = res.scaler
+                pz = np.minimum(np.abs(target) / s, 1.0) if s > 0 else np.zeros_like(target)
+                z = ub.mean_z_test(d.sum, d.sumsq, d.R, target, alpha, variance=s * s * pz * (1 - pz),
+                                   bound=s)
+                rows.append(dict(
+                    shape=name, n=g.size, clip=clip, target=label, test=res.test, hypothesis=hyp,
+                    alpha=alpha, R=R, scaler=s, fraction_clipped=frac_clipped, reject=res.reject,
+                    min_pvalue=res.min_pvalue, min_pvalue_bonferroni=res.min_pvalue_bonferroni,
+                    n_rejected=res.n_rejected, n_infeasible=res.n_infeasible, wrong_sign=res.wrong_sign,
+                    worst_coordinate=int(res.worst["coordinate"].iloc[0]),
+                    worst_g=float(d.g[int(res.worst["coordinate"].iloc[0])]),
+                    z_test_reject_valid=z.reject, z_test_reject_naive=z.reject_naive,
+                    z_test_false_alarm_candidates=z.n_rejected_invalid, z_test_n_invalid=z.n_invalid))
+                w = res.worst.copy()
+                w.insert(0, "target_kind", label)
+                w.insert(0, "clip", clip)
+                w.insert(0, "shape", name)
+                w["g"] = d.g[w["coordinate"].to_numpy()]
+                worst.append(w)
+    return pd.DataFrame(rows), pd.concat(worst, ignore_index=True)
+
+
+def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: int = 0,
+        recorded_steps: int | None = 50, Rs=R_GRID, quiet: bool = False) -> dict[str, pd.DataFrame]:
+    from tgsim.analysis.common import single_thread, write_csv
+
+    with single_thread():
+        shapes = gradient_shapes(n, seed, recorded_steps)
+        tests, worst = unbiasedness_tests(shapes, R, alpha, seed)
+        power = power_curve(shapes, Rs, alpha)
+    for df, name in ((tests, "unbiasedness"), (worst, "unbiasedness_worst"), (power, "unbiasedness_power")):
+        write_csv(df, out, name)
+    if not quiet:
+        print(f"exact binomial test, Bonferroni over coordinates, family-wise alpha = {alpha}, R = {R} draws")
+        t = tests.assign(min_p_bonf=tests["min_pvalue_bonferroni"].map(lambda x: f"{x:.2g}"))
+        print(t[["shape", "clip", "target", "reject", "min_p_bonf", "n_rejected", "n_infeasible",
+                 "z_test_reject_naive", "z_test_reject_valid"]].to_string(index=False))
+        print("\nsmallest multiplicative bias δ (keep prob. p(1-δ) on the coordinates with p < 1) "
+              "detected with exact power 0.9:")
+        print(power.pivot(index="shape", columns="R", values="delta_power90").round(4).to_string())
+    return {"unbiasedness": tests, "unbiasedness_worst": worst, "unbiasedness_power": power}
