@@ -11,4 +11,6 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
     from tgsim.analysis.checks_cli import register as _register_theory_checks  # light imports only
 
     _register_theory_checks(sub)   # unbiasedness, variance, bound, assumption1, convergence, clipping, sharing
-    del sub
+    from tgsim.analysis import perfmodel
+
+    perfmodel.register_cli(sub)    # perfmodel-fig5, perfmodel-validate

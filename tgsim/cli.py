@@ -63,14 +63,18 @@ def _cmd_demo(args) -> int:
     return 0
 
 
-def _cmd_bench(args) -> int:
-    if args.what == "codec":
-        from tgsim import bench_codec
+def _cmd_bench_codec(args) -> int:
+    from tgsim import bench_codec
 
-        rows = bench_codec.run(n_elements=args.elements, workers=args.workers, repeats=args.repeats)
-        bench_codec.print_table(rows)
-        return 0
-    raise SystemExit(f"unknown benchmark {args.what!r}")
+    bench_codec.print_table(bench_codec.run(n_elements=args.elements, workers=args.workers, repeats=args.repeats))
+    return 0
+
+
+def _cmd_bench_sim(args) -> int:
+    from tgsim import bench_sim
+
+    bench_sim.print_report(bench_sim.run(repeats=args.repeats))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,11 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
     analysis_cli.add_subcommands(a)
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
-    b.add_argument("what", choices=["codec"])
-    b.add_argument("--elements", type=int, default=16_777_216, help="gradient size (default 64 MiB of float32)")
-    b.add_argument("--workers", type=int, default=8, help="payloads summed in the decode benchmark")
-    b.add_argument("--repeats", type=int, default=5)
-    b.set_defaults(func=_cmd_bench)
+    bsub = b.add_subparsers(dest="what", required=True)
+    bc = bsub.add_parser("codec", help="fused kernels against the array reference and the memory bandwidth")
+    bc.add_argument("--elements", type=int, default=16_777_216, help="gradient size (default 64 MiB of float32)")
+    bc.add_argument("--workers", type=int, default=8, help="payloads summed in the decode benchmark")
+    bc.add_argument("--repeats", type=int, default=5)
+    bc.set_defaults(func=_cmd_bench_codec)
+    bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop; peak memory")
+    bs.add_argument("--repeats", type=int, default=5)
+    bs.set_defaults(func=_cmd_bench_sim)
+    from tgsim import bench_exchange
+
+    bx = bsub.add_parser("exchange", help="MPI exchange modes over an emulated 1/10 Gb/s network (needs root)")
+    bench_exchange.add_arguments(bx)
+    bx.set_defaults(func=bench_exchange.cmd)
     return p
 
 

@@ -1,0 +1,708 @@
+"""Performance model of synchronous data-parallel training with a gradient codec (TernGrad Fig. 5).
+
+Two uses, one set of byte formulas:
+
+1. Training throughput (the shape of TernGrad Fig. 5)
+       df = fig5()                                   # tidy: net, cluster, gpus, codec, throughput, ...
+       df = throughput_table(["alexnet"], gpus=[1, 8, 64], clusters=["ethernet"], exchange=Exchange("ring"))
+       gain_table(df)                                # TernGrad / fp32 throughput per (net, cluster, gpus)
+   One iteration of a worker (one GPU): forward F, then backward layer by layer from the LAST layer;
+   layer l's gradient is ready when the backward pass has gone through it (backward time split in
+   proportion to the layers' forward MACs, `perfmodel_nets`). With `overlap=True` (wait-free
+   backprop) its message is encoded and sent as soon as it is ready, in that order, while backward
+   continues; the exchange is a two-stage pipeline (uplink, downlink: full-duplex links of a switch)
+   or one stage (a shared medium, or an all-reduce that uses both directions at once). The iteration
+   ends when the last layer's aggregate has arrived: F + max(backward, exchange end). With
+   overlap=False: F + backward + every message in turn. Throughput = gpus x batch / iteration.
+
+   Exchange patterns (`Exchange.pattern`), for a message of S bytes per worker, G workers (GPUs),
+   g GPUs per node sharing one NIC of bandwidth B (bits/s) at efficiency eta, latency a per message:
+     ps         M dedicated server shards, each on its own NIC; every layer is split evenly across
+                them (servers=0: M = number of worker nodes, a PS that grows with the cluster). Uplink max(g*S_up, G*S_up/M) / (eta B) + a; downlink the same with S_down.
+                TernGrad: S_up = 2-bit codes + 4-byte scaler; S_down = ceil(log2(2G+1)) bits per
+                element + scaler (the server's exact sum, THEORY §1), or 2 bits with
+                downlink="reternarize"; fp32: 4 bytes per element both ways.
+     ring       flat ring all-reduce over the G GPUs: 2(G-1)/G * S / (eta B) + 2(G-1) a, on the NIC when
+                the GPUs span nodes, on the intra-node link (PCIe / NVLink) when they fit in one node.
+                TernGrad: S = 1 byte per element (int8 sum of codes; int16 beyond 127 workers).
+     allgather  ring all-gather of every worker's packed message: (G-1) * S / (eta B) + (G-1) a.
+   On a shared medium (`Network.medium == "shared"`: one segment/hub, or the emulation's shaped
+   loopback) every byte of every worker crosses the one medium: ps G(S_up + S_down), ring 2(G-1)S,
+   allgather G(G-1)S, divided by eta B.
+
+   Clusters (`CLUSTERS`, the two of Fig. 5 as the paper describes them): "ethernet" = 1 Gb/s
+   Ethernet, nodes of 4 GTX 1080 on a PCIe switch; "infiniband" = 100 Gb/s InfiniBand, nodes of 4
+   P100 with NVLink. Latencies 50 us (TCP over Ethernet) and 2 us (IB verbs) per message, efficiency
+   0.9 (protocol headers and flow control): ASSUMPTIONS, change them per call.
+   Default exchange: `Exchange("ps", servers=1)` -- THEORY §1's single parameter server; pass
+   servers=M for a sharded one. The per-GPU compute time and batch come from `perfmodel_nets`.
+
+2. The emulated network of `tgsim bench exchange` (Part A), for validation
+       table = validate("results/bench_exchange.csv")       # every row: predicted vs measured
+       validation_summary(table)                             # share within 20%, per topology/rate/mode
+   `predict_components` predicts one bench row (topology, rate, N, P, mode) as
+       t_step = t_wire + t_encode + t_decode
+       t_wire = sum over the step's collectives of bytes / min(eta x rate, cap) + rounds x alpha,
+                with the bytes MPICH really moves (`mpich_collective_bytes`: Rabenseifner
+                all-reduce, binomial Gather, binomial or scatter+allgather Bcast by MPICH's
+                thresholds, ring Allgather, pairwise Alltoallv; checked against the interface
+                counters: `wire_bytes_error` in `validate`) -- the TOTAL over all links on the shared
+                medium, the busiest link on the switch (but at least total / cap: one CPU moves
+                every link's bytes);
+       t_encode, t_decode = cost per element x P x shape(N) x contention, where contention =
+                max(1, (N + L) / cores) ** gamma: N busy-polling ranks plus L other runnable tasks
+                (the bench's measured `ext_load`) share `cores` cores; shape(N) = 4 + ceil(log2(2N+1))
+                for the parameter server (its bit packing grows with the sum's width), 1 otherwise.
+   Free parameters (`EmuParams`): eta (fraction of the tbf rate TCP reaches), cap (aggregate
+   bytes/s the CPU-bound TCP stack moves: what limits the 10 Gb/s runs), alpha (per collective
+   round), gamma, and one CPU cost per element for encode and for each mode's decode. `calibrate`
+   fits them, per topology, on a SEPARATE set of rows -- by default every N = 2 row plus the
+   smallest size at the largest N (N = 2 alone cannot tell how CPU time grows with the rank
+   count) -- and `validate` reports every other row (N = 4; N = 8 at the larger sizes) against them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+from tgsim.analysis.perfmodel_nets import Net, get_net
+
+GBIT = 1e9
+
+# -- 1. bytes on the wire (the codec's own formulas) ------------------------------------------------
+
+
+def packed_size(n: int, packing: str = "2bit") -> int:
+    return -(-n // {"2bit": 4, "base3": 5}[packing])
+
+
+def uint_width(workers: int) -> int:
+    """Bits per element of the server's sum of N ternary codes: ceil(log2(2N+1))."""
+    return max(1, int(2 * workers).bit_length())
+
+
+def layer_bytes(codec: str, n: int, workers: int, packing: str = "2bit", downlink: str = "sum") -> dict:
+    """Bytes of one layer of n elements, per worker, for every exchange pattern.
+
+    up        what one worker pushes (ps) -- also one worker's message in an all-gather
+    down      what one worker pulls from the server (ps)
+    reduce    the buffer of an all-reduce (fp32: float32; terngrad: int8 codes, int16 beyond 127)
+    """
+    if codec == "fp32":
+        return {"up": 4 * n, "down": 4 * n, "reduce": 4 * n}
+    if codec != "terngrad":
+        raise ValueError(f"unknown codec {codec!r}")
+    up = 4 + packed_size(n, packing)
+    if downlink == "sum":
+        down = 4 + -(-n * uint_width(workers) // 8)
+    elif downlink == "reternarize":
+        down = up
+    else:
+        raise ValueError(f"downlink must be 'sum' or 'reternarize', got {downlink!r}")
+    return {"up": up, "down": down, "reduce": n * (1 if workers <= 127 else 2)}
+
+
+# -- 2. networks, clusters, exchange ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    bandwidth: float            # bits/s of one link (NIC) or of the shared medium
+    latency: float              # seconds per message (per collective step)
+    efficiency: float = 0.9     # achievable fraction of the line rate
+    medium: str = "switch"      # "switch" (full-duplex links, non-blocking) | "shared" (one medium)
+
+    def seconds(self, nbytes: float) -> float:
+        return 8.0 * nbytes / (self.efficiency * self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    network: Network
+    gpu: str                    # key of perfmodel_nets.GPU_TFLOPS
+    gpus_per_node: int = 4
+    intra_bandwidth: float = 80e9     # bits/s inside a node (PCIe 3.0 x16 ~ 10 GB/s)
+
+
+CLUSTERS = {
+    "ethernet": Cluster("1 Gb/s Ethernet, 4 x GTX 1080 per node", Network("1 Gb/s Ethernet", 1 * GBIT, 50e-6),
+                        gpu="gtx1080", gpus_per_node=4, intra_bandwidth=80e9),
+    "infiniband": Cluster("100 Gb/s InfiniBand, 4 x P100 (NVLink) per node",
+                          Network("100 Gb/s InfiniBand", 100 * GBIT, 2e-6), gpu="p100", gpus_per_node=4,
+                          intra_bandwidth=320e9),
+}
+
+
+@dataclass(frozen=True)
+class Exchange:
+    pattern: str = "ps"         # "ps" | "ring" | "allgather"
+    servers: int = 1            # ps: dedicated server shards; 0 = one per worker node (scales with N)
+    overlap: bool = True        # send each layer as soon as its gradient is ready
+    downlink: str = "sum"       # terngrad ps: "sum" (ceil(log2(2N+1)) bits) | "reternarize" (2 bits)
+    packing: str = "2bit"
+    codec_seconds_per_element: float = 2e-11    # GPU encode/decode (memory-bound; ~0.1 ms per 5M elements)
+
+    def __post_init__(self):
+        if self.pattern not in ("ps", "ring", "allgather"):
+            raise ValueError(f"unknown exchange pattern {self.pattern!r}")
+        if self.servers < 0:
+            raise ValueError("servers must be >= 0 (0 = one shard per node)")
+
+
+def message_seconds(codec: str, n: int, gpus: int, cluster: Cluster, ex: Exchange) -> tuple[float, float]:
+    """(uplink-stage, downlink-stage) seconds of one layer's exchange; a one-stage pattern returns (t, 0)."""
+    net = cluster.network
+    g = min(gpus, cluster.gpus_per_node)
+    nodes = -(-gpus // cluster.gpus_per_node)
+    b = layer_bytes(codec, n, gpus, ex.packing, ex.downlink)
+    intra = Network("intra-node", cluster.intra_bandwidth, 1e-6, 1.0)
+    if net.medium == "shared":
+        if ex.pattern == "ps":
+            return net.seconds(gpus * b["up"]) + net.latency, net.seconds(gpus * b["down"]) + net.latency
+        if ex.pattern == "ring":
+            return net.seconds(2 * (gpus - 1) * b["reduce"]) + 2 * (gpus - 1) * net.latency, 0.0
+        return net.seconds(gpus * (gpus - 1) * b["up"]) + (gpus - 1) * net.latency, 0.0
+    if ex.pattern == "ps":
+        m = ex.servers or nodes
+        up = max(net.seconds(g * b["up"]), net.seconds(gpus * b["up"] / m)) + net.latency
+        down = max(net.seconds(g * b["down"]), net.seconds(gpus * b["down"] / m)) + net.latency
+        return up, down
+    link = net if nodes > 1 else intra
+    if ex.pattern == "ring":
+        return link.seconds(2 * (gpus - 1) / gpus * b["reduce"]) + 2 * (gpus - 1) * link.latency, 0.0
+    return link.seconds((gpus - 1) * b["up"]) + (gpus - 1) * link.latency, 0.0
+
+
+def iteration(net: Net | str, codec: str, gpus: int, cluster: Cluster | str = "ethernet",
+              exchange: Exchange | None = None, batch: int | None = None) -> dict:
+    """One synchronous iteration: compute, exchange, overlap; returns times (s) and throughput."""
+    net = get_net(net) if isinstance(net, str) else net
+    cluster = CLUSTERS[cluster] if isinstance(cluster, str) else cluster
+    ex = exchange or Exchange()
+    b = net.batch if batch is None else batch
+    compute = net.compute_seconds(cluster.gpu, b)
+    fwd = net.fwd_frac * compute
+    bwd = compute - fwd
+    total_macs = sum(l.macs for l in net.layers) or 1
+    t_bwd, t_up_free, t_down_free = 0.0, 0.0, 0.0
+    comm_total = 0.0
+    shared = cluster.network.medium == "shared"
+    for layer in reversed(net.layers):          # backward: the last layer's gradient is ready first
+        t_bwd += bwd * layer.macs / total_macs
+        if gpus == 1:
+            continue
+        enc = ex.codec_seconds_per_element * layer.params if codec == "terngrad" else 0.0
+        up, down = message_seconds(codec, layer.params, gpus, cluster, ex)
+        if shared:                               # one medium: uplink and downlink share it
+            up, down = up + down, 0.0
+        comm_total += up + down + enc
+        ready = (t_bwd if ex.overlap else bwd) + enc
+        start = max(ready, t_up_free)
+        t_up_free = start + up
+        t_down_free = max(t_up_free, t_down_free) + down
+    if gpus == 1:
+        it, exposed = compute, 0.0
+    elif ex.overlap:
+        end = max(bwd, t_up_free, t_down_free)
+        it, exposed = fwd + end, end - bwd
+    else:
+        it, exposed = compute + comm_total, comm_total
+    return {"net": net.name, "codec": codec, "gpus": gpus, "batch": b, "compute": compute, "forward": fwd,
+            "backward": bwd, "comm": comm_total, "exposed_comm": exposed, "iteration": it,
+            "throughput": gpus * b / it, "unit": net.unit}
+
+
+def throughput_table(nets: Sequence[str] = ("alexnet", "googlenet", "vgg_a"),
+                     gpus: Iterable[int] = tuple(2 ** k for k in range(10)),
+                     clusters: Sequence[str] = ("ethernet", "infiniband"), codecs: Sequence[str] = ("fp32", "terngrad"),
+                     exchange: Exchange | None = None, batch: int | None = None):
+    """Tidy DataFrame: one row per (net, cluster, gpus, codec)."""
+    import pandas as pd
+
+    rows = []
+    for name in nets:
+        net = get_net(name)
+        for c in clusters:
+            cl = CLUSTERS[c] if isinstance(c, str) else c
+            for g in gpus:
+                for codec in codecs:
+                    r = iteration(net, codec, int(g), cl, exchange, batch)
+                    r.update(cluster=c if isinstance(c, str) else cl.name, bandwidth=cl.network.bandwidth,
+                             fc_fraction=net.fc_fraction, params=net.params)
+                    rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def gain_table(df):
+    """TernGrad throughput / fp32 throughput per (net, cluster, gpus) of a `throughput_table`."""
+    key = ["net", "cluster", "gpus"]
+    p = df.pivot_table(index=key, columns="codec", values="throughput").reset_index()
+    p["gain"] = p["terngrad"] / p["fp32"]
+    extra = df.drop_duplicates(key)[key + ["fc_fraction", "bandwidth"]]
+    return p.merge(extra, on=key)
+
+
+def fig5(nets: Sequence[str] = ("alexnet", "googlenet", "vgg_a"), exchange: Exchange | None = None):
+    """The data of TernGrad Fig. 5: throughput against 1..512 GPUs, fp32 vs TernGrad, both clusters."""
+    return throughput_table(nets, tuple(2 ** k for k in range(10)), ("ethernet", "infiniband"),
+                            ("fp32", "terngrad"), exchange)
+
+
+# -- Fig. 5's qualitative claims, as checks any model function can be put through -----------------
+# `model(net, codec, gpus, cluster, exchange) -> dict with "throughput"` (`iteration` is the real one);
+# the tests pass deliberately wrong models too (positive controls: they must FAIL these checks).
+
+FIG5_NETS = ("alexnet", "googlenet", "vgg_a")
+
+
+def _gains(model, nets, gpus, clusters, exchange) -> "dict":
+    out = {}
+    for name in nets:
+        net = get_net(name)
+        for c in clusters:
+            cl = CLUSTERS[c] if isinstance(c, str) else c
+            for g in gpus:
+                t = model(net, "terngrad", g, cl, exchange)["throughput"]
+                f = model(net, "fp32", g, cl, exchange)["throughput"]
+                out[(name, cl.name, g)] = t / f
+    return out
+
+
+def claim_gain_grows_with_workers(model=None, nets=FIG5_NETS, exchange: Exchange | None = None,
+                                  gpus=tuple(2 ** k for k in range(1, 10)), margin: float = 1.5) -> tuple[bool, dict]:
+    """On InfiniBand (where the exchange turns from hidden to dominant inside 2..512 GPUs) TernGrad's
+    gain over fp32 rises with N: it is non-decreasing (1% slack) from N = 2 up to its peak, the peak
+    is at N >= 8, and the peak gain is >= `margin` x the gain at N = 2; on 1 Gb/s Ethernet the
+    exchange already dominates at N = 2, so there the claim is only gain(2) >= 3 for every net.
+
+    With the exact-sum downlink (default, ceil(log2(2N+1)) bits) the gain FALLS after its peak as the
+    downlink widens (AlexNet, 1 Gb/s: about x13 at 2 GPUs, x4.6 at 512); with the 2-bit downlink
+    (`Exchange("ps", downlink="reternarize")`) it never falls (checked in the tests)."""
+    model = model or iteration
+    ex = exchange or Exchange("ps")
+    gains = _gains(model, nets, gpus, ("ethernet", "infiniband"), ex)
+    ok = True
+    ib, eth = CLUSTERS["infiniband"].name, CLUSTERS["ethernet"].name
+    for name in nets:
+        seq = [gains[(name, ib, g)] for g in gpus]
+        peak = max(range(len(seq)), key=lambda i: seq[i])
+        ok &= all(b >= 0.99 * a for a, b in zip(seq[:peak + 1], seq[1:peak + 1]))
+        ok &= gpus[peak] >= 8 and seq[peak] >= margin * seq[0]
+        ok &= gains[(name, eth, gpus[0])] >= 3.0
+    return bool(ok), gains
+
+
+def claim_gain_grows_as_bandwidth_falls(model=None, nets=FIG5_NETS, bandwidths=(1e9, 10e9, 100e9),
+                                        gpus=(8, 32, 128), exchange: Exchange | None = None,
+                                        margin: float = 1.5) -> tuple[bool, dict]:
+    """Same nodes (4 P100 each), only the link differs: at every N the gain is non-increasing as the
+    bandwidth grows (1% slack), and at N = 8 the gain at the lowest bandwidth is >= `margin` x the
+    gain at the highest, for every net."""
+    model = model or iteration
+    ex = exchange or Exchange("ps")
+    clusters = [Cluster(f"{b / 1e9:g} Gb/s", Network(f"{b / 1e9:g} Gb/s", b, 10e-6), gpu="p100", gpus_per_node=4)
+                for b in bandwidths]
+    gains = _gains(model, nets, gpus, clusters, ex)
+    ok = True
+    for name in nets:
+        for g in gpus:
+            seq = [gains[(name, c.name, g)] for c in clusters]
+            ok &= all(b <= 1.01 * a for a, b in zip(seq, seq[1:]))
+        ok &= gains[(name, clusters[0].name, gpus[0])] >= margin * gains[(name, clusters[-1].name, gpus[0])]
+    return bool(ok), gains
+
+
+def claim_gain_grows_with_fc_weights(model=None, clusters=("ethernet", "infiniband"), gpus=(8, 64, 512),
+                                     exchange: Exchange | None = None, margin: float = 1.2) -> tuple[bool, dict]:
+    """AlexNet (96% of its weights fully-connected) and VGG-A (93%) gain at least `margin` x what
+    GoogLeNet (15%) and ResNet-50 (8%) gain, on both clusters at every N. (The model sees FC weights
+    only through their bytes per unit of compute and the layer order: FC layers come last in the
+    forward pass, so their large messages leave first and pipeline badly with the rest.)"""
+    model = model or iteration
+    ex = exchange or Exchange("ps")
+    gains = _gains(model, ("alexnet", "vgg_a", "googlenet", "resnet50"), gpus, clusters, ex)
+    ok = True
+    for c in clusters:
+        cn = (CLUSTERS[c] if isinstance(c, str) else c).name
+        for g in gpus:
+            for fc in ("alexnet", "vgg_a"):
+                for conv in ("googlenet", "resnet50"):
+                    ok &= gains[(fc, cn, g)] >= margin * gains[(conv, cn, g)]
+    return bool(ok), gains
+
+
+# -- 3. the emulated network (validation against `tgsim bench exchange`) --------------------------
+
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather")
+_ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_368, 256), (37_748_736, 4096),
+            (16_777_216, 4096), (4_096_000, 1000)]
+
+
+def bench_layer_sizes(params: int) -> list[int]:
+    """The layer sizes mpi_runs/bench_exchange.py uses (AlexNet's 16 tensors scaled to `params`)."""
+    total = sum(w + b for w, b in _ALEXNET)
+    out = []
+    for w, b in _ALEXNET:
+        out += [max(16, round(w * params / total)), max(16, round(b * params / total))]
+    big = max(range(len(out)), key=lambda i: out[i])
+    out[big] += params - sum(out)
+    return out
+
+
+def message_header_bytes(n_layers: int, ndim: int = 1) -> int:
+    """tgsim.codecs.message header: 24 fixed bytes + (2 + 8 ndim) per layer + a 4-byte CRC."""
+    return 24 + n_layers * (2 + 8 * ndim) + 4
+
+
+def mode_payloads(mode: str, sizes: Sequence[int], n: int, packing: str = "2bit") -> dict:
+    """Payload buffer sizes (bytes) of one step of a bench mode: what MPIExchange hands to MPI."""
+    P = sum(sizes)
+    if mode in ("fp32_exact", "fp32_native"):
+        return {"reduce": 4 * P}
+    if mode == "tg_allreduce":
+        return {"reduce": P * (1 if n <= 127 else 2), "scalers": 4 * len(sizes)}
+    slot = 8 + message_header_bytes(len(sizes)) + sum(4 + packed_size(s, packing) for s in sizes)
+    if mode == "tg_allgather":
+        return {"gather": slot, "scalers": 4 * len(sizes)}
+    if mode == "tg_ps":
+        w = uint_width(n)
+        return {"gather": slot, "bcast": 8 + sum(4 + -(-s * w // 8) for s in sizes), "scalers": 4 * len(sizes)}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def mpich_collective_bytes(coll: str, nbytes: float, n: int) -> tuple[float, float, int]:
+    """(total bytes over all links, bytes on the critical path of one link, rounds) of one collective
+    as MPICH 5 runs it by default for large messages (checked against interface counters).
+
+    allreduce   reduce-scatter + allgather (Rabenseifner): every rank sends 2 (n-1)/n S
+    alltoall_ag Alltoallv (pairwise) + Allgatherv (ring) of the exact fp32 path: same bytes
+    allgather   ring / recursive doubling: every rank receives (n-1) S  (S = one rank's block)
+    gather      binomial tree: n/2 log2(n) blocks cross links; the root receives n-1 blocks
+    bcast       binomial below 8 ranks or 12 KiB (n-1 copies; root sends log2(n) of them), else
+                scatter + allgather: S (log2(n)/2 + (n-1)) in total, 2 (n-1)/n S on the busiest link
+    """
+    if n <= 1:
+        return 0.0, 0.0, 0
+    if coll in ("allreduce", "alltoall_ag"):
+        return 2.0 * (n - 1) * nbytes, 2.0 * (n - 1) / n * nbytes, 2 * _log2(n) if coll == "allreduce" else 2 * (n - 1)
+    if coll == "allgather":
+        return n * (n - 1) * nbytes, (n - 1) * nbytes, n - 1
+    if coll == "gather":
+        return n / 2 * math.log2(n) * nbytes if n & (n - 1) == 0 else (n - 1) * nbytes * 1.5, (n - 1) * nbytes, _log2(n)
+    if coll == "bcast":
+        if n < 8 or nbytes < 12288:
+            return (n - 1) * nbytes, _log2(n) * nbytes, _log2(n)
+        return nbytes * (math.log2(n) / 2 + (n - 1)), 2.0 * (n - 1) / n * nbytes, _log2(n) + n - 1
+    raise ValueError(f"unknown collective {coll!r}")
+
+
+def mode_collectives(mode: str, sizes: Sequence[int], n: int) -> list[tuple[str, float]]:
+    """The collectives of one bench step, in order, with their per-rank buffer sizes."""
+    pay = mode_payloads(mode, sizes, n)
+    if mode == "fp32_exact":
+        return [("alltoall_ag", pay["reduce"])]
+    if mode == "fp32_native":
+        return [("allreduce", pay["reduce"])]
+    out = [("allreduce", pay["scalers"])]
+    if mode == "tg_allreduce":
+        return out + [("allreduce", pay["reduce"])]
+    if mode == "tg_allgather":
+        return out + [("allgather", pay["gather"])]
+    return out + [("gather", pay["gather"]), ("bcast", pay["bcast"])]
+
+
+def wire_bytes_model(mode: str, params: int, n: int) -> float:
+    """Bytes MPICH moves over all links in one step of `mode` (compare with the bench's wire_bytes)."""
+    return sum(mpich_collective_bytes(c, b, n)[0] for c, b in mode_collectives(mode, bench_layer_sizes(params), n))
+
+
+@dataclass
+class EmuParams:
+    """Free parameters of the emulation model (seconds, bytes/s, seconds per element)."""
+
+    eta: float = 0.97                 # fraction of the tbf rate TCP reaches
+    cap: float = 1.2e9                # aggregate bytes/s the CPU-bound TCP stack moves (all links together)
+    alpha: float = 2e-4               # seconds per collective round
+    gamma: float = 1.0                # contention exponent: CPU time x max(1, (N + L) / cores) ** gamma
+    c_encode: float = 2.5e-9          # codec.scaling + encode, per element
+    c_fp32_native: float = 1.5e-8     # flatten + float64 scaling of the native path, per element
+    c_fp32_exact: float = 1.5e-8      # flatten + ordered float64 sums, per element
+    c_ar_decode: float = 8e-9         # int8 unpack + float64 scaling, per element
+    c_ps: float = 6e-9                # server sum + pack_uint + unpack_uint + scaling, per element, / (4 + w)
+    c_ag_decode: float = 2e-9         # slots + parse + weighted sum, per element
+    cores: float = 2.0                # CPU cores the ranks share
+    fitted: dict = field(default_factory=dict)
+
+    def rate(self, rate_bits: float) -> float:
+        """Bytes/s of one link: the tbf rate at efficiency eta, capped by what the CPU can push."""
+        return min(self.eta * rate_bits / 8.0, self.cap)
+
+    def contention(self, n: int, ext_load: float = 0.0) -> float:
+        """Slow-down of CPU work with n busy-polling ranks and `ext_load` other runnable tasks."""
+        load = 0.0 if ext_load != ext_load else max(0.0, float(ext_load))
+        return max(1.0, (n + load) / self.cores) ** self.gamma
+
+
+def _rate_bits(rate: str) -> float:
+    r = str(rate).strip().lower()
+    for suffix, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if r.endswith(suffix):
+            return float(r[: -len(suffix)]) * mult
+    return float("inf")
+
+
+# CPU work per element of each mode, relative, as a function of N (in-process timings of the real
+# code paths on one core, tgsim 0.1: the ps server + decode take about (20 + 5 w) ns per element
+# with w = ceil(log2(2N+1)) bits; the other modes' kernels do not depend on N measurably).
+def _cpu_shape(mode: str, n: int) -> float:
+    return float(4 + uint_width(n)) if mode == "tg_ps" else 1.0
+
+
+_CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
+             "tg_ps": "c_ps", "tg_allgather": "c_ag_decode"}
+
+
+def predict_wire(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams) -> float:
+    R = p.rate(_rate_bits(rate))
+    wire = 0.0
+    for coll, b in mode_collectives(mode, bench_layer_sizes(params), n):
+        total, crit, rounds = mpich_collective_bytes(coll, b, n)
+        if topology == "shared":
+            t = total / R
+        else:                                   # n links in parallel, but one CPU moves all their bytes
+            t = max(crit / R, total / p.cap)
+        wire += t + rounds * p.alpha
+    return wire
+
+
+def predict_components(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
+                       ext_load: float = 0.0) -> dict:
+    """Predicted t_wire, t_encode, t_decode, t_step (seconds) of one bench row."""
+    wire = predict_wire(mode, params, n, rate, topology, p)
+    s = p.contention(n, ext_load)
+    enc = 0.0 if mode.startswith("fp32") else p.c_encode * params * s
+    dec = getattr(p, _CPU_ATTR[mode]) * params * _cpu_shape(mode, n) * s
+    return {"t_wire": wire, "t_encode": enc, "t_decode": dec, "t_step": wire + enc + dec}
+
+
+def _load(measured):
+    import pandas as pd
+
+    df = measured.copy() if isinstance(measured, pd.DataFrame) else pd.read_csv(measured)
+    if "ext_load" not in df:
+        df["ext_load"] = 0.0
+    return df
+
+
+def calibrate(measured, base: EmuParams | None = None) -> EmuParams:
+    """Fit the free parameters on the given rows (one topology; see `validate` for which rows).
+
+    eta    median of bytes / (t_wire x rate) over the fp32_native rows at the lowest rate
+    cap    median of total bytes / t_wire over the fp32_native rows at the highest rate
+    alpha  median residual wire time per collective round (fp32_native, tg_allreduce, tg_allgather)
+    gamma and the CPU costs: for each gamma on a grid, every cost is the median over its rows of
+           component / (P x shape(N) x contention(N, L)); gamma minimizes the squared log error of the
+           predicted encode and decode components over the rows (it needs rows at two N)."""
+    import numpy as np
+
+    df = _load(measured)
+    p = replace(base or EmuParams())
+    if "cores" in df and len(df):
+        p.cores = float(df["cores"].median())
+    nat = df[df["mode"] == "fp32_native"].copy()
+    if len(nat):
+        nat["rb"] = nat["rate"].map(_rate_bits)
+        tot = np.array([mpich_collective_bytes("allreduce", 4 * r.params, r.ranks)[0] for r in nat.itertuples()])
+        path = np.array([mpich_collective_bytes("allreduce", 4 * r.params, r.ranks)[0 if r.topology == "shared" else 1]
+                         for r in nat.itertuples()])
+        slow = (nat["rb"] == nat["rb"].min()).to_numpy()
+        p.eta = float(min(1.0, np.median(8 * path[slow] / (nat["t_wire"].to_numpy()[slow] * nat["rb"].to_numpy()[slow]))))
+        fast = (nat["rb"] == nat["rb"].max()).to_numpy()
+        if fast.any() and nat["rb"].max() > nat["rb"].min():
+            p.cap = float(np.median(tot[fast] / nat["t_wire"].to_numpy()[fast]))
+        else:
+            p.cap = float("inf")
+    res = []
+    for r in df.itertuples():
+        if r.mode not in ("fp32_native", "tg_allreduce", "tg_allgather"):
+            continue
+        pred = predict_wire(r.mode, int(r.params), int(r.ranks), r.rate, r.topology, replace(p, alpha=0.0))
+        rounds = sum(mpich_collective_bytes(c, b, int(r.ranks))[2]
+                     for c, b in mode_collectives(r.mode, bench_layer_sizes(int(r.params)), int(r.ranks)))
+        if rounds:
+            res.append((r.t_wire - pred) / rounds)
+    p.alpha = float(max(0.0, np.median(res))) if res else p.alpha
+
+    comps = []      # (attribute, measured seconds, P x shape, n, ext_load)
+    for r in df.itertuples():
+        if r.mode.startswith("tg_"):
+            comps.append(("c_encode", r.t_encode, float(r.params), int(r.ranks), r.ext_load))
+        comps.append((_CPU_ATTR[r.mode], r.t_decode, float(r.params) * _cpu_shape(r.mode, int(r.ranks)),
+                      int(r.ranks), r.ext_load))
+    comps = [c for c in comps if c[1] > 0]
+    best = None
+    for gamma in (np.linspace(0.0, 3.0, 61) if len({c[3] for c in comps}) > 1 else [p.gamma]):
+        q = replace(p, gamma=float(gamma))
+        cont = np.array([q.contention(n, L) for _, _, _, n, L in comps])
+        costs = {}
+        for attr in {c[0] for c in comps}:
+            idx = [i for i, c in enumerate(comps) if c[0] == attr]
+            costs[attr] = float(np.median([comps[i][1] / (comps[i][2] * cont[i]) for i in idx]))
+        pred = np.array([costs[a] * w * cont[i] for i, (a, _, w, _, _) in enumerate(comps)])
+        meas = np.array([c[1] for c in comps])
+        loss = float(np.sum(np.log(pred / meas) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, float(gamma), costs)
+    if best is not None:
+        p.gamma = best[1]
+        for attr, v in best[2].items():
+            setattr(p, attr, v)
+    p.fitted = {"rows": int(len(df)), "ranks": sorted(int(x) for x in df["ranks"].unique()),
+                "params": sorted(int(x) for x in df["params"].unique()), "cores": p.cores}
+    return p
+
+
+def predict_emulation(measured, params: EmuParams):
+    """Every row of a bench CSV with the model's predicted components beside the measured ones."""
+    df = _load(measured)
+    preds = [predict_components(r.mode, int(r.params), int(r.ranks), r.rate, r.topology, params, r.ext_load)
+             for r in df.itertuples()]
+    for k in ("t_wire", "t_encode", "t_decode", "t_step"):
+        df[f"pred_{k}"] = [x[k] for x in preds]
+    df["pred_wire_bytes"] = [wire_bytes_model(r.mode, int(r.params), int(r.ranks)) for r in df.itertuples()]
+    return df
+
+
+def default_calibration_rows(df):
+    """N = 2 (every size and rate) plus the smallest size at the largest N: the separate set the
+    free parameters are fitted on (N = 2 alone cannot tell how CPU time grows with the rank count)."""
+    big = df["ranks"] == df["ranks"].max()
+    return (df["ranks"] == df["ranks"].min()) | (big & (df["params"] == df["params"].min()))
+
+
+def validate(measured_csv, calibration=default_calibration_rows, tolerance: float = 0.20,
+             min_params: int = 1_000_000):
+    """Predicted against measured per-step times, every row; free parameters fitted per topology
+    on the rows `calibration(df)` selects (default: N = 2, plus N = max at the smallest size) and
+    marked split = "calibration"; every other row is split = "validation".
+
+    Columns: keys, measured and predicted t_step (rel_error = predicted / measured - 1, within =
+    |rel_error| <= tolerance), the same for t_wire alone (wire_rel_error, wire_within), the CPU
+    components, predicted and measured speedup over fp32_native, and the MPICH byte model against
+    the interface counters (wire_bytes_error). `table.attrs["params"]`: {topology: EmuParams}."""
+    import numpy as np
+    import pandas as pd
+
+    df = _load(measured_csv)
+    df = df[df["params"] >= min_params].reset_index(drop=True)
+    outs, fitted = [], {}
+    for topo, grp in df.groupby("topology", sort=True):
+        grp = grp.reset_index(drop=True)
+        cal = np.asarray(calibration(grp), dtype=bool)
+        if not cal.any():
+            raise ValueError(f"{topo}: no calibration rows selected")
+        p = calibrate(grp[cal])
+        fitted[topo] = p
+        out = predict_emulation(grp, p)
+        out["split"] = np.where(cal, "calibration", "validation")
+        outs.append(out)
+    out = pd.concat(outs, ignore_index=True)
+    out["rel_error"] = out["pred_t_step"] / out["t_step"] - 1.0
+    out["within"] = out["rel_error"].abs() <= tolerance
+    out["wire_rel_error"] = out["pred_t_wire"] / out["t_wire"] - 1.0
+    out["wire_within"] = out["wire_rel_error"].abs() <= tolerance
+    key = ["topology", "rate", "ranks", "params"]
+    base = out[out["mode"] == "fp32_native"].set_index(key)
+    idx = pd.MultiIndex.from_frame(out[key])
+    out["speedup"] = base["t_step"].reindex(idx).to_numpy() / out["t_step"]
+    out["pred_speedup"] = base["pred_t_step"].reindex(idx).to_numpy() / out["pred_t_step"]
+    out["wire_bytes_error"] = out["pred_wire_bytes"] / out["wire_bytes"] - 1.0
+    cols = key + ["mode", "split", "t_step", "pred_t_step", "rel_error", "within", "t_wire", "pred_t_wire",
+                  "wire_rel_error", "wire_within", "t_encode", "pred_t_encode", "t_decode", "pred_t_decode",
+                  "ext_load", "speedup", "pred_speedup", "wire_bytes", "pred_wire_bytes", "wire_bytes_error"]
+    out = out[cols]
+    out.attrs["params"] = fitted
+    return out
+
+
+def validation_summary(table):
+    """Share of validation rows within tolerance, per topology, rate and mode (step and wire)."""
+    v = table[table["split"] == "validation"]
+    return v.groupby(["topology", "rate", "mode"]).agg(rows=("within", "size"), step_within=("within", "mean"),
+                                                       wire_within=("wire_within", "mean"),
+                                                       median_abs_error=("rel_error", lambda x: x.abs().median()))
+
+
+def register_cli(sub) -> None:
+    """Add `perfmodel-fig5` and `perfmodel-validate` to an argparse subparsers object (for
+    analysis/cli.py: `register_cli(sub)` inside `add_subcommands`); both call `main`."""
+    f = sub.add_parser("perfmodel-fig5", help="TernGrad Fig. 5: throughput vs GPUs, fp32 vs TernGrad (CSV)")
+    f.add_argument("--out", default="results/perfmodel_fig5.csv")
+    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
+    f.add_argument("--servers", type=int, default=1)
+    f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
+    f.set_defaults(func=lambda a: main(["fig5", "--out", a.out, "--pattern", a.pattern, "--servers", str(a.servers),
+                                        "--downlink", a.downlink]))
+    v = sub.add_parser("perfmodel-validate", help="performance model vs `tgsim bench exchange` measurements (CSV)")
+    v.add_argument("csv", nargs="?", default="results/bench_exchange.csv")
+    v.add_argument("--out", default="results/perfmodel_validation.csv")
+    v.set_defaults(func=lambda a: main(["validate", a.csv, "--out", a.out]))
+
+
+def main(argv=None) -> int:
+    """python -m tgsim.analysis.perfmodel fig5 [--out CSV] | validate [CSV] [--out CSV]"""
+    import argparse
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m tgsim.analysis.perfmodel", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fig5", help="throughput vs GPUs, fp32 vs TernGrad, both clusters (tidy CSV)")
+    f.add_argument("--out", default="results/perfmodel_fig5.csv")
+    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
+    f.add_argument("--servers", type=int, default=1)
+    f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
+    f.add_argument("--nets", default=",".join(FIG5_NETS))
+    v = sub.add_parser("validate", help="predicted vs measured exchange times of `tgsim bench exchange`")
+    v.add_argument("csv", nargs="?", default="results/bench_exchange.csv")
+    v.add_argument("--out", default="results/perfmodel_validation.csv")
+    args = ap.parse_args(argv)
+    from pathlib import Path
+
+    if args.cmd == "fig5":
+        ex = Exchange(args.pattern, servers=args.servers, downlink=args.downlink)
+        df = fig5(tuple(args.nets.split(",")), ex)
+        g = gain_table(df)
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(g.pivot_table(index=["cluster", "net"], columns="gpus", values="gain").round(2))
+        out = df.merge(g[["net", "cluster", "gpus", "gain"]], on=["net", "cluster", "gpus"])
+    else:
+        out = validate(args.csv)
+        for topo, p in out.attrs["params"].items():
+            print(f"{topo}: {p}")
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print(validation_summary(out).round(2))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    out.to_csv(args.out, index=False)
+    print(f"rows: {args.out}")
+    return 0
+
+
+
+__all__ = ["CLUSTERS", "FIG5_NETS", "claim_gain_grows_as_bandwidth_falls", "claim_gain_grows_with_fc_weights",
+           "claim_gain_grows_with_workers", "Cluster", "EmuParams", "Exchange", "MODES", "Network", "bench_layer_sizes", "calibrate",
+           "fig5", "gain_table", "iteration", "layer_bytes", "message_header_bytes", "message_seconds",
+           "mode_collectives", "mode_payloads", "mpich_collective_bytes", "predict_components", "predict_emulation",
+           "predict_wire", "throughput_table", "uint_width", "validate", "validation_summary", "wire_bytes_model",
+           "default_calibration_rows", "main", "register_cli"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

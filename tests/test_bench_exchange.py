@@ -1,0 +1,106 @@
+"""`tgsim bench exchange` smoke test: a shaped private network namespace, MPI over TCP through it,
+N = 2, tiny gradients. Skipped, with the reason, where namespaces or tc are unavailable (not root,
+no CAP_NET_ADMIN, no iproute2) or MPI is missing. Well under a minute."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tgsim import bench_exchange as be
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+OK, WHY = be.check_environment()
+needs_netns = pytest.mark.skipif(not OK, reason=f"cannot emulate a network here: {WHY}")
+
+
+def test_layer_split_and_rate_parsing():
+    from mpi_runs.bench_exchange import layer_sizes
+
+    sizes = layer_sizes(4_000_000)
+    assert len(sizes) == 16 and sum(s for _, s in sizes) == 4_000_000
+    big = sorted((s for _, s in sizes), reverse=True)
+    assert big[0] / 4_000_000 > 0.5                       # AlexNet's fc6 dominates
+    assert be.rate_bits("1gbit") == 1e9 and be.rate_bits("100mbit") == 1e8
+    with pytest.raises(ValueError):
+        be.rate_bits("fast")
+
+
+def test_summarize_ratios_targets_and_causes():
+    """Pure pandas: speedup, byte ratio (total on the shared medium, busiest link on a switch), target."""
+    rows = []
+    for topo in ("shared", "switch"):
+        for mode, t, tot, link, enc, dec in (("fp32_native", 1.0, 800.0, 400.0, 0, 0.01),
+                                             ("fp32_exact", 1.1, 800.0, 400.0, 0, 0.05),
+                                             ("tg_allreduce", 0.3, 200.0, 100.0, 0.01, 0.02),
+                                             ("tg_ps", 0.9, 60.0, 40.0, 0.01, 0.8)):
+            rows.append(dict(topology=topo, rate="1gbit", ranks=2, params=4_000_000, mode=mode, t_step=t,
+                             t_encode=enc, t_decode=dec, t_wire=t - enc - dec, payload_total=tot,
+                             payload_max_link=link, wire_bytes=tot * 1.01, cores=2))
+    df = be.summarize(pd.DataFrame(rows))
+    r = df.set_index(["topology", "mode"])
+    assert r.loc[("shared", "tg_allreduce"), "speedup"] == pytest.approx(1 / 0.3)
+    assert r.loc[("shared", "tg_allreduce"), "byte_ratio"] == pytest.approx(4.0)
+    assert r.loc[("switch", "tg_ps"), "byte_ratio"] == pytest.approx(10.0)     # busiest link 400 / 40
+    assert r.loc[("shared", "tg_allreduce"), "meets_target"] == 1.0            # 3.33 / 4 = 83% >= 75%
+    assert r.loc[("shared", "tg_ps"), "meets_target"] == 0.0                   # 1.11 / 13.3
+    assert "CPU-bound" in r.loc[("shared", "tg_ps"), "cause"]
+    assert np.isnan(r.loc[("shared", "fp32_exact"), "meets_target"])
+
+
+def test_summarize_target_threshold():
+    base = dict(topology="shared", rate="1gbit", ranks=2, params=4_000_000, t_encode=0.0, t_decode=0.0,
+                payload_max_link=1.0, cores=2)
+    df = be.summarize(pd.DataFrame([
+        {**base, "mode": "fp32_native", "t_step": 1.0, "t_wire": 1.0, "payload_total": 400.0, "wire_bytes": 400.0},
+        {**base, "mode": "tg_allreduce", "t_step": 1 / 3.1, "t_wire": 1 / 3.1, "payload_total": 100.0,
+         "wire_bytes": 100.0},
+        {**base, "mode": "tg_allgather", "t_step": 1 / 2.9, "t_wire": 1 / 2.9, "payload_total": 100.0,
+         "wire_bytes": 100.0}]))
+    r = df.set_index("mode")
+    assert r.loc["tg_allreduce", "meets_target"] == 1.0          # 3.1 / 4 = 78% >= 75%
+    assert r.loc["tg_allgather", "meets_target"] == 0.0          # 2.9 / 4 = 72%
+
+
+@needs_netns
+def test_netem_forces_mpi_through_the_shaped_link():
+    """netem.sh --check: a 4 MB Allreduce on 2 ranks must put >= 90% of its bytes on the shaped lo."""
+    p = subprocess.run(["bash", str(be.NETEM), "--topology", "shared", "--rate", "1gbit", "--ranks", "2",
+                        "--python", sys.executable, "--check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[netem check]" in p.stdout and "crossed lo" in p.stdout
+
+
+@needs_netns
+def test_bench_smoke_shared_1gbit(tmp_path):
+    raw = tmp_path / "raw.csv"
+    rc = be.run_point("shared", "1gbit", 2, [400_000], raw, steps=2, warmup=1, budget=0, timeout=120, quiet=True)
+    assert rc == 0
+    df = be.summarize(pd.read_csv(raw))
+    assert set(df["mode"]) == {"fp32_native", "fp32_exact", "tg_allreduce", "tg_ps", "tg_allgather"}
+    r = df.set_index("mode")
+    # the bytes went over the shaped interface, and the count matches the payload model
+    for mode in ("fp32_native", "tg_allreduce", "tg_allgather"):
+        assert r.loc[mode, "wire_bytes"] == pytest.approx(r.loc[mode, "payload_total"], rel=0.1)
+    # the link really is shaped: fp32 needs >= 70% of its line time at 1 Gb/s (unshaped lo is ~10x faster)
+    line = r.loc["fp32_native", "payload_total"] * 8 / 1e9
+    assert r.loc["fp32_native", "t_wire"] >= 0.7 * line
+    assert r.loc["tg_allgather", "byte_ratio"] == pytest.approx(16, rel=0.02)
+    assert r.loc["tg_allreduce", "byte_ratio"] == pytest.approx(4, rel=0.01)
+    assert (df["t_step"] > 0).all() and (df["speedup"] > 0).all()
+
+
+def test_cmd_explains_when_namespaces_are_unavailable(monkeypatch, capsys):
+    monkeypatch.setattr(be, "check_environment", lambda shaping=True: (False, "not root (test)"))
+    p = __import__("argparse").ArgumentParser()
+    be.add_arguments(p)
+    assert be.cmd(p.parse_args(["--quick"])) == 3
+    assert "not root (test)" in capsys.readouterr().err

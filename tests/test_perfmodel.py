@@ -1,0 +1,268 @@
+"""The performance model (analysis/perfmodel.py): byte formulas against the codec's real payloads,
+model descriptions against published counts, monotonicity, the Fig. 5 claims with positive controls
+(deliberately wrong models must fail them), and the emulation model's calibrate/validate machinery."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tgsim.analysis import perfmodel as pm
+from tgsim.analysis.perfmodel_nets import NETS, Layer, get_net
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import TernGrad
+from tgsim.exchange.mpi import ps_downlink, ps_downlink_size
+from tgsim.rng import StreamKey
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# -- model descriptions --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,total", [("alexnet", 60_965_224), ("vgg_a", 132_863_336), ("googlenet", 6_998_552),
+                                        ("resnet50", 25_557_032), ("bert_base", 109_482_240)])
+def test_parameter_counts_match_published_totals(name, total):
+    assert get_net(name).params == total
+
+
+def test_fc_fractions_and_compute_are_plausible():
+    f = {k: get_net(k).fc_fraction for k in NETS}
+    assert f["alexnet"] > 0.95 and f["vgg_a"] > 0.9 and f["bert_base"] == 1.0
+    assert f["googlenet"] < 0.2 and f["resnet50"] < 0.1
+    alex = get_net("alexnet")
+    assert alex.compute_seconds("titanx", 128) == pytest.approx(0.081)       # the benchmark row itself
+    assert alex.compute_seconds("p100") < alex.compute_seconds("gtx1080") < alex.compute_seconds("titanx")
+    for k in NETS:
+        assert 0.005 < get_net(k).compute_seconds("p100") < 2.0
+
+
+# -- bytes: the model's formulas against the codec's real payloads -------------------------------
+
+def _layers(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"l{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(sizes)}
+
+
+@pytest.mark.parametrize("packing_fmt", ["2bit", "base3"])
+@pytest.mark.parametrize("sizes", [[1000], [3, 17, 4096, 1_000_001], [5, 5, 5]])
+def test_uplink_bytes_equal_the_real_message(sizes, packing_fmt):
+    codec = TernGrad(packing=packing_fmt, kernels="numba")
+    msg = codec.encode(_layers(sizes), StreamKey(0, 0, 0))
+    body = sum(pm.layer_bytes("terngrad", s, 4, packing_fmt)["up"] for s in sizes)
+    assert body == msg.layout.body_bytes()
+    assert body + pm.message_header_bytes(len(sizes)) == msg.wire_bytes == len(msg.to_bytes())
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 127, 128, 300])
+def test_ps_downlink_and_allreduce_bytes_equal_the_real_payloads(n):
+    sizes = [7, 1000, 65_537]
+    codec = TernGrad(kernels="numba")
+    lay = _layers(sizes)
+    msgs = [codec.encode(lay, StreamKey(0, 0, w)) for w in range(min(n, 3))]
+    layout = msgs[0].layout
+    model_down = sum(pm.layer_bytes("terngrad", s, n)["down"] for s in sizes)
+    assert model_down == ps_downlink_size(layout, n, shared=True, reternarize=False)
+    if n <= 3:
+        shared = np.max([m.scalers for m in msgs], axis=0)
+        msgs = [codec.encode(lay, StreamKey(0, 0, w), shared) for w in range(n)]
+        assert ps_downlink(codec, msgs, True).size == model_down
+    assert pm.uint_width(n) == packing.uint_width(n) == math.ceil(math.log2(2 * n + 1))
+    assert sum(pm.layer_bytes("terngrad", s, n)["reduce"] for s in sizes) == sum(sizes) * (1 if n <= 127 else 2)
+    rt = sum(pm.layer_bytes("terngrad", s, n, downlink="reternarize")["down"] for s in sizes)
+    assert rt == layout.body_bytes()
+    assert pm.layer_bytes("fp32", 1000, n) == {"up": 4000, "down": 4000, "reduce": 4000}
+
+
+def test_bench_payloads_match_the_bench_program():
+    from mpi_runs.bench_exchange import layer_sizes, synthetic_gradient
+
+    for p in (10_000, 1_000_000, 16_000_000):
+        assert pm.bench_layer_sizes(p) == [s for _, s in layer_sizes(p)]
+        assert sum(pm.bench_layer_sizes(p)) == p
+    g = synthetic_gradient(200_000, 0)
+    msg = TernGrad(kernels="numba").encode(g, StreamKey(0, 0, 0))
+    pay = pm.mode_payloads("tg_ps", pm.bench_layer_sizes(200_000), 4)
+    assert pay["gather"] == 8 + msg.wire_bytes                  # MPIExchange._slot: u64 length + message
+    assert pay["bcast"] == 8 + ps_downlink_size(msg.layout, 4, True, False)
+
+
+def test_mpich_collective_bytes_known_cases():
+    S = 1000.0
+    assert pm.mpich_collective_bytes("allreduce", S, 4)[:2] == (6 * S, 1.5 * S)
+    assert pm.mpich_collective_bytes("gather", S, 8)[0] == 12 * S        # binomial: n/2 log2 n blocks
+    assert pm.mpich_collective_bytes("gather", S, 4)[0] == 4 * S
+    assert pm.mpich_collective_bytes("bcast", S * 100, 4)[0] == 300 * S   # binomial below 8 ranks
+    assert pm.mpich_collective_bytes("bcast", S * 100, 8)[0] == pytest.approx(100 * S * (1.5 + 7))
+    assert pm.mpich_collective_bytes("allgather", S, 8)[0] == 56 * S
+    assert pm.mpich_collective_bytes("allreduce", S, 1) == (0.0, 0.0, 0)
+
+
+# -- monotonicity --------------------------------------------------------------------------------
+
+def test_exchange_time_monotone_in_bytes_workers_and_bandwidth():
+    cl = pm.CLUSTERS["ethernet"]
+    fast = replace(cl, network=replace(cl.network, bandwidth=10e9))
+    for pattern in ("ps", "ring", "allgather"):
+        ex = pm.Exchange(pattern)
+        for codec in ("fp32", "terngrad"):
+            t = [sum(pm.message_seconds(codec, n, 64, cl, ex)) for n in (10, 10_000, 10_000_000)]
+            assert t[0] < t[1] < t[2]
+            assert sum(pm.message_seconds(codec, 10_000_000, 64, fast, ex)) < t[2]
+        # more workers never make one message cheaper (same nodes: beyond one node)
+        t = [sum(pm.message_seconds("fp32", 1_000_000, g, cl, ex)) for g in (8, 16, 64, 512)]
+        assert all(b >= a * 0.999 for a, b in zip(t, t[1:]))
+    for codec in ("fp32", "terngrad"):
+        assert sum(pm.message_seconds(codec, 10 ** 6, 8, cl, pm.Exchange("ps", servers=4))) < \
+            sum(pm.message_seconds(codec, 10 ** 6, 8, cl, pm.Exchange("ps", servers=1)))
+
+
+def test_iteration_basics_overlap_and_single_gpu():
+    for name in NETS:
+        for cl in ("ethernet", "infiniband"):
+            one = pm.iteration(name, "fp32", 1, cl)
+            assert one["iteration"] == pytest.approx(one["compute"]) and one["comm"] == 0
+            for codec in ("fp32", "terngrad"):
+                on = pm.iteration(name, codec, 32, cl, pm.Exchange("ps", overlap=True))
+                off = pm.iteration(name, codec, 32, cl, pm.Exchange("ps", overlap=False))
+                assert on["compute"] <= on["iteration"] <= off["iteration"] * (1 + 1e-12)
+                assert off["iteration"] == pytest.approx(off["compute"] + off["comm"])
+            # TernGrad never loses to fp32 (its messages are smaller in every pattern)
+            for pattern in ("ps", "ring", "allgather"):
+                ex = pm.Exchange(pattern)
+                assert pm.iteration(name, "terngrad", 64, cl, ex)["iteration"] <= \
+                    pm.iteration(name, "fp32", 64, cl, ex)["iteration"] * 1.0001
+
+
+def test_fig5_table_is_tidy_and_has_every_point():
+    df = pm.fig5()
+    assert len(df) == 3 * 2 * 10 * 2
+    assert set(df["gpus"]) == {2 ** k for k in range(10)}
+    assert (df["throughput"] > 0).all()
+    g = pm.gain_table(df)
+    assert (g["gain"] >= 0.999).all()
+    assert (g.loc[g["gpus"] == 1, "gain"] == 1.0).all()
+
+
+# -- the Fig. 5 claims, each with a positive control ----------------------------------------------
+
+def _ignores_workers(net, codec, gpus, cluster, ex):
+    """WRONG: the exchange is costed as if there were always 2 workers (no contention at the server)."""
+    r = pm.iteration(net, codec, min(gpus, 2), cluster, ex)
+    return {**r, "throughput": r["throughput"] * gpus / min(gpus, 2)}
+
+
+def _ignores_bandwidth(net, codec, gpus, cluster, ex):
+    """WRONG: every link is 10 Gb/s whatever the cluster says."""
+    c = replace(cluster, network=replace(cluster.network, bandwidth=10e9))
+    return pm.iteration(net, codec, gpus, c, ex)
+
+
+def _ignores_fc_weights(net, codec, gpus, cluster, ex):
+    """WRONG: every net has the same bytes per unit of compute (parameters spread like the MACs)."""
+    ref = get_net("googlenet")
+    per_s = ref.params / ref.compute_seconds("p100")
+    total = per_s * net.compute_seconds("p100")
+    macs = sum(l.macs for l in net.layers) or 1
+    layers = tuple(Layer(l.name, max(1, int(total * l.macs / macs)), l.macs, l.kind) for l in net.layers)
+    return pm.iteration(replace(net, layers=layers), codec, gpus, cluster, ex)
+
+
+def test_claim_gain_grows_with_workers():
+    ok, gains = pm.claim_gain_grows_with_workers()
+    assert ok, gains
+    ok, _ = pm.claim_gain_grows_with_workers(model=_ignores_workers)
+    assert not ok, "a model that ignores N must fail the claim"
+
+
+def test_with_a_2bit_downlink_the_gain_never_falls_with_workers():
+    ex = pm.Exchange("ps", downlink="reternarize")
+    g = pm.gain_table(pm.fig5(exchange=ex))
+    for _, grp in g.groupby(["net", "cluster"]):
+        seq = grp.sort_values("gpus")["gain"].to_numpy()
+        assert np.all(seq[1:] >= 0.99 * seq[:-1])
+
+
+def test_with_the_exact_sum_downlink_the_ethernet_gain_falls_at_scale():
+    """The nuance behind the claim: once both codecs are communication-bound the gain is the byte
+    ratio, 8 / (1/4 + ceil(log2(2N+1))/8) for PS, which falls as N grows."""
+    g = pm.gain_table(pm.fig5()).set_index(["net", "cluster", "gpus"])["gain"]
+    assert g[("alexnet", "ethernet", 512)] < g[("alexnet", "ethernet", 8)] < g[("alexnet", "ethernet", 2)]
+
+
+def test_claim_gain_grows_as_bandwidth_falls():
+    ok, gains = pm.claim_gain_grows_as_bandwidth_falls()
+    assert ok, gains
+    ok, _ = pm.claim_gain_grows_as_bandwidth_falls(model=_ignores_bandwidth)
+    assert not ok, "a model that ignores the bandwidth must fail the claim"
+
+
+def test_claim_gain_grows_with_fc_weights():
+    ok, gains = pm.claim_gain_grows_with_fc_weights()
+    assert ok, gains
+    ok, _ = pm.claim_gain_grows_with_fc_weights(model=_ignores_fc_weights)
+    assert not ok, "a model that gives every net the same bytes per compute must fail the claim"
+
+
+# -- the emulation model: calibrate on N = 2, validate on the rest --------------------------------
+
+TRUE = pm.EmuParams(eta=0.95, cap=9e8, alpha=3e-4, gamma=1.2, c_encode=3e-9, c_fp32_native=2e-8,
+                    c_fp32_exact=1.5e-8, c_ar_decode=9e-9, c_ps=6e-9, c_ag_decode=2.5e-9, cores=2.0)
+
+
+def _synthetic(params: pm.EmuParams, noise: float = 0.0, seed: int = 0, n_scale=lambda n: 1.0):
+    """Bench-like rows generated by the model itself (optionally with noise / a wrong N-dependence)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for topo in ("shared", "switch"):
+        for rate in ("1gbit", "10gbit"):
+            for n in (2, 4, 8):
+                for P in (1_000_000, 4_000_000, 16_000_000):
+                    for mode in pm.MODES:
+                        load = float(rng.uniform(0, 2))
+                        c = pm.predict_components(mode, P, n, rate, topo, params, load)
+                        f = lambda: (1 + noise * rng.standard_normal()) * n_scale(n)  # noqa: E731
+                        w, e, d = c["t_wire"] * f(), c["t_encode"] * f(), c["t_decode"] * f()
+                        rows.append({"topology": topo, "rate": rate, "ranks": n, "params": P, "mode": mode,
+                                     "t_step": w + e + d, "t_wire": w, "t_encode": e, "t_decode": d,
+                                     "wire_bytes": pm.wire_bytes_model(mode, P, n), "cores": 2,
+                                     "ext_load": load})
+    return pd.DataFrame(rows)
+
+
+def test_calibration_recovers_parameters_and_validation_passes():
+    df = _synthetic(TRUE, noise=0.03)
+    table = pm.validate(df)
+    for p in table.attrs["params"].values():
+        assert p.eta == pytest.approx(TRUE.eta, rel=0.05)
+        assert p.gamma == pytest.approx(TRUE.gamma, abs=0.1)
+        assert p.c_ps == pytest.approx(TRUE.c_ps, rel=0.1)
+    val = table[table["split"] == "validation"]
+    cal = table[table["split"] == "calibration"]
+    assert set(cal["ranks"]) == {2, 8} and set(cal.loc[cal["ranks"] == 8, "params"]) == {1_000_000}
+    assert set(val["ranks"]) == {4, 8} and len(val) == 2 * 2 * (3 + 2) * 5
+    assert val["within"].all(), val.loc[~val["within"], ["mode", "ranks", "rel_error"]]
+    assert (table["wire_bytes_error"].abs() < 1e-9).all()
+
+
+def test_validation_catches_a_wrong_n_dependence():
+    """Positive control: measurements that scale with N differently from the model must fail."""
+    df = _synthetic(TRUE, n_scale=lambda n: (n / 2) ** 0.5)
+    table = pm.validate(df)
+    assert not table.loc[table["split"] == "validation", "within"].all()
+
+
+def test_validate_on_the_measured_csv_if_present():
+    path = REPO / "results" / "bench_exchange.csv"
+    if not path.exists():
+        pytest.skip("no results/bench_exchange.csv (run `python -m tgsim.bench_exchange`)")
+    table = pm.validate(path)
+    assert {"rel_error", "within", "split"} <= set(table.columns)
+    assert (table["split"] == "validation").any()

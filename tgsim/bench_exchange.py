@@ -1,0 +1,269 @@
+"""`tgsim bench exchange`: per-step exchange time of fp32 and TernGrad over an emulated network.
+
+    python -m tgsim.bench_exchange [--quick] [--out results/bench_exchange.csv]
+    tgsim bench exchange [...]                    (once tgsim/cli.py routes to `cmd`)
+
+For every (topology, rate, N) it runs `mpi_runs/netem.sh` -- a private network namespace with the
+link shaped by `tc tbf`, MPI forced onto TCP through it -- which starts `mpi_runs/bench_exchange.py`
+under mpiexec. That program times, on synthetic AlexNet-shaped gradients of P parameters, every
+exchange mode of `tgsim.exchange.mpi.MPIExchange` (see its docstring for the columns). This module
+adds, per row:
+
+  speedup        t_step(fp32_native) / t_step(mode): native MPI Allreduce is the honest fp32 baseline
+  speedup_vs_exact   t_step(fp32_exact) / t_step(mode)
+  byte_ratio     bytes of fp32_native / bytes of the mode, counted from the payloads: the TOTAL over
+                 ranks on the shared medium (everything crosses the one shaped link), the BUSIEST
+                 link (max over ranks of max(sent, received)) on the switch
+  wire_ratio     the same ratio from the bytes the kernel actually moved (interface counters;
+                 shared topology only: on the switch the busiest link is not counted)
+  pct_of_ratio   speedup / byte_ratio; target >= 0.75 at 1 Gb/s for P >= 4M (`meets_target`)
+  speedup_wire_only   t_step(fp32_native) / t_wire(mode): the speedup if encode/decode were free
+  cause          why a row misses the target (CPU-bound encode/decode, MPICH moving more than the
+                 payload, oversubscription), from its own timings
+
+Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) for `unshare --net` and `tc`; `check_environment()`
+says what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NETEM = REPO / "mpi_runs" / "netem.sh"
+
+FULL = dict(topologies=("shared", "switch"), rates=("1gbit", "10gbit"), ranks=(2, 4, 8),
+            params=(1_000_000, 4_000_000, 16_000_000), steps=5, warmup=1, budget=45.0)
+QUICK = dict(topologies=("shared",), rates=("1gbit",), ranks=(2, 4), params=(1_000_000, 4_000_000),
+             steps=3, warmup=1, budget=20.0)
+BASELINE = "fp32_native"
+TARGET = 0.75
+
+
+def rate_bits(rate: str) -> float:
+    """'1gbit' -> 1e9 (tc's units: kbit, mbit, gbit)."""
+    r = rate.strip().lower()
+    for suffix, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if r.endswith(suffix):
+            return float(r[: -len(suffix)]) * mult
+    raise ValueError(f"rate {rate!r}: use e.g. 1gbit, 100mbit")
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def _mpiexec() -> str | None:
+    here = Path(_python()).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+def check_environment(shaping: bool = True) -> tuple[bool, str]:
+    """(ok, reason): can this process create a network namespace, shape it, and run MPI?"""
+    for tool, pkg in (("unshare", "util-linux"), ("ip", "iproute2"), ("tc", "iproute2"), ("nsenter", "util-linux")):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` is not installed (package {pkg})"
+    if not NETEM.exists():
+        return False, f"{NETEM} not found (run from a checkout of the repository)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False, "mpi4py is not installed (pip install -e '.[mpi]')"
+    if _mpiexec() is None:
+        return False, "no mpiexec next to the interpreter or on PATH (pip install -e '.[mpi]')"
+    cmd = ["unshare", "--net", "sh", "-c", "ip link set lo up"
+           + (" && tc qdisc add dev lo root tbf rate 1gbit burst 256kb latency 50ms" if shaping else "")]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"`{' '.join(cmd)}` failed: {e}"
+    if p.returncode != 0:
+        why = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+        root = "" if os.geteuid() == 0 else " (not root: run as root, or with CAP_SYS_ADMIN + CAP_NET_ADMIN)"
+        return False, (f"cannot create and shape a private network namespace{root}: {why}. In a container, start "
+                       "it with --cap-add NET_ADMIN --cap-add SYS_ADMIN (or --privileged).")
+    return True, "ok"
+
+
+def run_point(topology: str, rate: str, ranks: int, params, raw_csv: Path, steps: int = 5, warmup: int = 1,
+              budget: float = 45.0, modes=None, timeout: float = 1800.0, quiet: bool = False) -> int:
+    """One netem.sh run (one mpiexec job): every size and mode at (topology, rate, ranks)."""
+    cmd = ["bash", str(NETEM), "--topology", topology, "--rate", rate, "--ranks", str(ranks), "--python", _python(),
+           "--", "--params", ",".join(str(int(p)) for p in params), "--steps", str(steps), "--warmup", str(warmup),
+           "--budget", str(budget), "--out", str(raw_csv)]
+    if modes:
+        cmd += ["--modes", ",".join(modes)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        print(out, file=sys.stderr)
+        raise RuntimeError(f"netem run did not finish within {timeout} s: {' '.join(cmd)}")
+    if not quiet or proc.returncode:
+        for line in out.splitlines():
+            if line.startswith("[bench]") or proc.returncode:
+                print(line, flush=True)
+    return proc.returncode
+
+
+def summarize(raw):
+    """Raw rows (one per topology, rate, ranks, params, mode) + speedups, byte ratios and causes."""
+    import numpy as np
+    import pandas as pd
+
+    df = raw.copy()
+    key = ["topology", "rate", "ranks", "params"]
+    base = df[df["mode"] == BASELINE].set_index(key)
+    exact = df[df["mode"] == "fp32_exact"].set_index(key)
+    idx = pd.MultiIndex.from_frame(df[key])
+    link = np.where(df["topology"] == "switch", df["payload_max_link"], df["payload_total"])
+    base_link = np.where(df["topology"] == "switch", base["payload_max_link"].reindex(idx).to_numpy(),
+                         base["payload_total"].reindex(idx).to_numpy())
+    t_base = base["t_step"].reindex(idx).to_numpy()
+    df["t_fp32_native"] = t_base
+    df["speedup"] = t_base / df["t_step"]
+    df["speedup_vs_exact"] = exact["t_step"].reindex(idx).to_numpy() / df["t_step"]
+    df["byte_ratio"] = base_link / link
+    wire_base = base["wire_bytes"].reindex(idx).to_numpy()
+    df["wire_ratio"] = np.where(df["topology"] == "shared", wire_base / df["wire_bytes"], np.nan)
+    df["pct_of_ratio"] = df["speedup"] / df["byte_ratio"]
+    df["speedup_wire_only"] = t_base / df["t_wire"]
+    gbit = df["rate"].map(lambda r: rate_bits(r) / 1e9 if r != "none" else np.nan)
+    df["line_time"] = link * 8 / (gbit * 1e9)            # the payload at line rate (shared: all of it)
+    df["target_applies"] = (gbit == 1.0) & (df["params"] >= 4_000_000) & df["mode"].str.startswith("tg_")
+    df["meets_target"] = np.where(df["target_applies"], df["pct_of_ratio"] >= TARGET, np.nan)
+    df["cause"] = [_cause(r) for r in df.itertuples(index=False)]
+    return df
+
+
+def _cause(r) -> str:
+    if not str(r.mode).startswith("tg_") or not (r.pct_of_ratio < TARGET):
+        return ""
+    cpu = r.t_encode + r.t_decode
+    bits = []
+    if r.wire_ratio == r.wire_ratio and r.wire_ratio < 0.85 * r.byte_ratio:
+        bits.append(f"MPICH moves {r.wire_bytes / max(r.payload_total, 1):.2f}x the payload bytes "
+                    "(binomial Gather/Bcast forward through inner ranks)")
+    if cpu > 0.3 * r.t_step:
+        where = "server sum + NumPy pack_uint/unpack_uint of the downlink" if r.mode == "tg_ps" else \
+            "int8 unpack + float64 scaling" if r.mode == "tg_allreduce" else "parse + weighted sum"
+        over = f", {r.ranks} ranks on {int(r.cores)} cores" if r.ranks > r.cores else ""
+        bits.append(f"CPU-bound: encode {r.t_encode * 1e3:.0f} ms + decode {r.t_decode * 1e3:.0f} ms "
+                    f"({where}) of a {r.t_step * 1e3:.0f} ms step{over}")
+    if r.t_fp32_native < 1.3 * r.line_time and r.t_wire > 1.5 * r.line_time:
+        bits.append(f"wire {r.t_wire * 1e3:.0f} ms vs {r.line_time * 1e3:.0f} ms at line rate")
+    if r.t_fp32_native > 1.5 * r.line_time * r.byte_ratio:
+        bits.append(f"the fp32 baseline itself is not wire-bound ({r.t_fp32_native * 1e3:.0f} ms vs "
+                    f"{r.line_time * r.byte_ratio * 1e3:.0f} ms at line rate: TCP/CPU limit)")
+    return "; ".join(bits) or "per-message latency and synchronization"
+
+
+def sweep(topologies, rates, ranks, params, steps=5, warmup=1, budget=45.0, modes=None, out=None,
+          quiet=False):
+    """Run every (topology, rate, N) point; returns the summarized DataFrame (also written to `out`)."""
+    import pandas as pd
+
+    ok, why = check_environment()
+    if not ok:
+        raise RuntimeError(f"tgsim bench exchange cannot shape a network here: {why}")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tgsim-bench-") as tmp:
+        raw_csv = Path(tmp) / "raw.csv"
+        failures = []
+        for topology in topologies:
+            for rate in rates:
+                for n in ranks:
+                    t1 = time.monotonic()
+                    rc = run_point(topology, rate, n, params, raw_csv, steps=steps, warmup=warmup, budget=budget,
+                                   modes=modes, quiet=quiet)
+                    print(f"[sweep] {topology} {rate} N={n}: exit {rc} in {time.monotonic() - t1:.0f} s "
+                          f"(total {time.monotonic() - t0:.0f} s)", flush=True)
+                    if rc:
+                        failures.append((topology, rate, n, rc))
+        if not raw_csv.exists():
+            raise RuntimeError(f"no measurements were written (failures: {failures})")
+        raw = pd.read_csv(raw_csv)
+    df = summarize(raw)
+    df.attrs["failures"] = failures
+    if out:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    if failures:
+        print(f"[sweep] FAILED points: {failures}", file=sys.stderr)
+    return df
+
+
+def print_table(df, file=None) -> None:
+    file = file or sys.stdout
+    cols = f"{'topo':6} {'rate':6} {'N':>2} {'params':>6} {'mode':13} {'step ms':>9} {'enc ms':>7} {'wire ms':>8} " \
+           f"{'dec ms':>7} {'MB paid':>8} {'MB wire':>8} {'speedup':>7} {'bytes':>6} {'%':>5} {'ok':>3}  cause"
+    print(cols, file=file)
+    for r in df.itertuples(index=False):
+        ok = "" if r.meets_target != r.meets_target else ("yes" if r.meets_target else "NO")
+        print(f"{r.topology:6} {r.rate:6} {r.ranks:2d} {r.params / 1e6:5.0f}M {r.mode:13} {r.t_step * 1e3:9.1f} "
+              f"{r.t_encode * 1e3:7.1f} {r.t_wire * 1e3:8.1f} {r.t_decode * 1e3:7.1f} {r.payload_total / 1e6:8.2f} "
+              f"{r.wire_bytes / 1e6:8.2f} {r.speedup:7.2f} {r.byte_ratio:6.2f} {100 * r.pct_of_ratio:5.0f} {ok:>3}  "
+              f"{r.cause}", file=file)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `tgsim bench exchange` (for tgsim/cli.py)."""
+    p.add_argument("--quick", action="store_true", help="shared topology, 1 Gb/s, N = 2, 4, P = 1M, 4M, 3 steps")
+    p.add_argument("--topologies", help="comma list of shared,switch (default: both)")
+    p.add_argument("--rates", help="comma list of tc rates (default 1gbit,10gbit)")
+    p.add_argument("--ranks", help="comma list of N (default 2,4,8)")
+    p.add_argument("--params", help="comma list of gradient sizes (default 1e6,4e6,16e6)")
+    p.add_argument("--steps", type=int, help="timed steps per point (default 5)")
+    p.add_argument("--modes", help="comma list (default: fp32_exact,fp32_native,tg_allreduce,tg_ps,tg_allgather)")
+    p.add_argument("--out", default="results/bench_exchange.csv", help="CSV of every row")
+    p.add_argument("--quiet", action="store_true")
+
+
+def cmd(args) -> int:
+    """`tgsim bench exchange`: exit 0 on success, 3 if this machine cannot shape a network."""
+    cfg = dict(QUICK if args.quick else FULL)
+
+    def lst(s, conv):
+        return tuple(conv(x) for x in s.split(",") if x)
+
+    if args.topologies:
+        cfg["topologies"] = lst(args.topologies, str)
+    if args.rates:
+        cfg["rates"] = lst(args.rates, str)
+    if args.ranks:
+        cfg["ranks"] = lst(args.ranks, int)
+    if args.params:
+        cfg["params"] = lst(args.params, lambda x: int(float(x)))
+    if args.steps:
+        cfg["steps"] = args.steps
+    ok, why = check_environment()
+    if not ok:
+        print(f"tgsim bench exchange: {why}", file=sys.stderr)
+        return 3
+    df = sweep(modes=lst(args.modes, str) if args.modes else None, out=args.out, quiet=args.quiet, **cfg)
+    print()
+    print_table(df)
+    print(f"\nrows: {args.out}")
+    return 1 if df.attrs.get("failures") else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tgsim.bench_exchange", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return cmd(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
