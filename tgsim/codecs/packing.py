@@ -121,11 +121,25 @@ def uint_width(workers: int) -> int:
 
 
 def pack_uint(values, width: int):
-    """Pack non-negative integers < 2^width at `width` bits each, little-endian bit order."""
+    """Pack non-negative integers < 2^width at `width` bits each, little-endian bit order.
+
+    NumPy arrays with width <= 8 (N <= 127 workers) take the Numba kernel; the bits are the same.
+    """
     xp = array_module(values)
     v = values.reshape(-1).astype(xp.uint32)
     if v.size and int(v.max()) >> width:
         raise ValueError(f"value {int(v.max())} does not fit in {width} bits")
+    if xp is np and width <= 8:
+        from tgsim.codecs import _numba_uint
+
+        return _numba_uint.pack_uint(v, width)
+    return pack_uint_reference(v, width)
+
+
+def pack_uint_reference(values, width: int):
+    """pack_uint in array operations (the reference the Numba kernel is tested against)."""
+    xp = array_module(values)
+    v = values.reshape(-1).astype(xp.uint32)
     bits = ((v[:, None] >> xp.arange(width, dtype=xp.uint32)) & xp.uint32(1)).astype(xp.uint8)
     return xp.packbits(bits.reshape(-1), bitorder="little")
 
@@ -135,6 +149,16 @@ def unpack_uint(payload, n: int, width: int):
     xp = array_module(payload)
     if payload.size != -(-n * width // 8):
         raise ValueError(f"{payload.size} bytes cannot hold {n} values of {width} bits")
+    if xp is np and width <= 8:
+        from tgsim.codecs import _numba_uint
+
+        return _numba_uint.unpack_uint(payload, n, width)
+    return unpack_uint_reference(payload, n, width)
+
+
+def unpack_uint_reference(payload, n: int, width: int):
+    """unpack_uint in array operations (the reference)."""
+    xp = array_module(payload)
     bits = xp.unpackbits(payload, count=n * width, bitorder="little").reshape(n, width)
     return (bits.astype(xp.uint32) << xp.arange(width, dtype=xp.uint32)).sum(axis=1, dtype=xp.uint32)
 
