@@ -115,8 +115,10 @@ def _assert_batched_equals_single(model, params, x, y):
 
 
 BITWISE_CASES = [(k, n, b) for k in REALISTIC for (n, b) in [(1, 8), (3, 7), (8, 64)]]
-# long reductions (input dim 500, batch 300 > K_CHUNK) exercise the chunked-matmul path
-LONG = {"mlp_long": MLP(dim=500, hidden=(32,), classes=10), "ls_long": LeastSquares(dim=500, l2=0.1)}
+# long reductions (input dim 500, batch 300 > K_CHUNK) exercise the chunked-matmul path; mlp_wide's
+# 520x520 weight is above TRANSPOSE_MAX, so its input gradient keeps the NT gemm form
+LONG = {"mlp_long": MLP(dim=500, hidden=(32,), classes=10), "ls_long": LeastSquares(dim=500, l2=0.1),
+        "mlp_wide": MLP(dim=40, hidden=(520, 520), classes=10, l2=0.01)}
 
 
 @pytest.mark.parametrize("key,n,b", BITWISE_CASES + [(k, n, 300) for k in LONG for n in (1, 3)])
@@ -145,6 +147,36 @@ def test_bits_independent_of_blas_threads(key):
     assert np.array_equal(l1, l2)
     for k in g1:
         assert np.array_equal(g1[k], g2[k]), f"{key}: {k} changes with the BLAS thread count"
+
+
+def test_bmm_chunk_accumulation_is_the_ordered_sum():
+    """The reused temporary changes nothing: out = ((p_0 + p_1) + p_2) + ..., p_c one chunk's matmul."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 6, 3 * mbase.K_CHUNK + 40)).astype(np.float32)
+    b = rng.standard_normal((3, a.shape[-1], 5)).astype(np.float32)
+    k = mbase.K_CHUNK
+    want = np.matmul(a[..., :k], b[:, :k])
+    for s in range(k, a.shape[-1], k):
+        want = want + np.matmul(a[..., s:s + k], b[:, s:s + k])
+    assert np.array_equal(mbase.bmm(np, a, b).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_keep_where_is_where_bit_for_bit(dtype):
+    rng = np.random.default_rng(2)
+    d = rng.standard_normal((3, 5, 7)).astype(dtype)
+    pre = rng.standard_normal((3, 5, 7)).astype(dtype)
+    d.reshape(-1)[:6] = [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0]
+    pre.reshape(-1)[6:9] = [np.nan, 0.0, -0.0]
+    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[d.dtype.itemsize]
+    got = mbase.keep_where(np, pre > 0, d)
+    want = np.where(pre > 0, d, dtype(0))
+    assert got.dtype == d.dtype and np.array_equal(got.view(ut), want.view(ut))
+    # a broadcast operand (the max-pool backward's d[..., None, :])
+    keep = rng.random((3, 5, 2, 7)) < 0.5
+    got = mbase.keep_where(np, keep, d[:, :, None, :])
+    want = np.where(keep, d[:, :, None, :], dtype(0))
+    assert got.shape == want.shape and np.array_equal(got.view(ut), want.view(ut))
 
 
 def test_bmm_chunking_matches_matmul_closely():

@@ -289,7 +289,9 @@ def test_sum_codes_many_workers():
 
 # -- thread-count invariance ------------------------------------------------------------------------
 @pytest.mark.skipif(MAX_THREADS < 2, reason="needs NUMBA_NUM_THREADS >= 2")
-def test_thread_count_invariance():
+def test_thread_count_invariance(monkeypatch):
+    for name in ("SERIAL_MOMENTS", "SERIAL_ABSMAX", "SERIAL_ENCODE", "SERIAL_DECODE"):   # parallel drivers
+        monkeypatch.setattr(nk, name, 0)
     n = 5 * 65536 + 77
     g = grad("wide", n)
     payloads = payloads_for(n, "2bit", 8)

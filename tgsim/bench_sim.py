@@ -1,8 +1,11 @@
 """`tgsim bench sim`: simulator throughput and memory, as ratios measured in one run.
 
 For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
-  * steps/s of the batched step (one loss_and_grad over the worker axis, then the TernGrad
-    exchange) against the same step with a per-worker Python loop over loss_and_grad;
+  * steps/s of the batched step (one loss_and_grad over the worker axis, the codec batched over
+    workers: TernGrad.scaling_many / encode_many, then the exchange) against the same step with a
+    per-worker Python loop over loss_and_grad (the codec still batched: "step speedup");
+  * the same against the fully per-worker pipeline, a Python loop over loss_and_grad and over the
+    codec's single-worker scaling / encode ("pipeline speedup");
   * the gradient phase alone, batched against looped;
   * peak memory of one step (tracemalloc, which sees NumPy's allocations) against the floor
     N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
@@ -15,6 +18,8 @@ import tracemalloc
 
 import numpy as np
 
+from tgsim.codecs.terngrad import ScalingBatch
+from tgsim.rng import StreamKey
 from tgsim.train.config import from_dict
 from tgsim.train.loop import build, train_step
 
@@ -47,6 +52,30 @@ class _LoopedModel:
         return loss, grads
 
 
+class _LoopedCodec:
+    """The same codec, its batched calls made one worker at a time with the single-worker functions
+    (TernGrad.scaling / encode): the per-worker pipeline, with the same bits."""
+
+    def __init__(self, codec):
+        self.codec = codec
+
+    def __getattr__(self, name):
+        return getattr(self.codec, name)
+
+    def scaling_many(self, layers):
+        nw = len(next(iter(layers.values())))
+        per = [self.codec.scaling({k: v[w] for k, v in layers.items()}) for w in range(nw)]
+        return [None if per[0][i] is None else
+                ScalingBatch(*(np.array([p[i][f] for p in per]) for f in range(4)))
+                for i in range(len(per[0]))]
+
+    def encode_many(self, layers, seed, step, workers, shared_scalers=None, scalings=None):
+        return [self.codec.encode({k: v[w] for k, v in layers.items()}, StreamKey(seed, step, int(wid)),
+                                  shared_scalers, None if scalings is None else
+                                  [None if s is None else s.worker(w) for s in scalings])
+                for w, wid in enumerate(workers)]
+
+
 def _time(fn, repeats: int) -> float:
     fn()  # warm-up (JIT, caches)
     times = []
@@ -73,8 +102,11 @@ def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repea
         batched_step = _time(lambda: train_step(setup, params, state, 0), repeats)
         setup.model = looped
         looped_step = _time(lambda: train_step(setup, params, state, 0), repeats)
+        setup.codec = _LoopedCodec(setup.codec)
+        pipeline_step = _time(lambda: train_step(setup, params, state, 0), repeats)
         rows.append({"workers": n, "steps_per_s": 1 / batched_step, "looped_steps_per_s": 1 / looped_step,
-                     "step_speedup": looped_step / batched_step, "grad_speedup": looped_grad / batched_grad})
+                     "step_speedup": looped_step / batched_step, "grad_speedup": looped_grad / batched_grad,
+                     "pipeline_steps_per_s": 1 / pipeline_step, "pipeline_speedup": pipeline_step / batched_step})
     return rows
 
 
@@ -101,10 +133,14 @@ def run(workers=(1, 8, 32, 128), repeats: int = 5) -> dict:
 
 def print_report(res: dict) -> None:
     print("simulator throughput, MLP 40-256-256-10, 8 samples per worker, TernGrad (ps, explicit clip)")
-    print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>13} {'grad speedup':>13}")
+    print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>13} {'grad speedup':>13} "
+          f"{'pipeline steps/s':>17} {'pipeline speedup':>17}")
     for r in res["throughput"]:
         print(f"{r['workers']:5d} {r['steps_per_s']:9.1f} {r['looped_steps_per_s']:15.1f} "
-              f"{r['step_speedup']:12.2f}x {r['grad_speedup']:12.2f}x")
+              f"{r['step_speedup']:12.2f}x {r['grad_speedup']:12.2f}x "
+              f"{r['pipeline_steps_per_s']:17.1f} {r['pipeline_speedup']:16.2f}x")
+    print("looped: per-worker loss_and_grad, codec batched; pipeline: per-worker loss_and_grad, "
+          "scaling and encode")
     m = res["memory"]
     print(f"peak memory of one step, MLP of {m['params']:,} parameters, N = {m['workers']}: "
           f"{m['peak_bytes'] / 2**20:.1f} MiB against the gradient floor {m['floor_bytes'] / 2**20:.1f} MiB "

@@ -2,6 +2,8 @@
 
     moments(g, need_sigma)                         -> stats.LayerMoments
     encode(g, scaler, clip_bound, key, fmt)        -> cupy uint8 payload
+    moments_many(G, need_sigma)                    -> (absmax, sigma, finite) NumPy arrays over rows
+    encode_many(G, scalers, clip_bounds, seed, step, workers, layer, fmt) -> cupy uint8 (W, nbytes)
     weighted_sum(payloads, scalers, n, fmt, divide_by) -> cupy float32
     sum_codes(payloads, n, fmt, dtype=None)        -> cupy integer codes summed over workers
 
@@ -120,6 +122,54 @@ def moments(g, need_sigma: bool = True) -> stats.LayerMoments:
     return stats.LayerMoments(absmax, sigma, True)
 
 
+def _rows(G):
+    """Contiguous (workers, n) float32 device array."""
+    cp = _cp()
+    G = cp.asarray(G)
+    if G.dtype != cp.float32:
+        raise ValueError(f"expected float32 layers, got {G.dtype}")
+    if G.ndim != 2:
+        raise ValueError(f"G: expected a 2-D array (workers, elements), got shape {G.shape}")
+    return cp.ascontiguousarray(G)
+
+
+def moments_many(G, need_sigma: bool = True):
+    """(absmax, sigma, finite) NumPy arrays over the rows of G (W, n): row w has the bits of
+    moments(G[w], need_sigma). The rows' kernels are queued on one stream (lane and tree scratch
+    reused in stream order) and the results read back with one copy each at the end."""
+    cp = _cp()
+    G = _rows(G)
+    nw, n = int(G.shape[0]), int(G.shape[1])
+    absmax, sigma = np.zeros(nw), np.zeros(nw)
+    if nw == 0 or n == 0:
+        return absmax, sigma, np.ones(nw, dtype=bool)
+    lanes = stats.LANES
+    s1 = cp.empty(lanes, dtype=cp.float64)
+    s2 = cp.empty(lanes, dtype=cp.float64)
+    amax = cp.empty(lanes, dtype=cp.float32)
+    bad = cp.zeros(nw, dtype=cp.int32)
+    res_s = cp.empty((nw, 2), dtype=cp.float64)
+    res_a = cp.empty(nw, dtype=cp.float32)
+    for w in range(nw):
+        _launch("tg_moments_lanes", lanes, (G[w], np.int64(n), s1, s2, amax, bad[w:w + 1]))
+        _kernel("tg_moments_tree")((1,), (TREE_BLOCK,), (s1, s2, amax, np.int32(lanes)))
+        res_s[w, 0:1] = s1[0:1]
+        res_s[w, 1:2] = s2[0:1]
+        res_a[w:w + 1] = amax[0:1]
+    finite = cp.asnumpy(bad) == 0
+    a = cp.asnumpy(res_a).astype(np.float64)
+    sums = cp.asnumpy(res_s)
+    k = cp.asnumpy(G[:, 0]).astype(np.float64)
+    for w in range(nw):
+        if not finite[w]:
+            absmax[w] = sigma[w] = np.nan
+            continue
+        absmax[w] = a[w]
+        if need_sigma:
+            sigma[w] = stats.moments_from_sums(n, float(k[w]), float(sums[w, 0]), float(sums[w, 1]))
+    return absmax, sigma, finite
+
+
 # -- encode -------------------------------------------------------------------------------------
 def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
     """Packed payload of ternary.ternarize(g, scaler, key, clip_bound): one fused kernel."""
@@ -140,6 +190,41 @@ def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
         _launch("tg_encode_2bit", -(-n // 4), args)
     else:
         _launch("tg_encode_base3", -(-nb // 4), args)
+    return out
+
+
+def encode_many(G, scalers, clip_bounds, seed: int, step: int, workers, layer: int, fmt: str):
+    """uint8 (W, nbytes) device array: row w is encode(G[w], scalers[w], clip_bounds[w],
+    StreamKey(seed, step, workers[w], layer), fmt); one launch per row into the rows of one output."""
+    cp = _cp()
+    code = _fmt(fmt)
+    G = _rows(G)
+    nw, n = int(G.shape[0]), int(G.shape[1])
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    s64 = np.asarray(scalers, dtype=np.float64).reshape(-1)
+    c64 = np.asarray(clip_bounds, dtype=np.float64).reshape(-1)
+    wk = np.asarray(workers)
+    if s64.shape != (nw,) or c64.shape != (nw,) or wk.shape != (nw,):
+        raise ValueError(f"scalers, clip_bounds and workers must have shape ({nw},), got "
+                         f"{s64.shape}, {c64.shape}, {wk.shape}")
+    if nw and (wk.dtype.kind not in "iu" or int(wk.min()) < 0 or int(wk.max()) >= 2**32):
+        raise ValueError("workers: expected integer worker ids in [0, 2^32)")
+    k0, k1 = StreamKey(int(seed), int(step), 0, int(layer)).key
+    with np.errstate(over="ignore", invalid="ignore"):
+        s32, c32 = s64.astype(np.float32), c64.astype(np.float32)
+    wk = wk.astype(np.uint32)
+    nb = packing.packed_size(n, fmt)
+    out = cp.empty((nw, nb), dtype=cp.uint8)
+    if nb == 0:
+        return out
+    for w in range(nw):
+        args = (G[w], np.int64(n), s32[w], c32[w], np.uint32(k0), np.uint32(k1), np.uint32(layer),
+                wk[w], np.uint32(step), out[w])
+        if code == 0:
+            _launch("tg_encode_2bit", -(-n // 4), args)
+        else:
+            _launch("tg_encode_base3", -(-nb // 4), args)
     return out
 
 
@@ -238,4 +323,5 @@ def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
     return out.astype(dtype)
 
 
-__all__ = ["moments", "encode", "weighted_sum", "sum_codes", "source", "NVRTC_OPTIONS", "KERNELS"]
+__all__ = ["moments", "encode", "moments_many", "encode_many", "weighted_sum", "sum_codes", "source",
+           "NVRTC_OPTIONS", "KERNELS"]

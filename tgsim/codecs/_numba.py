@@ -1,7 +1,8 @@
 """Fused, multi-threaded Numba CPU kernels of the TernGrad codec, bit-identical to the array reference.
 
-Same four entry points as `tgsim.codecs._reference` (moments, encode, weighted_sum, sum_codes), for
-NumPy arrays. Every kernel computes exactly the reference's operations in the reference's order
+Same entry points as `tgsim.codecs._reference` (moments, encode, their batched-over-workers forms
+moments_many and encode_many, weighted_sum, sum_codes), for NumPy arrays. Every kernel computes
+exactly the reference's operations in the reference's order
 (`tgsim.rng.philox`, `tgsim.codecs.stats`, `tgsim.codecs.ternary`, `tgsim.codecs.packing`); only the
 loop structure differs:
 
@@ -10,8 +11,13 @@ loop structure differs:
   0x7f800000 and every NaN is above it). The σ sums follow the documented lane order: LANES lanes,
   lane j sums d_i = f64(g_i) - K over i ≡ j (mod LANES) in ascending i; each thread owns fixed
   ranges of lanes and walks the rows, so the bits do not depend on the thread count; then the
-  fixed pairwise tree and `stats.moments_from_sums`. No fastmath anywhere (no FMA contraction,
-  no reassociation).
+  fixed pairwise tree and the float64 operations of `stats.moments_from_sums` (elementwise over
+  workers in NumPy: the same IEEE operations). No fastmath anywhere (no FMA contraction, no
+  reassociation).
+* batched over workers: moments_many / encode_many take the W workers' copies of one layer, G (W, n),
+  and run one pass over all of them: serially on the calling thread when W * n is small (a parallel
+  region costs more to start than such a pass), else one parallel region over (worker, chunk)
+  pairs (or over workers, when there are many). The single-worker functions are the W = 1 case.
 * encode: Philox4x32-10 block -> four words -> the exact ternary rule -> code -> packed byte, in one
   parallel pass. The rule f64(t)*f64(s) < f64(x)*2^24 is evaluated as f64(t)*(f64(s)*2^-24) <
   f64(x): both sides are the reference's exact products scaled by the same power of two (t*s has
@@ -35,16 +41,17 @@ Everything compiles lazily on the first call (`cache=True` keeps the machine cod
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from tgsim.codecs import packing
-from tgsim.codecs.stats import LANES, LayerMoments, moments_from_sums
+from tgsim.codecs.stats import LANES, LayerMoments
 from tgsim.rng import PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, StreamKey
 from tgsim.rng.philox import MAX_ELEMENTS
 
-__all__ = ["moments", "encode", "weighted_sum", "sum_codes", "philox_block", "philox4x32_10",
-           "random_words"]
+__all__ = ["moments", "encode", "moments_many", "encode_many", "weighted_sum", "sum_codes",
+           "row_abs_stats", "philox_block", "philox4x32_10", "random_words"]
 
 # ---------------------------------------------------------------------------------------------
 # Philox4x32-10
@@ -145,11 +152,32 @@ def random_words(n: int, key: StreamKey, start: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # moments
 # ---------------------------------------------------------------------------------------------
+# Every kernel below works on W workers' layers at once, G (W, n), and is built from per-(worker,
+# chunk) task functions: a serial driver runs the tasks in a loop (small layers: no parallel region
+# at all), a parallel driver runs them as one parallel region over (worker, chunk) pairs, or over
+# workers when there are many. A task's arithmetic does not depend on the driver or the thread
+# count, so every driver gives the bits of the single-worker reference.
 _ABS = np.uint32(0x7FFFFFFF)
 _INF_BITS = 0x7F800000
 _MAX_CHUNK = 1 << 16            # elements per task of the absmax-only pass
 _LANE_CHUNK = 2048              # lanes per task of the σ pass (2 x 16 KiB of partials, L1-resident)
-_N_LANE_CHUNKS = LANES // _LANE_CHUNK
+_SCRATCH_LANES = 1 << 18        # lane partials held at once by the (worker, lane chunk) σ pass (4 MiB)
+# Work below which a kernel runs serially on the calling thread (no parallel region): W * n
+# elements (moments, encode), W * nbytes payload bytes (weighted_sum, sum_codes). Measured on the
+# 2-core development machine, idle (serial vs parallel, best of 40, tgsim.bench_sim's shapes):
+#   σ pass    16K elements 12 vs 22 us, 65K 44 vs 23 us     -> parallel from 2^15
+#   absmax    65K elements  8 vs 10 us, 262K 32 vs 18 us    -> parallel from 2^17
+#   encode    16K elements 11 vs 12 us, 65K 40 vs 24 us     -> parallel from 2^15
+#   sum_codes 20K bytes 3 vs 4 us, 131K 17 vs 16 us, 524K 33 vs 18 us -> parallel from 2^17
+# On a machine whose cores are busy with other processes a parallel region can instead wait
+# 20-35 ms (median, load average 8 on 2 cores) for its worker thread to be scheduled, like any
+# multithreaded library there; run with NUMBA_NUM_THREADS=1 on such a machine: every kernel then
+# takes its serial path (the bits are the same either way).
+SERIAL_MOMENTS = 1 << 15
+SERIAL_ABSMAX = 1 << 17
+SERIAL_ENCODE = 1 << 15
+SERIAL_DECODE = 1 << 17
+_WORKER_TASKS = 4               # W >= this x threads: one task per worker (fewer regions, no scratch)
 
 
 @njit(cache=True)
@@ -162,19 +190,22 @@ def _absbits_max(bits):
     return m
 
 
+@njit(cache=True)
+def _absmax_serial(bits, mb):
+    for w in range(bits.shape[0]):
+        mb[w] = _absbits_max(bits[w])
+
+
 @njit(cache=True, parallel=True)
-def _absmax_kernel(bits):
-    n = bits.size
-    nch = (n + _MAX_CHUNK - 1) // _MAX_CHUNK
-    part = np.zeros(nch, dtype=np.uint32)
-    for ch in prange(nch):
-        i0 = ch * _MAX_CHUNK
-        part[ch] = _absbits_max(bits[i0:min(i0 + _MAX_CHUNK, n)])
-    m = np.uint32(0)
-    for ch in range(nch):
-        if part[ch] > m:
-            m = part[ch]
-    return m
+def _absmax_par(bits, part):
+    """part[w, c] = largest |g| bit pattern of chunk c of worker w: one region over (w, c)."""
+    nw, n = bits.shape
+    nch = part.shape[1]
+    for t in prange(nw * nch):
+        w = t // nch
+        c = t - w * nch
+        i0 = c * _MAX_CHUNK
+        part[w, c] = _absbits_max(bits[w][i0:min(i0 + _MAX_CHUNK, n)])
 
 
 @njit(cache=True)
@@ -218,64 +249,113 @@ def _lane_one(ga, ba, k, s1, s2):
     return m
 
 
-@njit(cache=True, parallel=True)
-def _sigma_kernel(g, bits, s1_out, s2_out):
-    """Lane partials (tree-reduced into s1_out[0], s2_out[0]) and the absmax bits of g (n >= 1).
-
-    Only the nl = min(n, LANES) lanes that hold elements are computed. The others are +0.0 in the
-    reference, and adding +0.0 is exact identity for every lane partial: a partial starts at +0.0
-    and x + y is -0.0 only when both are -0.0, so no partial is ever -0.0. The tree therefore
-    skips every a[j] + a[j + h] whose a[j + h] is such a zero lane: O(n), not O(LANES), work for
-    small layers, with the reference's bits.
-    """
+@njit(cache=True)
+def _lanes_range(g, bits, l0, l1, s1, s2):
+    """Lane partials of lanes l0..l1-1 of one layer g (n >= 1, l1 <= min(n, LANES)) into s1[l0:l1]
+    and s2[l0:l1], _LANE_CHUNK lanes at a time (the partials stay in L1 while the rows stream by).
+    Returns the largest |g| bit pattern of those lanes' elements."""
     n = g.size
     k = np.float64(g[0])
     rows = n // LANES
     rem = n - rows * LANES
-    nl = min(n, LANES)
-    nlc = (nl + _LANE_CHUNK - 1) // _LANE_CHUNK
-    part = np.zeros(nlc, dtype=np.uint32)
-    for c in prange(nlc):
-        l0 = c * _LANE_CHUNK
-        l1 = min(l0 + _LANE_CHUNK, nl)
-        s1 = np.zeros(l1 - l0, dtype=np.float64)
-        s2 = np.zeros(l1 - l0, dtype=np.float64)
-        m = np.uint32(0)
+    m = np.uint32(0)
+    for c0 in range(l0, l1, _LANE_CHUNK):
+        c1 = min(c0 + _LANE_CHUNK, l1)
+        a1 = s1[c0:c1]
+        a2 = s2[c0:c1]
+        a1[:] = 0.0
+        a2[:] = 0.0
         r = 0
         while r + 4 <= rows:
-            mr = _lane_quad(g, bits, r * LANES + l0, k, s1, s2)
+            mr = _lane_quad(g, bits, r * LANES + c0, k, a1, a2)
             if mr > m:
                 m = mr
             r += 4
         while r < rows:
             a = r * LANES
-            mr = _lane_one(g[a + l0:a + l1], bits[a + l0:a + l1], k, s1, s2)
+            mr = _lane_one(g[a + c0:a + c1], bits[a + c0:a + c1], k, a1, a2)
             if mr > m:
                 m = mr
             r += 1
-        if rem > l0:   # the partial last row covers lanes 0..rem-1
+        if rem > c0:   # the partial last row covers lanes 0..rem-1
             a = rows * LANES
-            e1 = min(l1, rem)
-            mr = _lane_one(g[a + l0:a + e1], bits[a + l0:a + e1], k, s1, s2)
+            e1 = min(c1, rem)
+            mr = _lane_one(g[a + c0:a + e1], bits[a + c0:a + e1], k, a1, a2)
             if mr > m:
                 m = mr
-        s1_out[l0:l1] = s1
-        s2_out[l0:l1] = s2
-        part[c] = m
-    # the fixed pairwise tree a <- a[:h] + a[h:], over the live (possibly non-zero) lanes only
+    return m
+
+
+@njit(cache=True)
+def _lane_tree(s1, s2, nl):
+    """The fixed pairwise tree a <- a[:h] + a[h:2h], h = LANES/2 .. 1, over the nl live lanes.
+
+    Only the nl = min(n, LANES) lanes that hold elements are computed. The others are +0.0 in the
+    reference, and adding +0.0 is exact identity for every lane partial: a partial starts at +0.0
+    and x + y is -0.0 only when both are -0.0, so no partial is ever -0.0. The tree therefore
+    skips every a[j] + a[j + h] whose a[j + h] is such a zero lane: O(n), not O(LANES), work for
+    small layers, with the reference's bits. Result in s1[0], s2[0].
+    """
     h = LANES // 2
     live = nl
     while h >= 1:
         for j in range(live - h):          # j + h < live; empty when live <= h
-            s1_out[j] = s1_out[j] + s1_out[j + h]
-            s2_out[j] = s2_out[j] + s2_out[j + h]
+            s1[j] = s1[j] + s1[j + h]
+            s2[j] = s2[j] + s2[j + h]
         live = min(live, h)
         h //= 2
-    m = np.uint32(0)
-    for c in range(nlc):
-        if part[c] > m:
-            m = part[c]
+
+
+@njit(cache=True)
+def _sigma_worker(g, bits, s1, s2, sums, w):
+    """Everything for worker w (one task): lanes, tree, sums[w] = (S1, S2); returns the absmax bits."""
+    nl = min(g.size, LANES)
+    m = _lanes_range(g, bits, 0, nl, s1, s2)
+    _lane_tree(s1, s2, nl)
+    sums[w, 0] = s1[0]
+    sums[w, 1] = s2[0]
     return m
+
+
+@njit(cache=True)
+def _sigma_serial(G, bits, sums, mb):
+    nl = min(G.shape[1], LANES)
+    s1 = np.empty(nl, dtype=np.float64)
+    s2 = np.empty(nl, dtype=np.float64)
+    for w in range(G.shape[0]):
+        mb[w] = _sigma_worker(G[w], bits[w], s1, s2, sums, w)
+
+
+@njit(cache=True, parallel=True)
+def _sigma_workers(G, bits, sums, mb):
+    """One task per worker (many workers): one parallel region, per-task scratch of min(n, LANES) lanes."""
+    nl = min(G.shape[1], LANES)
+    for w in prange(G.shape[0]):
+        s1 = np.empty(nl, dtype=np.float64)
+        s2 = np.empty(nl, dtype=np.float64)
+        mb[w] = _sigma_worker(G[w], bits[w], s1, s2, sums, w)
+
+
+@njit(cache=True, parallel=True)
+def _sigma_chunks(G, bits, w0, s1, s2, part, sums, mb):
+    """Workers w0 .. w0 + len(s1) - 1 (few workers, large layers): one parallel region over
+    (worker, lane chunk) pairs into s1/s2 (workers x live lanes), then the trees (serial: O(LANES))."""
+    wb, nl = s1.shape
+    nlc = part.shape[1]
+    for t in prange(wb * nlc):
+        i = t // nlc
+        l0 = (t - i * nlc) * _LANE_CHUNK
+        part[i, t - i * nlc] = _lanes_range(G[w0 + i], bits[w0 + i], l0, min(l0 + _LANE_CHUNK, nl),
+                                            s1[i], s2[i])
+    for i in range(wb):
+        _lane_tree(s1[i], s2[i], nl)
+        sums[w0 + i, 0] = s1[i, 0]
+        sums[w0 + i, 1] = s2[i, 0]
+        m = np.uint32(0)
+        for c in range(nlc):
+            if part[i, c] > m:
+                m = part[i, c]
+        mb[w0 + i] = m
 
 
 def _as_f32_flat(g, what="g") -> np.ndarray:
@@ -285,24 +365,148 @@ def _as_f32_flat(g, what="g") -> np.ndarray:
     return np.ascontiguousarray(g.reshape(-1))
 
 
-def moments(g: np.ndarray, need_sigma: bool) -> LayerMoments:
-    """Same bits as `stats.layer_moments(g, need_sigma)`, in one parallel pass over g."""
-    g = _as_f32_flat(g)
-    n = g.size
-    if n == 0:
-        return LayerMoments(0.0, 0.0, True)
-    bits = g.view(np.uint32)
+def _as_f32_rows(G, what="G") -> np.ndarray:
+    G = np.asarray(G)
+    if G.dtype != np.float32:
+        raise ValueError(f"{what}: expected float32, got {G.dtype}")
+    if G.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D array (workers, elements), got shape {G.shape}")
+    return np.ascontiguousarray(G)
+
+
+def _threads() -> int:
+    return numba.get_num_threads()
+
+
+def moments_many(G: np.ndarray, need_sigma: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(absmax, sigma, finite), arrays over the W rows of G (W, n) float32: row w has the bits of
+    `moments(G[w], need_sigma)` (non-finite rows: nan, nan, False; n = 0: 0, 0, True).
+
+    W * n < SERIAL_MOMENTS (SERIAL_ABSMAX without σ): one serial pass on this thread. Otherwise one
+    parallel region, over
+    workers when W >= 4 x threads, else over (worker, chunk) pairs (the σ pass in blocks of
+    workers whose lane partials fit in _SCRATCH_LANES).
+    """
+    G = _as_f32_rows(G)
+    nw, n = G.shape
+    absmax = np.zeros(nw, dtype=np.float64)
+    sigma = np.zeros(nw, dtype=np.float64)
+    if nw == 0 or n == 0:
+        return absmax, sigma, np.ones(nw, dtype=bool)
+    bits = G.view(np.uint32)
+    mb = np.empty(nw, dtype=np.uint32)
+    serial = nw * n < (SERIAL_MOMENTS if need_sigma else SERIAL_ABSMAX) or _threads() == 1
     if need_sigma:
-        s1 = np.empty(LANES, dtype=np.float64)
-        s2 = np.empty(LANES, dtype=np.float64)
-        mbits = int(_sigma_kernel(g, bits, s1, s2))
+        sums = np.empty((nw, 2), dtype=np.float64)
+        if serial:
+            _sigma_serial(G, bits, sums, mb)
+        elif nw >= _WORKER_TASKS * _threads():
+            _sigma_workers(G, bits, sums, mb)
+        else:
+            nl = min(n, LANES)
+            wb = max(1, min(nw, _SCRATCH_LANES // nl))
+            s1 = np.empty((wb, nl), dtype=np.float64)
+            s2 = np.empty((wb, nl), dtype=np.float64)
+            part = np.empty((wb, -(-nl // _LANE_CHUNK)), dtype=np.uint32)
+            for w0 in range(0, nw, wb):
+                k = min(wb, nw - w0)
+                _sigma_chunks(G, bits, np.int64(w0), s1[:k], s2[:k], part[:k], sums, mb)
+    elif serial:
+        _absmax_serial(bits, mb)
     else:
-        mbits = int(_absmax_kernel(bits))
-    if mbits >= _INF_BITS:
-        return LayerMoments(float("nan"), float("nan"), False)
-    absmax = float(np.array(mbits, dtype=np.uint32).view(np.float32))
-    sigma = moments_from_sums(n, float(g[0]), float(s1[0]), float(s2[0])) if need_sigma else 0.0
-    return LayerMoments(absmax, sigma, True)
+        part = np.empty((nw, -(-n // _MAX_CHUNK)), dtype=np.uint32)
+        _absmax_par(bits, part)
+        mb = part.max(axis=1)
+    finite = mb < _INF_BITS
+    absmax[:] = mb.view(np.float32)          # exact: a float32 value, or inf/nan where not finite
+    if need_sigma:
+        # stats.moments_from_sums, elementwise (the same IEEE float64 operations, no FMA)
+        m1 = sums[:, 0] / n
+        with np.errstate(invalid="ignore", over="ignore"):
+            var = sums[:, 1] / n - m1 * m1
+            pos = var > 0.0
+            sigma[pos] = np.sqrt(var[pos])
+    absmax[~finite] = np.nan
+    sigma[~finite] = np.nan
+    return absmax, sigma, finite
+
+
+def moments(g: np.ndarray, need_sigma: bool) -> LayerMoments:
+    """Same bits as `stats.layer_moments(g, need_sigma)` (moments_many of one row)."""
+    g = _as_f32_flat(g)
+    a, s, f = moments_many(g.reshape(1, -1), need_sigma)
+    return LayerMoments(float(a[0]), float(s[0]), bool(f[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# per-row |g| statistics (training metrics; not part of the codec's bits)
+# ---------------------------------------------------------------------------------------------
+_STAT_LANES = 16    # interleaved float64 partial sums per row (vectorizes without reassociation)
+
+
+@njit(cache=True)
+def _row_stats(g, cb, out, w):
+    """out[w] = (Σ|g|, Σ g^2, #(|g| > cb), max|g|) of one row, in float64: element i goes to
+    partial i % 16 (ascending i), the partials are added in order 0..15, then the tail."""
+    a1 = np.zeros(_STAT_LANES)
+    a2 = np.zeros(_STAT_LANES)
+    cc = np.zeros(_STAT_LANES, dtype=np.int64)
+    mx = np.zeros(_STAT_LANES)
+    nb = g.size // _STAT_LANES
+    for b in range(nb):
+        blk = g[b * _STAT_LANES:(b + 1) * _STAT_LANES]
+        for k in range(_STAT_LANES):
+            a = abs(np.float64(blk[k]))
+            a1[k] += a
+            a2[k] += a * a
+            cc[k] += a > cb
+            mx[k] = a if a > mx[k] else mx[k]
+    l1 = 0.0
+    l2 = 0.0
+    c = 0
+    m = 0.0
+    for k in range(_STAT_LANES):
+        l1 += a1[k]
+        l2 += a2[k]
+        c += cc[k]
+        m = mx[k] if mx[k] > m else m
+    for i in range(nb * _STAT_LANES, g.size):
+        a = abs(np.float64(g[i]))
+        l1 += a
+        l2 += a * a
+        c += a > cb
+        m = a if a > m else m
+    out[w, 0] = l1
+    out[w, 1] = l2
+    out[w, 2] = c
+    out[w, 3] = m
+
+
+@njit(cache=True)
+def _row_stats_serial(G, cb, out):
+    for w in range(G.shape[0]):
+        _row_stats(G[w], cb[w], out, w)
+
+
+@njit(cache=True, parallel=True)
+def _row_stats_par(G, cb, out):
+    for w in prange(G.shape[0]):
+        _row_stats(G[w], cb[w], out, w)
+
+
+def row_abs_stats(G: np.ndarray, clip_bounds=None) -> np.ndarray:
+    """float64 (W, 4): per row of G (W, n) float32, (Σ|g|, Σ g^2, #(|g| > clip_bounds[w]), max|g|),
+    in one pass (0.3 ns per element). Deterministic (a fixed order of float64 additions, see
+    _row_stats) but not the order of np.sum; for metrics, not for the codec's bits. NaN-free input
+    assumed (a NaN is not counted above any bound and does not raise max|g|)."""
+    G = _as_f32_rows(G)
+    nw, n = G.shape
+    cb = np.full(nw, np.inf) if clip_bounds is None else _per_worker(clip_bounds, nw, "clip_bounds")
+    out = np.zeros((nw, 4), dtype=np.float64)
+    if nw and n:
+        serial = nw * n < SERIAL_MOMENTS or nw == 1 or _threads() == 1
+        (_row_stats_serial if serial else _row_stats_par)(G, cb, out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,20 +559,20 @@ def _enc2_range_noclip(g, out, b0, s_scaled, cb, c1, c2, c3, k0, k1):
 _ENC2_CHUNK = 1 << 14   # bytes (= Philox blocks) per parallel task
 
 
-@njit(cache=True, parallel=True)
-def _enc2_kernel(g, out, s_scaled, cb, c1, c2, c3, k0, k1):
+@njit(cache=True)
+def _enc2_task(g, out, ch, nch, s_scaled, cb, c1, c2, c3, k0, k1):
+    """Chunk ch (of nch) of one worker's 2-bit payload; the last chunk also codes the partial last
+    block (pad codes are 0, value 1)."""
     n = g.size
     nfull = n // 4
-    clip = cb != np.inf
-    nch = (nfull + _ENC2_CHUNK - 1) // _ENC2_CHUNK
-    for ch in prange(nch):
-        b0 = ch * _ENC2_CHUNK
-        b1 = min(b0 + _ENC2_CHUNK, nfull)
-        if clip:
+    b0 = ch * _ENC2_CHUNK
+    b1 = min(b0 + _ENC2_CHUNK, nfull)
+    if b1 > b0:
+        if cb != np.inf:
             _enc2_range(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
         else:
             _enc2_range_noclip(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
-    if nfull * 4 < n:          # the last, partial block: pad codes are 0 (value 1)
+    if ch == nch - 1 and nfull * 4 < n:
         w = philox_block(np.uint32(nfull), c1, c2, c3, k0, k1)
         v = np.uint32(0)
         for m in range(4):
@@ -378,18 +582,36 @@ def _enc2_kernel(g, out, s_scaled, cb, c1, c2, c3, k0, k1):
         out[nfull] = np.uint8(v)
 
 
+@njit(cache=True)
+def _enc2_serial(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
+    nch = max(1, (G.shape[1] // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    for t in range(G.shape[0] * nch):
+        w = t // nch
+        _enc2_task(G[w], out[w], t - w * nch, nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
+
+
+@njit(cache=True, parallel=True)
+def _enc2_par(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
+    """One parallel region over (worker, chunk of _ENC2_CHUNK bytes) pairs."""
+    nch = max(1, (G.shape[1] // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    for t in prange(G.shape[0] * nch):
+        w = t // nch
+        _enc2_task(G[w], out[w], t - w * nch, nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
+
+
 _B3_UNITS = 1024   # 20-element units (5 Philox blocks, 4 bytes) per parallel task
 
 
 @njit(cache=True)
-def _enc3_range(g, out, u0, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
-    """Base-3 bytes of units u0.. (20 elements, 5 Philox blocks, 4 bytes each): words, values, bytes.
+def _enc3_range(g, out, u0, nu, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
+    """Base-3 bytes of units u0..u0+nu-1 (20 elements, 5 Philox blocks, 4 bytes each): words, values,
+    bytes.
 
     g: the elements of these units (the last unit may be short: missing elements are pad codes 0,
-    value 1); out: 4 bytes per unit; words (uint32) / vals (uint8): scratch of 20 per unit.
+    value 1); out: their bytes, 4 per unit except for a layer's last unit, which keeps only the
+    bytes up to ceil(n/5); words (uint32) / vals (uint8): scratch of 20 per unit.
     Three simple loops (each vectorizes) over L1/L2-resident scratch.
     """
-    nu = out.size // 4
     blk0 = 5 * u0
     for j in range(5 * nu):
         w0, w1, w2, w3 = philox_block(np.uint32(blk0 + j), c1, c2, c3, k0, k1)
@@ -402,7 +624,7 @@ def _enc3_range(g, out, u0, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
         vals[i] = np.uint8(_code1(words[i], g[i], s_scaled, cb, True))
     for i in range(ne, 20 * nu):
         vals[i] = np.uint8(1)
-    for j in range(4 * nu):
+    for j in range(out.size):
         q = 5 * j
         out[j] = np.uint8(np.uint32(vals[q]) + np.uint32(3) * np.uint32(vals[q + 1])
                           + np.uint32(9) * np.uint32(vals[q + 2])
@@ -410,19 +632,36 @@ def _enc3_range(g, out, u0, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
                           + np.uint32(81) * np.uint32(vals[q + 4]))
 
 
-@njit(cache=True, parallel=True)
-def _enc3_kernel(g, out, s_scaled, cb, c1, c2, c3, k0, k1):
-    """out: 4 bytes per 20-element unit (ceil(n/5) rounded up to a multiple of 4); the caller trims."""
+@njit(cache=True)
+def _enc3_task(g, out, ch, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
+    """Units ch * _B3_UNITS .. of one worker's base-3 payload (out: its ceil(n/5) bytes)."""
     n = g.size
     nunits = (n + 19) // 20
-    nch = (nunits + _B3_UNITS - 1) // _B3_UNITS
-    for ch in prange(nch):
+    u0 = ch * _B3_UNITS
+    u1 = min(u0 + _B3_UNITS, nunits)
+    _enc3_range(g[20 * u0:min(20 * u1, n)], out[4 * u0:min(4 * u1, out.size)], u0, u1 - u0,
+                s_scaled, cb, c1, c2, c3, k0, k1, words, vals)
+
+
+@njit(cache=True)
+def _enc3_serial(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
+    nch = ((G.shape[1] + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+    words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
+    vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
+    for t in range(G.shape[0] * nch):
+        w = t // nch
+        _enc3_task(G[w], out[w], t - w * nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
+
+
+@njit(cache=True, parallel=True)
+def _enc3_par(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
+    """One parallel region over (worker, chunk of _B3_UNITS units) pairs."""
+    nch = ((G.shape[1] + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+    for t in prange(G.shape[0] * nch):
         words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
         vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
-        u0 = ch * _B3_UNITS
-        u1 = min(u0 + _B3_UNITS, nunits)
-        _enc3_range(g[20 * u0:min(20 * u1, n)], out[4 * u0:4 * u1], u0, s_scaled, cb,
-                    c1, c2, c3, k0, k1, words, vals)
+        w = t // nch
+        _enc3_task(G[w], out[w], t - w * nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
 
 
 _ZERO_BYTE = {"2bit": 0b01010101, "base3": 1 + 3 + 9 + 27 + 81}
@@ -433,30 +672,69 @@ def _check_fmt(fmt: str) -> None:
         raise ValueError(f"unknown packing {fmt!r}; expected one of {packing.FORMATS}")
 
 
+def _per_worker(values, nw: int, what: str) -> np.ndarray:
+    """float64 (W,) of per-worker numbers (float32 inputs are exact in float64)."""
+    v = np.asarray(values)
+    if v.shape != (nw,):
+        raise ValueError(f"{what}: expected shape ({nw},), got {v.shape}")
+    if v.dtype.kind not in "fiu":
+        raise ValueError(f"{what}: expected real numbers, got {v.dtype}")
+    return v.astype(np.float64)
+
+
+def _worker_ids(workers, nw: int) -> np.ndarray:
+    wk = np.asarray(workers)
+    if wk.shape != (nw,):
+        raise ValueError(f"workers: expected shape ({nw},), got {wk.shape}")
+    if nw and wk.dtype.kind not in "iu":
+        raise ValueError(f"workers: expected integer worker ids, got {wk.dtype}")
+    if nw and (int(wk.min()) < 0 or int(wk.max()) >= 2**32):
+        raise ValueError(f"worker ids must be in [0, 2^32), got [{int(wk.min())}, {int(wk.max())}]")
+    return np.ascontiguousarray(wk, dtype=np.uint32)
+
+
+def encode_many(G: np.ndarray, scalers, clip_bounds, seed: int, step: int, workers, layer: int,
+                fmt: str) -> np.ndarray:
+    """uint8 (W, nbytes): row w equals encode(G[w], scalers[w], clip_bounds[w],
+    StreamKey(seed, step, workers[w], layer), fmt), bit for bit.
+
+    W * n < SERIAL_ENCODE: serial on this thread; otherwise one parallel region over (worker,
+    chunk) pairs.
+    """
+    _check_fmt(fmt)
+    G = _as_f32_rows(G)
+    nw, n = G.shape
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    scalers = _per_worker(scalers, nw, "scalers")
+    clip_bounds = _per_worker(clip_bounds, nw, "clip_bounds")
+    wk = _worker_ids(workers, nw)
+    k0, k1 = StreamKey(int(seed), int(step), 0, int(layer)).key     # range checks of seed/step/layer
+    nb = packing.packed_size(n, fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cb = clip_bounds.astype(np.float32)   # the reference: np.minimum(x, f32(clip_bound))
+        s32 = scalers.astype(np.float32)      # the reference: ternary_rule(t, x, np.float32(scaler))
+    s_scaled = s32.astype(np.float64) * np.float64(2.0 ** -24)      # exact (see the module docstring)
+    out = np.empty((nw, nb), dtype=np.uint8)
+    if nw and n:
+        serial = nw * n < SERIAL_ENCODE or _threads() == 1
+        if fmt == "2bit":
+            kern = _enc2_serial if serial else _enc2_par
+        else:
+            kern = _enc3_serial if serial else _enc3_par
+        kern(G, out, s_scaled, cb, np.uint32(layer), wk, np.uint32(step), np.uint32(k0), np.uint32(k1))
+    nan_cb = np.isnan(cb)
+    if nan_cb.any():                          # np.minimum(x, nan) = nan: every draw rejects
+        out[nan_cb] = _ZERO_BYTE[fmt]
+    return out
+
+
 def encode(g: np.ndarray, scaler: float, clip_bound: float, key: StreamKey, fmt: str) -> np.ndarray:
     """uint8 payload equal to packing.pack(ternary.ternarize(g, scaler, key, clip_bound), fmt)."""
     _check_fmt(fmt)
     g = _as_f32_flat(g)
-    n = g.size
-    if n > MAX_ELEMENTS:
-        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
-    nb = packing.packed_size(n, fmt)
-    with np.errstate(over="ignore"):
-        cb = np.float32(clip_bound)      # the reference: np.minimum(x, f32(clip_bound)), no-op for inf
-        s32 = np.float32(scaler)         # the reference: ternary_rule(t, x, np.float32(scaler))
-    if np.isnan(cb):                     # np.minimum(x, nan) = nan: every draw rejects
-        return np.full(nb, _ZERO_BYTE[fmt], dtype=np.uint8)
-    s_scaled = np.float64(s32) * np.float64(2.0 ** -24)      # exact (see the module docstring)
-    args = (s_scaled, cb) + _stream_args(key)
-    if fmt == "2bit":
-        out = np.empty(nb, dtype=np.uint8)
-        if n:
-            _enc2_kernel(g, out, *args)
-        return out
-    out = np.empty(4 * ((n + 19) // 20), dtype=np.uint8)
-    if n:
-        _enc3_kernel(g, out, *args)
-    return out[:nb] if out.size != nb else out
+    return encode_many(g.reshape(1, -1), [scaler], [clip_bound], key.seed, key.step,
+                       np.array([key.worker], dtype=np.uint32), key.layer, fmt)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -711,61 +989,97 @@ def _int_out(out, c, k, nw):
         out[e] = np.int32(c[e - k * nfull, nfull]) - nw
 
 
+@njit(cache=True)
+def _wsum_uniform_task(ch, payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype):
+    """Bytes ch * _DEC_CHUNK .. of every worker, one shared scaler s: out = f32((f64(Σ_w code_w) * s) * inv)."""
+    nw, nbytes = payloads.shape
+    j0 = ch * _DEC_CHUNK
+    j1 = min(j0 + _DEC_CHUNK, nbytes)
+    c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+    _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
+    _uniform_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw), s, inv)
+
+
 @njit(cache=True, parallel=True)
 def _wsum_uniform_kernel(payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype):
-    """One shared scaler s: out = f32((f64(Σ_w code_w) * s) * inv) per element (see _is_uniform)."""
-    nw, nbytes = payloads.shape
-    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
-    for ch in prange(nch):
-        j0 = ch * _DEC_CHUNK
-        j1 = min(j0 + _DEC_CHUNK, nbytes)
-        c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
-        _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
-        _uniform_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw), s, inv)
+    """One shared scaler s (see _is_uniform): one parallel region over chunks of bytes."""
+    for ch in prange(bad_w.size):
+        _wsum_uniform_task(ch, payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype)
 
 
-@njit(cache=True, parallel=True)
-def _wsum_table_kernel(payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j):
+@njit(cache=True)
+def _wsum_uniform_serial(payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype):
+    for ch in range(bad_w.size):
+        _wsum_uniform_task(ch, payloads, n, k, s, inv, out, bad_w, bad_j, count_dtype)
+
+
+@njit(cache=True)
+def _wsum_table_task(ch, payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j):
     """Any scalers. The first nt = len(mults) workers' codes form a base-3 index into `table`, their
     exact reference partial sums (or, when nt == all workers, `f`: the final float32 values); the
     remaining workers are added in float64 one at a time, in ascending order, as the reference does.
     """
     nw, nbytes = payloads.shape
     nt = mults.size
-    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
-    for ch in prange(nch):
-        j0 = ch * _DEC_CHUNK
-        j1 = min(j0 + _DEC_CHUNK, nbytes)
-        c = np.zeros((k, j1 - j0), dtype=np.uint16)
-        for w in range(nt):
+    j0 = ch * _DEC_CHUNK
+    j1 = min(j0 + _DEC_CHUNK, nbytes)
+    c = np.zeros((k, j1 - j0), dtype=np.uint16)
+    for w in range(nt):
+        p = payloads[w, j0:j1]
+        bad = _index2(c, p, mults[w]) if k == 4 else _index3(c, p, mults[w])
+        _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
+    o = out[j0 * k:min(j1 * k, n)]
+    if nt == nw:
+        _map_out(o, c, k, f)
+    else:
+        a = np.empty((k, j1 - j0), dtype=np.float64)
+        for m in range(k):
+            for j in range(j1 - j0):
+                a[m, j] = table[c[m, j]]
+        for w in range(nt, nw):
             p = payloads[w, j0:j1]
-            bad = _index2(c, p, mults[w]) if k == 4 else _index3(c, p, mults[w])
+            bad = _acc2(a, p, scalers[w]) if k == 4 else _acc3(a, p, scalers[w])
             _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
-        o = out[j0 * k:min(j1 * k, n)]
-        if nt == nw:
-            _map_out(o, c, k, f)
-        else:
-            a = np.empty((k, j1 - j0), dtype=np.float64)
-            for m in range(k):
-                for j in range(j1 - j0):
-                    a[m, j] = table[c[m, j]]
-            for w in range(nt, nw):
-                p = payloads[w, j0:j1]
-                bad = _acc2(a, p, scalers[w]) if k == 4 else _acc3(a, p, scalers[w])
-                _note_bad(bad, w, p, j0, k, bad_w, bad_j, ch)
-            _scale_out(o, a, k, inv)
+        _scale_out(o, a, k, inv)
+
+
+@njit(cache=True, parallel=True)
+def _wsum_table_kernel(payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j):
+    for ch in prange(bad_w.size):
+        _wsum_table_task(ch, payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j)
+
+
+@njit(cache=True)
+def _wsum_table_serial(payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j):
+    for ch in range(bad_w.size):
+        _wsum_table_task(ch, payloads, scalers, n, k, mults, table, f, inv, out, bad_w, bad_j)
+
+
+@njit(cache=True)
+def _isum_task(ch, payloads, n, k, out, bad_w, bad_j, count_dtype):
+    nw, nbytes = payloads.shape
+    j0 = ch * _DEC_CHUNK
+    j1 = min(j0 + _DEC_CHUNK, nbytes)
+    c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+    _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
+    _int_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw))
 
 
 @njit(cache=True, parallel=True)
 def _isum_kernel(payloads, n, k, out, bad_w, bad_j, count_dtype):
-    nw, nbytes = payloads.shape
-    nch = (nbytes + _DEC_CHUNK - 1) // _DEC_CHUNK
-    for ch in prange(nch):
-        j0 = ch * _DEC_CHUNK
-        j1 = min(j0 + _DEC_CHUNK, nbytes)
-        c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
-        _count_task(c, payloads, j0, j1, k, bad_w, bad_j, ch)
-        _int_out(out[j0 * k:min(j1 * k, n)], c, k, np.int32(nw))
+    for ch in prange(bad_w.size):
+        _isum_task(ch, payloads, n, k, out, bad_w, bad_j, count_dtype)
+
+
+@njit(cache=True)
+def _isum_serial(payloads, n, k, out, bad_w, bad_j, count_dtype):
+    for ch in range(bad_w.size):
+        _isum_task(ch, payloads, n, k, out, bad_w, bad_j, count_dtype)
+
+
+def _serial_decode(payloads: np.ndarray) -> bool:
+    """Decode W x nbytes payload bytes on this thread (no parallel region) below SERIAL_DECODE."""
+    return payloads.size < SERIAL_DECODE or _threads() == 1
 
 
 def _partial_sums(scalers: np.ndarray, nt: int) -> np.ndarray:
@@ -873,8 +1187,8 @@ def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, di
     elif nw == 0:
         out[:] = np.float32(0.0 * inv)
     elif _is_uniform(scalers, nw):
-        _wsum_uniform_kernel(payloads, np.int64(n), k, scalers[0], inv, out, bad_w, bad_j,
-                             _count_dtype(nw))
+        kern = _wsum_uniform_serial if _serial_decode(payloads) else _wsum_uniform_kernel
+        kern(payloads, np.int64(n), k, scalers[0], inv, out, bad_w, bad_j, _count_dtype(nw))
     else:
         nt = min(nw, _TABLE_WORKERS)
         table = _partial_sums(scalers, nt)
@@ -886,7 +1200,8 @@ def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, di
         table = np.concatenate([table, np.zeros(pad)])
         f = np.concatenate([f, np.zeros(pad, dtype=np.float32)])
         mults = (3 ** np.arange(nt)).astype(np.uint16)
-        _wsum_table_kernel(payloads, scalers, np.int64(n), k, mults, table, f, inv, out, bad_w, bad_j)
+        kern = _wsum_table_serial if _serial_decode(payloads) else _wsum_table_kernel
+        kern(payloads, scalers, np.int64(n), k, mults, table, f, inv, out, bad_w, bad_j)
     _raise_invalid(payloads, n, fmt, bad_w, bad_j)
     return out
 
@@ -906,7 +1221,8 @@ def sum_codes(payloads: np.ndarray, n: int, fmt: str, dtype=None) -> np.ndarray:
         if nw == 0:
             out[:] = 0
         else:
-            _isum_kernel(payloads, np.int64(n), np.int64(packing.CODES_PER_BYTE[fmt]), out,
-                         bad_w, bad_j, _count_dtype(nw))
+            kern = _isum_serial if _serial_decode(payloads) else _isum_kernel
+            kern(payloads, np.int64(n), np.int64(packing.CODES_PER_BYTE[fmt]), out, bad_w, bad_j,
+                 _count_dtype(nw))
     _raise_invalid(payloads, n, fmt, bad_w, bad_j)
     return out

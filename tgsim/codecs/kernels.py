@@ -1,4 +1,4 @@
-"""Which implementation of the four codec kernels runs: reference (xp), Numba (CPU), CUDA (CuPy).
+"""Which implementation of the codec kernels runs: reference (xp), Numba (CPU), CUDA (CuPy).
 
 All three compute the same bits for the same inputs and key; the choice only changes speed.
 """
@@ -14,7 +14,8 @@ KERNEL_NAMES = ("auto", "reference", "numba", "cuda")
 
 
 def get_kernels(name: str, xp=np) -> types.ModuleType:
-    """Module with moments/encode/weighted_sum/sum_codes for arrays of module `xp`."""
+    """Module with moments/encode (and their batched-over-workers forms moments_many/encode_many)
+    and weighted_sum/sum_codes for arrays of module `xp`."""
     if name not in KERNEL_NAMES:
         raise ValueError(f"unknown kernels {name!r}; expected one of {KERNEL_NAMES}")
     on_gpu = xp is not np

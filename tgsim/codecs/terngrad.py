@@ -5,6 +5,15 @@
     message  = codec.encode(layers, key, shared_scalers=s, scalings=scalings)   # pass 2
     mean     = codec.aggregate(messages_of_all_workers, divide_by=N)
 
+Batched over the W workers of one process (layers carry a leading worker axis, (W, *shape)):
+
+    scalings = codec.scaling_many(layers)               # one ScalingBatch (arrays over W) per layer
+    local    = codec.local_scalers_many(scalings)       # (W, L) float32
+    messages = codec.encode_many(layers, seed, step, workers, shared_scalers=s, scalings=scalings)
+
+with exactly the bits of the per-worker calls (message w = encode of worker workers[w]'s layers
+with StreamKey(seed, step, workers[w])), one kernel call per layer for all W workers.
+
 Layer i of a message is drawn from the stream key.with_layer(i) (see tgsim.rng). Layers named in
 `float_layers`, or with fewer than `min_size` elements, travel as float32 (the public code keeps
 small layers in float, `size_to_binarize`).
@@ -18,11 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from tgsim.backend import array_module
+from tgsim.backend import array_module, to_numpy
 from tgsim.codecs.base import NonFiniteGradientError
 from tgsim.codecs.kernels import get_kernels
 from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message
@@ -46,6 +55,81 @@ def as_float32_layer(name: str, g):
         if float(big) > _F32_MAX:
             raise ValueError(f"layer {name!r}: {g.dtype} gradient value {float(big):.3g} overflows float32")
     return xp.ascontiguousarray(g, dtype=xp.float32).reshape(-1)
+
+
+def as_float32_rows(name: str, g, workers: int | None = None):
+    """(W, n) contiguous float32 view/copy of one layer's gradients with a leading worker axis
+    (W, *shape): the checks and conversion of `as_float32_layer`, once for all W workers.
+
+    TypeError for a non-float dtype; ValueError (naming the first worker) for float64 values beyond
+    float32's range; ValueError when the leading axis is missing or is not `workers` long.
+    """
+    xp = array_module(g)
+    g = xp.asarray(g)
+    if g.ndim == 0:
+        raise ValueError(f"layer {name!r}: expected a leading worker axis, got a scalar")
+    if workers is not None and g.shape[0] != workers:
+        raise ValueError(f"layer {name!r}: leading (worker) axis has {g.shape[0]} entries, expected {workers}")
+    if g.dtype.kind != "f":
+        raise TypeError(f"layer {name!r}: gradient dtype {g.dtype} is not floating point "
+                        "(expected float16, float32 or float64)")
+    nw = g.shape[0]
+    if g.dtype.itemsize > 4 and g.size:  # float64, longdouble: rounding to float32 may overflow
+        rows = g.reshape(nw, -1)
+        big = xp.abs(xp.where(xp.isfinite(rows), rows, 0)).max(axis=1)
+        over = to_numpy(big > _F32_MAX)
+        if over.any():
+            w = int(np.argmax(over))
+            err = ValueError(f"layer {name!r}: {g.dtype} gradient value {float(big[w]):.3g} of worker {w} "
+                             "overflows float32")
+            err.worker = w
+            raise err
+    return xp.ascontiguousarray(g, dtype=xp.float32).reshape(nw, math.prod(g.shape[1:]))
+
+
+class ScalingBatch(NamedTuple):
+    """Pass 1 of one ternary layer for W workers: arrays over workers (float64 holding the float32
+    values of `LayerScaling`); `worker(w)` is exactly what `TernGrad.scaling` gives worker w."""
+
+    scaler: np.ndarray      # local scalers s_i
+    clip_bound: np.ndarray  # inf where not clipping explicitly
+    absmax: np.ndarray
+    sigma: np.ndarray
+
+    def worker(self, w: int) -> LayerScaling:
+        return LayerScaling(float(self.scaler[w]), float(self.clip_bound[w]), float(self.absmax[w]),
+                            float(self.sigma[w]))
+
+
+def scaling_from_moments_many(absmax, sigma, clip: str, clip_factor: float) -> ScalingBatch:
+    """`ternary.scaling_from_moments` elementwise over workers (the same float64 operations)."""
+    if clip not in CLIP_MODES:
+        raise ValueError(f"unknown clip mode {clip!r}; expected one of {CLIP_MODES}")
+    absmax = np.asarray(absmax, dtype=np.float64)
+    sigma = np.asarray(sigma, dtype=np.float64)
+    inf = np.full(absmax.shape, np.inf)
+    if clip == "none":
+        return ScalingBatch(absmax, inf, absmax, sigma)
+    with np.errstate(over="ignore"):
+        bound = (clip_factor * sigma).astype(np.float32).astype(np.float64)
+    on = (bound > 0.0) & (bound < np.inf)   # else: sigma = 0, or f32(c·σ) out of float32's range
+    if clip == "explicit":
+        return ScalingBatch(np.where(on, np.minimum(absmax, bound), absmax), np.where(on, bound, np.inf),
+                            absmax, sigma)
+    return ScalingBatch(np.where(on, bound, absmax), inf, absmax, sigma)   # implicit
+
+
+def stacked_payloads(parts, xp=np):
+    """(W, nbytes) payloads: the batch array that `encode_many`'s messages are consecutive rows of,
+    else a stacked copy."""
+    base = getattr(parts[0], "base", None)
+    if xp is np and isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(parts) \
+            and base.dtype == np.uint8 and base.flags.c_contiguous:
+        start, row = base.ctypes.data, base.strides[0]
+        if all(isinstance(p, np.ndarray) and p.base is base and p.shape == base.shape[1:]
+               and p.ctypes.data == start + w * row for w, p in enumerate(parts)):
+            return base
+    return xp.stack(parts)
 
 
 @dataclass(frozen=True)
@@ -104,13 +188,30 @@ class TernGrad:
 
     # -- layout and pass 1 --------------------------------------------------------------------
     def layout(self, layers: Mapping) -> Layout:
+        return self._layout_of({name: tuple(int(d) for d in np.shape(g)) for name, g in layers.items()})
+
+    def _layout_of(self, shapes: Mapping) -> Layout:
         specs = []
-        for name, g in layers.items():
-            shape = tuple(int(d) for d in np.shape(g))
+        for name, shape in shapes.items():
             size = int(np.prod(shape, dtype=np.int64))
             float_layer = name in self.float_layers or size < self.min_size
             specs.append(LayerSpec(name, shape, KIND_FLOAT if float_layer else KIND_TERNARY))
         return Layout(tuple(specs), self.packing)
+
+    def layout_many(self, layers: Mapping) -> tuple[Layout, int]:
+        """(layout of one worker's layers, W) of layers with a leading worker axis (W, *shape)."""
+        shapes, nw = {}, None
+        for name, g in layers.items():
+            shape = tuple(int(d) for d in np.shape(g))
+            if not shape:
+                raise ValueError(f"layer {name!r}: expected a leading worker axis, got a scalar")
+            if nw is None:
+                nw = shape[0]
+            elif shape[0] != nw:
+                raise ValueError(f"layer {name!r}: leading (worker) axis has {shape[0]} entries, "
+                                 f"expected {nw} like the layers before it")
+            shapes[name] = shape[1:]
+        return self._layout_of(shapes), (0 if nw is None else nw)
 
     def _kernels(self, xp):
         return get_kernels(self.kernels, xp)
@@ -136,6 +237,122 @@ class TernGrad:
     def local_scalers(scalings: Sequence[LayerScaling | None]) -> np.ndarray:
         """float32 vector of local scalers (0 for float layers): what the MAX all-reduce shares."""
         return np.array([0.0 if s is None else s.scaler for s in scalings], dtype=np.float32)
+
+    # -- batched over workers -------------------------------------------------------------------
+    def _pass1_many(self, layout: Layout, layers: Mapping, nw: int):
+        """(float32 (W, n) rows per layer, ScalingBatch | None per layer); errors as the per-worker
+        calls in worker order would raise them: the lowest worker's first failing layer."""
+        events: dict[int, Exception] = {}    # worker -> its error at its first failing layer
+
+        def nonfinite(spec, flat, w):
+            row = flat[w]
+            count = int(array_module(row).count_nonzero(~array_module(row).isfinite(row)))
+            err = NonFiniteGradientError(spec.name, count, f"worker {w}")
+            err.worker = w
+            return err
+
+        flats, scalings = [], []
+        for spec, g in zip(layout.layers, layers.values()):
+            try:
+                flat = as_float32_rows(spec.name, g, nw)
+            except TypeError:
+                if 0 in events:              # worker 0 failed on an earlier layer first
+                    raise events[0] from None
+                raise
+            except ValueError as e:          # float64 overflow of worker e.worker (the lowest)
+                if getattr(e, "worker", None) is None:
+                    raise
+                events.setdefault(e.worker, e)
+                flats.append(None)
+                scalings.append(None)
+                continue
+            xp = array_module(flat)
+            flats.append(flat)
+            if spec.kind == KIND_FLOAT:
+                ok = to_numpy(xp.isfinite(flat).all(axis=1)) if flat.shape[1] else np.ones(nw, dtype=bool)
+                scalings.append(None)
+            else:
+                absmax, sigma, ok = self._kernels(xp).moments_many(flat, self.clip != "none")
+                scalings.append(scaling_from_moments_many(absmax, sigma, self.clip, self.clip_factor)
+                                if ok.all() else None)
+            if not ok.all():
+                for w in np.flatnonzero(~ok):
+                    if int(w) not in events:
+                        events[int(w)] = nonfinite(spec, flat, int(w))
+        if events:
+            raise events[min(events)]
+        return flats, scalings
+
+    def scaling_many(self, layers: Mapping) -> list[ScalingBatch | None]:
+        """`scaling` for W workers at once: layers (W, *shape) -> one ScalingBatch (arrays over the
+        W workers) per ternary layer, None for float layers. Same checks and errors as `scaling`;
+        a non-finite gradient raises NonFiniteGradientError naming the layer and the worker (the
+        lowest failing worker, at its first failing layer)."""
+        layout, nw = self.layout_many(layers)
+        return self._pass1_many(layout, layers, nw)[1]
+
+    @staticmethod
+    def local_scalers_many(scalings: Sequence[ScalingBatch | None], workers: int | None = None) -> np.ndarray:
+        """(W, L) float32 local scalers (0 for float layers) of `scaling_many`'s result."""
+        if workers is None:
+            workers = next((len(s.scaler) for s in scalings if s is not None), 0)
+        out = np.zeros((workers, len(scalings)), dtype=np.float32)
+        for i, s in enumerate(scalings):
+            if s is not None:
+                out[:, i] = s.scaler
+        return out
+
+    def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None,
+                    scalings: Sequence[ScalingBatch | None] | None = None) -> list[Message]:
+        """One Message per worker, bit-identical to encode({k: g[w]}, StreamKey(seed, step, workers[w]),
+        shared_scalers, scalings of worker w) for each w; layers carry a leading worker axis (W, *shape).
+
+        shared_scalers: (L,) for every worker (a MAX all-reduce) or (W, L). The parts of message w
+        are row w of per-layer (W, nbytes) payload arrays (float layers: row w of the float32 rows).
+        """
+        layout, nw = self.layout_many(layers)
+        workers = np.asarray(workers)
+        if workers.shape != (nw,) or (nw and workers.dtype.kind not in "iu"):
+            raise ValueError(f"workers: expected {nw} integer worker ids, got {workers.dtype} {workers.shape}")
+        n_layers = len(layout.layers)
+        if scalings is None:
+            flats, scalings = self._pass1_many(layout, layers, nw)
+        else:
+            if len(scalings) != n_layers:
+                raise ValueError(f"{len(scalings)} scalings for {n_layers} layers")
+            flats = [as_float32_rows(spec.name, g, nw) for spec, g in zip(layout.layers, layers.values())]
+        ternary = np.array([spec.kind == KIND_TERNARY for spec in layout.layers], dtype=bool)
+        for spec, sc in zip(layout.layers, scalings):
+            if (sc is None) == (spec.kind == KIND_TERNARY):
+                raise ValueError(f"layer {spec.name!r}: scalings do not match the layout (float/ternary)")
+        local = self.local_scalers_many(scalings, nw)
+        if shared_scalers is None:
+            scalers = local
+        else:
+            scalers = np.asarray(shared_scalers, dtype=np.float32)
+            if scalers.ndim <= 1:
+                scalers = scalers.reshape(-1)
+                if scalers.size != n_layers:
+                    raise ValueError(f"{scalers.size} shared scalers for {n_layers} layers")
+                scalers = np.broadcast_to(scalers, (nw, n_layers))
+            elif scalers.shape != (nw, n_layers):
+                raise ValueError(f"shared scalers of shape {scalers.shape}, expected ({n_layers},) or "
+                                 f"({nw}, {n_layers})")
+            low = ~((scalers >= local) & np.isfinite(scalers))
+            if low.any():
+                w, i = (int(v) for v in np.argwhere(low)[0])     # worker-major: the lowest worker first
+                raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[w, i]} is not a "
+                                 f"finite value >= worker {w}'s local scaler {local[w, i]} (share with MAX)")
+        msg_scalers = np.where(ternary, scalers, np.float32(0)).astype(np.float32)
+        parts = []
+        for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
+            if spec.kind == KIND_FLOAT:
+                parts.append(flat)
+                continue
+            kern = self._kernels(array_module(flat))
+            parts.append(kern.encode_many(flat, scalers[:, i], sc.clip_bound, seed, step, workers, i,
+                                          self.packing))
+        return [Message(layout, msg_scalers[w], [p[w] for p in parts]) for w in range(nw)]
 
     # -- pass 2 and the way back ----------------------------------------------------------------
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
@@ -194,7 +411,7 @@ class TernGrad:
                     acc += p.reshape(-1).astype(xp.float64)
                 flat = (acc * xp.float64(1.0 / divide_by)).astype(xp.float32)
             else:
-                payloads = xp.stack(parts)
+                payloads = stacked_payloads(parts, xp)
                 scalers = xp.asarray(np.array([m.scalers[i] for m in messages], dtype=np.float32))
                 flat = self._kernels(xp).weighted_sum(payloads, scalers, spec.size, self.packing, divide_by)
             out[spec.name] = flat.reshape(spec.shape)

@@ -8,7 +8,7 @@ import numpy as np
 
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY
-from tgsim.codecs.terngrad import TernGrad
+from tgsim.codecs.terngrad import TernGrad, stacked_payloads
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
 
 
@@ -21,6 +21,11 @@ def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
             acc += np.asarray(lay[name], dtype=np.float64)
         out[name] = (acc * np.float64(1.0 / divide_by)).astype(np.float32)
     return out
+
+
+# Elements per step of the integer-sum -> mean conversion of one layer: bounds its float64
+# temporaries (scale_integer_sum) to a few MiB whatever the layer size.
+_CHUNK = 1 << 16
 
 
 def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
@@ -47,15 +52,20 @@ def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
                 down += 4 * spec.size
                 continue
             s = float(messages[0].scalers[i])
-            intsum = codec._kernels(np).sum_codes(np.stack(parts), spec.size, codec.packing,
+            intsum = codec._kernels(np).sum_codes(stacked_payloads(parts, np), spec.size, codec.packing,
                                                   np.int8 if n <= 127 else np.int16)
-            if mode == "ps":  # the real downlink payload: Σ codes + N at ceil(log2(2N+1)) bits
-                payload = packing.pack_uint((intsum.astype(np.int32) + n).astype(np.uint32), width)
-                intsum = packing.unpack_uint(payload, spec.size, width).astype(np.int32) - n
-                down += 4 + payload.size
+            out = np.empty(spec.size, dtype=np.float32)
+            for a in range(0, spec.size, _CHUNK):
+                out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
+            if mode == "ps":
+                # The real downlink payload is Σ codes + N at `width` bits (packing.pack_uint), what
+                # the MPI server broadcasts: ceil(size * width / 8) bytes. Its round trip is the
+                # identity here (0 <= Σ codes + N <= 2N < 2^width), so the simulator counts the bytes
+                # without materialising the bits (tests/test_batched_codec.py checks both).
+                down += 4 + -(-spec.size * width // 8)
             else:
                 down += intsum.itemsize * spec.size
-            mean[spec.name] = packing.scale_integer_sum(intsum, s, n).reshape(spec.shape)
+            mean[spec.name] = out.reshape(spec.shape)
     info = {"down_payload": down}
     if reternarize_key is not None:
         plain = TernGrad(clip="none", packing=codec.packing, float_layers=codec.float_layers,

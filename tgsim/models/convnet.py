@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tgsim.models.base import ModelBase, bmm, dense_backward, dense_forward, relu, relu_backward
+from tgsim.models.base import (TRANSPOSE_MAX, ModelBase, bmm, dense_backward, dense_forward, keep_where, relu,
+                               relu_backward)
 
 PADDINGS = ("same", "valid")
 
@@ -40,7 +41,8 @@ def conv1d_forward(xp, h, w, b, padding: str):
     idx = xp.arange(l_out)[:, None] + xp.arange(k)[None, :]           # (L_out, k)
     cols = h[:, :, idx, :].reshape(n, bsz * l_out, k * c)             # (N, B*L_out, k*C)
     wmat = xp.ascontiguousarray(w.transpose(2, 1, 0)).reshape(k * c, o)
-    z = bmm(xp, cols, wmat) + b
+    z = bmm(xp, cols, wmat)
+    z += b
     return z.reshape(n, bsz, l_out, o), (cols, wmat, (n, bsz, length, c), (pl, pr))
 
 
@@ -55,7 +57,8 @@ def conv1d_backward(xp, cache, dz, need_input_grad: bool = True):
     db = dz2.sum(axis=1)
     if not need_input_grad:
         return dw, db, None
-    dcols = bmm(xp, dz2, wmat.T).reshape(n, bsz, l_out, k, c)
+    wt = xp.ascontiguousarray(wmat.T) if wmat.size <= TRANSPOSE_MAX else wmat.T   # NN gemms (see base)
+    dcols = bmm(xp, dz2, wt).reshape(n, bsz, l_out, k, c)
     dhp = xp.zeros((n, bsz, l_out + k - 1, c), dtype=dz.dtype)
     for j in range(k):
         dhp[:, :, j:j + l_out, :] += dcols[:, :, :, j, :]
@@ -78,7 +81,7 @@ def maxpool2_backward(xp, cache, d):
     n, bsz, length, c = shape
     half = d.shape[2]
     mask = xp.stack([~take1, take1], axis=3)                          # (N, B, half, 2, C)
-    dpairs = xp.where(mask, d[:, :, :, None, :], d.dtype.type(0)).reshape(n, bsz, 2 * half, c)
+    dpairs = keep_where(xp, mask, d[:, :, :, None, :]).reshape(n, bsz, 2 * half, c)
     if 2 * half == length:
         return dpairs
     dh = xp.zeros(shape, dtype=d.dtype)

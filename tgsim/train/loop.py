@@ -107,61 +107,88 @@ class StepInfo:
     layer_stats: list = field(default_factory=list)
 
 
-def _layer_stats(local_layers, scalers, scalings) -> list[dict]:
+def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
+    """Per-layer metrics, averaged over the local workers, from the (W, *shape) gradients.
+
+    scaler: the shared scaler (else the mean of the workers' max|g|); inf_l1: E_w[max|g| ||g||_1];
+    l2sq: E_w[||g||_2^2]; clip_fraction: E_w[fraction of |g| > clip bound] (ternary layers with
+    scalings, else nan). One pass per layer over all workers' rows (tgsim.codecs._numba.row_abs_stats:
+    float64 sums, no float64 copy of the gradients); max|g| from pass 1's moments where the codec
+    computed them (the same float32 values).
+    """
+    from tgsim.codecs._numba import row_abs_stats
+
     rows = []
-    for i, name in enumerate(local_layers[0]):
-        gs = [np.asarray(lay[name], dtype=np.float64).reshape(-1) for lay in local_layers]
-        inf_l1 = np.mean([np.abs(g).max() * np.abs(g).sum() if g.size else 0.0 for g in gs])
-        l2 = np.mean([g @ g for g in gs])
-        clip = float("nan")
-        if scalings is not None and scalings[0][i] is not None:
-            clip = float(np.mean([(np.abs(g) > sc[i].clip_bound).mean() if g.size else 0.0
-                                  for g, sc in zip(gs, scalings)]))
-        scaler = float(scalers[i]) if scalers is not None else float(np.mean([np.abs(g).max() if g.size else 0.0 for g in gs]))
-        rows.append(dict(layer=name, scaler=scaler, inf_l1=float(inf_l1), l2sq=float(l2), clip_fraction=clip))
+    for i, (name, g) in enumerate(grads.items()):
+        g = np.asarray(g)
+        flat = g.reshape(g.shape[0], -1)
+        sc = scalings[i] if scalings is not None else None
+        st = row_abs_stats(flat.astype(np.float32, copy=False), None if sc is None else sc.clip_bound)
+        n = flat.shape[1]
+        absmax = st[:, 3] if sc is None else np.asarray(sc.absmax, dtype=np.float64)
+        if sc is None:
+            clip = float("nan")
+        else:
+            clip = float(np.mean(st[:, 2] / n)) if n else 0.0
+        scaler = float(scalers[i]) if scalers is not None else float(np.mean(absmax))
+        rows.append(dict(layer=name, scaler=scaler, inf_l1=float(np.mean(absmax * st[:, 0])),
+                         l2sq=float(np.mean(st[:, 1])), clip_fraction=clip))
     return rows
 
 
 def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False):
-    """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params."""
+    """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
+
+    The codec works on all local workers at once (TernGrad.scaling_many / encode_many: one kernel
+    call per layer for the W local workers), with the bits of per-worker calls.
+    """
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     x, y = local_batch(setup, step)
     losses, grads = setup.model.loss_and_grad(params, x, y)
     local = ex.local_workers
-    local_layers = [{k: g[i] for k, g in grads.items()} for i in range(len(local))]
 
     bad = None
     scalings = None
     try:
-        if codec is None:
-            for w, lay in zip(local, local_layers):
-                for name, g in lay.items():
-                    if not np.isfinite(g).all():
-                        raise NonFiniteGradientError(name, int((~np.isfinite(g)).sum()))
+        if codec is None:   # the error the per-worker checks, in worker order, raise first
+            first = None
+            for name, g in grads.items():
+                ok = np.isfinite(g).reshape(g.shape[0], -1).all(axis=1)
+                if not ok.all() and (first is None or int(np.argmin(ok)) < first[0]):
+                    first = (int(np.argmin(ok)), name)
+            if first is not None:
+                w, name = first
+                bad = NonFiniteGradientError(name, int((~np.isfinite(grads[name][w])).sum()), f"worker {w}")
+                bad.worker = w
         else:
-            scalings = [codec.scaling(lay) for lay in local_layers]
+            scalings = codec.scaling_many(grads)
     except NonFiniteGradientError as e:
         bad = e
     if ex.any_true(bad is not None):
         if cfg.run.on_nonfinite == "raise":
             if bad is not None:
-                raise NonFiniteGradientError(bad.layer, bad.count, f"step {step}") from bad
+                w = getattr(bad, "worker", None)
+                where = f"step {step}" if w is None else f"worker {local[w]}, step {step}"
+                raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
             raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
     shared = None
     if codec is None:
-        mean, comm = ex.mean_fp32(local_layers)
+        mean, comm = ex.mean_fp32([{k: g[i] for k, g in grads.items()} for i in range(len(local))])
     else:
-        local_s = np.stack([codec.local_scalers(s) for s in scalings])
+        local_s = codec.local_scalers_many(scalings, len(local))
         shared = ex.max_scalers(local_s) if cfg.exchange.share_scalers else None
-        msgs = [codec.encode(lay, StreamKey(cfg.run.seed, step, w), shared, sc)
-                for w, lay, sc in zip(local, local_layers, scalings)]
+        msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared,
+                                 scalings)
+        if not with_stats:
+            del grads                   # the messages hold what the exchange needs
         rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
         mean, comm = ex.terngrad(codec, msgs, cfg.exchange.mode, cfg.exchange.share_scalers, rkey)
+        del msgs                        # the payloads, before the optimizer's temporaries
     lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
-    stats = _layer_stats(local_layers, shared, scalings) if with_stats else []
+    stats = _layer_stats(grads, shared, scalings) if with_stats else []
     loss = ex.mean_scalar(float(np.sum(losses)))
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, stats)
 
