@@ -339,6 +339,13 @@ class MPIExchange:
 
     def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
         """f32(Σ_w f64(g_w), ascending rank w, · 1/N) per layer; `exact=False` uses MPI's Allreduce."""
+        return self._mean_fp32(local_layers, self.exact)
+
+    def mean_fp32_native(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
+        """BENCHMARK ONLY: MPI's own Allreduce(SUM) of float32, whatever `exact` says (not the simulator's bits)."""
+        return self._mean_fp32(local_layers, exact=False)
+
+    def _mean_fp32(self, local_layers: Sequence[dict], exact: bool) -> tuple[dict, CommBytes]:
         if len(local_layers) != 1:
             raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_layers)} local workers")
         lay = local_layers[0]
@@ -347,25 +354,11 @@ class MPIExchange:
             return {}, CommBytes()
         xp = _xp_of(lay[names[0]])
         arrays = [xp.asarray(lay[k]) for k in names]
-        wide = any(a.dtype.itemsize > 4 for a in arrays)     # float64 gradients travel as float64
+        wide = exact and any(a.dtype.itemsize > 4 for a in arrays)   # float64 gradients travel as float64
         wire = xp.float64 if wide else xp.float32
-        flat = xp.concatenate([a.reshape(-1).astype(wire) for a in arrays]) if arrays else xp.zeros(0, wire)
-        if self.exact:
-            out, nbytes = self._ordered_mean_flat(flat)
-        else:
-            out, nbytes = self._native_mean_fp32_flat(flat.astype(xp.float32))
+        flat = xp.concatenate([a.reshape(-1).astype(wire) for a in arrays])
+        out, nbytes = self._ordered_mean_flat(flat) if exact else self._native_mean_fp32_flat(flat)
         return self._unflatten(names, arrays, out, nbytes)
-
-    def mean_fp32_native(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
-        """BENCHMARK ONLY: MPI's own Allreduce(SUM) of float32, whatever `exact` says (not the simulator's bits)."""
-        lay = local_layers[0]
-        names = list(lay)
-        if not names:
-            return {}, CommBytes()
-        xp = _xp_of(lay[names[0]])
-        arrays = [xp.asarray(lay[k]) for k in names]
-        flat = xp.concatenate([a.reshape(-1).astype(xp.float32) for a in arrays])
-        return self._unflatten(names, arrays, *self._native_mean_fp32_flat(flat))
 
     def _unflatten(self, names, arrays, out, nbytes):
         mean, off = {}, 0
