@@ -23,3 +23,24 @@ def test_pack_uint_rejects_values_too_wide_and_wrong_lengths():
         packing.pack_uint(np.array([0, 32], np.uint32), 5)
     with pytest.raises(ValueError, match="cannot hold"):
         packing.unpack_uint(np.zeros(3, np.uint8), 5, 5)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5, 8, 127])
+@pytest.mark.parametrize("n", [0, 1, 9, 70_003])
+def test_fused_downlink_kernels_match_reference(workers, n):
+    """pack_offset == pack_uint(intsum + N) and decode_scaled == scale_integer_sum(unpack - N), bit for bit."""
+    from tgsim.codecs import _numba_uint
+
+    rng = np.random.default_rng(workers * 7 + n)
+    intsum = rng.integers(-workers, workers + 1, n).astype(np.int8)
+    width = packing.uint_width(workers)
+    ref = packing.pack_uint_reference((intsum.astype(np.int32) + workers).astype(np.uint32), width)
+    assert np.array_equal(_numba_uint.pack_offset(intsum, workers, width), ref)
+    s = np.float32(rng.random() * 3)
+    out, top = _numba_uint.decode_scaled(ref, n, width, workers, float(s), workers)
+    expect = packing.scale_integer_sum(intsum.astype(np.int32), float(s), workers)
+    assert np.array_equal(out.view(np.uint32), expect.view(np.uint32))
+    assert top == (int(intsum.max()) + workers if n else 0)
+    if n:
+        with pytest.raises(ValueError, match="do not fit"):
+            _numba_uint.pack_offset(np.full(n, 2**width, np.int16), 0, width)

@@ -56,3 +56,69 @@ def unpack_uint(payload: np.ndarray, n: int, width: int) -> np.ndarray:
     out = np.empty(n, dtype=np.uint32)
     _unpack(np.ascontiguousarray(payload), np.int64(n), np.int64(width), out)
     return out
+
+
+@njit(cache=True, parallel=True)
+def _pack_offset(intsum, offset, width, out):
+    """out <- pack(intsum + offset); returns the number of values outside [0, 2^width)."""
+    n = intsum.size
+    nbytes = out.size
+    groups = (n + 7) // 8
+    bad = np.zeros(groups, dtype=np.uint8)
+    limit = (1 << width) - 1
+    for g in prange(groups):
+        acc = np.uint64(0)
+        for j in range(8):
+            i = g * 8 + j
+            if i < n:
+                v = np.int64(intsum[i]) + offset
+                if v < 0 or v > limit:
+                    bad[g] = 1
+                    v = 0
+                acc |= np.uint64(v) << np.uint64(j * width)
+        base = g * width
+        for m in range(width):
+            if base + m < nbytes:
+                out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
+    return bad.sum()
+
+
+@njit(cache=True, parallel=True)
+def _decode_scaled(payload, n, width, offset, scaler, inv, out):
+    """out[i] <- f32((f64(v_i - offset) * scaler) * inv), v_i the i-th packed value; returns max v."""
+    nbytes = payload.size
+    groups = (n + 7) // 8
+    mask = np.uint64((1 << width) - 1)
+    vmax = np.zeros(groups, dtype=np.int64)
+    for g in prange(groups):
+        acc = np.uint64(0)
+        base = g * width
+        for m in range(width):
+            if base + m < nbytes:
+                acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+        top = np.int64(0)
+        for j in range(8):
+            i = g * 8 + j
+            if i < n:
+                v = np.int64((acc >> np.uint64(j * width)) & mask)
+                top = max(top, v)
+                out[i] = np.float32((np.float64(v - offset) * scaler) * inv)
+        vmax[g] = top
+    return vmax.max() if groups else 0
+
+
+def pack_offset(intsum: np.ndarray, offset: int, width: int) -> np.ndarray:
+    """pack_uint(intsum + offset, width) in one pass (ValueError if a value does not fit)."""
+    v = np.ascontiguousarray(intsum.reshape(-1))
+    out = np.empty(-(-v.size * width // 8), dtype=np.uint8)
+    if _pack_offset(v, np.int64(offset), np.int64(width), out):
+        raise ValueError(f"integer sums + {offset} do not fit in {width} bits")
+    return out
+
+
+def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: float, divide_by: int):
+    """(float32 mean, max packed value): scale_integer_sum(unpack_uint(payload) - offset, scaler, divide_by)."""
+    out = np.empty(n, dtype=np.float32)
+    vmax = _decode_scaled(np.ascontiguousarray(payload), np.int64(n), np.int64(width), np.int64(offset),
+                          np.float64(scaler), np.float64(1.0 / divide_by), out)
+    return out, int(vmax)

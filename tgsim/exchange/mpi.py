@@ -202,7 +202,12 @@ def ps_base_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool)
                 chunks.append(_f32_bytes(_ordered_sum_mean(parts, n, xp)))
                 continue
             intsum = kern.sum_codes(xp.stack(parts), spec.size, codec.packing, _code_dtype(n))
-            payload = packing.pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
+            if xp is np and width <= 8:   # fused: offset + pack in one pass, same bits
+                from tgsim.codecs import _numba_uint
+
+                payload = _numba_uint.pack_offset(intsum, n, width)
+            else:
+                payload = packing.pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
             chunks.append(np.float32(messages[0].scalers[i]).reshape(1).view(np.uint8))
             chunks.append(to_numpy(payload).astype(np.uint8, copy=False))
     return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
@@ -223,11 +228,19 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
         if not (np.isfinite(s) and s >= 0):
             raise ValueError(f"layer {spec.name!r}: invalid scaler {s} in the downlink")
         nb = -(-spec.size * width // 8)
-        raw = packing.unpack_uint(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width)
-        if spec.size and int(raw.max()) > 2 * n:
-            raise ValueError(f"layer {spec.name!r}: downlink code sum {int(raw.max()) - n} exceeds N = {n}")
-        intsum = raw.astype(xp.int32) - n
-        mean[spec.name] = packing.scale_integer_sum(intsum, s, n).reshape(spec.shape)
+        if xp is np and width <= 8:   # fused: unpack + check + scale in one pass, same bits
+            from tgsim.codecs import _numba_uint
+
+            if buf.size < off + 4 + nb:
+                raise ValueError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
+            flat, top = _numba_uint.decode_scaled(buf[off + 4:off + 4 + nb], spec.size, width, n, s, n)
+        else:
+            raw = packing.unpack_uint(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width)
+            top = int(raw.max()) if spec.size else 0
+            flat = packing.scale_integer_sum(raw.astype(xp.int32) - n, s, n)
+        if top > 2 * n:
+            raise ValueError(f"layer {spec.name!r}: downlink code sum {top - n} exceeds N = {n}")
+        mean[spec.name] = flat.reshape(spec.shape)
         off += 4 + nb
     if off != buf.size:
         raise ValueError(f"downlink is {buf.size} bytes, the layout needs {off}")
