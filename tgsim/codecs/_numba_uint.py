@@ -12,23 +12,6 @@ from numba import njit, prange
 
 
 @njit(cache=True, parallel=True)
-def _pack(values, width, out):
-    n = values.size
-    nbytes = out.size
-    groups = (n + 7) // 8
-    for g in prange(groups):
-        acc = np.uint64(0)
-        for j in range(8):
-            i = g * 8 + j
-            if i < n:
-                acc |= np.uint64(values[i]) << np.uint64(j * width)
-        base = g * width
-        for m in range(width):
-            if base + m < nbytes:
-                out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
-
-
-@njit(cache=True, parallel=True)
 def _unpack(payload, n, width, out):
     nbytes = payload.size
     groups = (n + 7) // 8
@@ -46,10 +29,7 @@ def _unpack(payload, n, width, out):
 
 
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
-    v = np.ascontiguousarray(values.reshape(-1), dtype=np.uint32)
-    out = np.empty(-(-v.size * width // 8), dtype=np.uint8)
-    _pack(v, np.int64(width), out)
-    return out
+    return pack_offset(np.ascontiguousarray(values.reshape(-1), dtype=np.uint32), 0, width)
 
 
 def unpack_uint(payload: np.ndarray, n: int, width: int) -> np.ndarray:
