@@ -168,23 +168,24 @@ def terngrad_scaling(g, clip: str = "none", clip_factor: float = 2.5):
     return np.array([x.scaler for x in sc]), np.array([x.clip_bound for x in sc])
 
 
-def terngrad_second_moment(g, clip: str = "none", clip_factor: float = 2.5, scaler=None) -> np.ndarray:
-    """E||Q(g)||^2 = s Σ_k min(x_k, s) per row, x_k = min(|g_k|, bound); `scaler` overrides s (shared)."""
+def _terngrad_inputs(g, clip: str, clip_factor: float, scaler):
+    """(|g| rows in float64, scaler per row (or the shared one), x = min(|g|, clip bound))."""
     a = np.abs(_rows(g).astype(np.float64))
     s, bound = terngrad_scaling(g, clip, clip_factor)
     if scaler is not None:
         s = np.broadcast_to(np.asarray(scaler, dtype=np.float64), s.shape)
-    x = np.minimum(a, bound[:, None])
+    return a, s, np.minimum(a, bound[:, None])
+
+
+def terngrad_second_moment(g, clip: str = "none", clip_factor: float = 2.5, scaler=None) -> np.ndarray:
+    """E||Q(g)||^2 = s Σ_k min(x_k, s) per row, x_k = min(|g_k|, bound); `scaler` overrides s (shared)."""
+    a, s, x = _terngrad_inputs(g, clip, clip_factor, scaler)
     return s * np.minimum(x, s[:, None]).sum(axis=1)
 
 
 def terngrad_error(g, clip: str = "none", clip_factor: float = 2.5, scaler=None) -> np.ndarray:
     """E||Q(g) - g||^2 per row: Σ p (s - |g|)^2 + (1 - p) g^2, p = min(x/s, 1) (bias included)."""
-    a = np.abs(_rows(g).astype(np.float64))
-    s, bound = terngrad_scaling(g, clip, clip_factor)
-    if scaler is not None:
-        s = np.broadcast_to(np.asarray(scaler, dtype=np.float64), s.shape)
-    x = np.minimum(a, bound[:, None])
+    a, s, x = _terngrad_inputs(g, clip, clip_factor, scaler)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(s[:, None] > 0, np.minimum(x / s[:, None], 1.0), 0.0)
     return np.sum(p * (s[:, None] - a) ** 2 + (1 - p) * a * a, axis=1)

@@ -11,17 +11,23 @@ import numpy as np
 from numba import njit, prange
 
 
+@njit(cache=True, inline="always")
+def _read_group(payload, g, width):
+    """The 64-bit word of group g: bytes g*width .. g*width+width-1, little-endian (short at the end)."""
+    acc = np.uint64(0)
+    base = g * width
+    for m in range(width):
+        if base + m < payload.size:
+            acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+    return acc
+
+
 @njit(cache=True, parallel=True)
 def _unpack(payload, n, width, out):
-    nbytes = payload.size
     groups = (n + 7) // 8
     mask = np.uint64((1 << width) - 1)
     for g in prange(groups):
-        acc = np.uint64(0)
-        base = g * width
-        for m in range(width):
-            if base + m < nbytes:
-                acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+        acc = _read_group(payload, g, width)
         for j in range(8):
             i = g * 8 + j
             if i < n:
@@ -66,16 +72,11 @@ def _pack_offset(intsum, offset, width, out):
 @njit(cache=True, parallel=True)
 def _decode_scaled(payload, n, width, offset, scaler, inv, out):
     """out[i] <- f32((f64(v_i - offset) * scaler) * inv), v_i the i-th packed value; returns max v."""
-    nbytes = payload.size
     groups = (n + 7) // 8
     mask = np.uint64((1 << width) - 1)
     vmax = np.zeros(groups, dtype=np.int64)
     for g in prange(groups):
-        acc = np.uint64(0)
-        base = g * width
-        for m in range(width):
-            if base + m < nbytes:
-                acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+        acc = _read_group(payload, g, width)
         top = np.int64(0)
         for j in range(8):
             i = g * 8 + j

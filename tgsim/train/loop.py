@@ -226,7 +226,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         found = checkpoint.latest_good(ckpt_dir)
         if found is not None:
             start, state = found
-            params, opt_state = state["params"], _restore_opt(state.get("opt", {}))
+            params, opt_state = state["params"], state.get("opt", {})
     if params is None:
         params = setup.model.init(cfg.run.seed)
         opt_state = setup.optimizer.init(params)
@@ -284,8 +284,3 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
                      bits_up, bits_down, skipped, setup.distance_to_optimum(params))
-
-
-def _restore_opt(flat_tree: dict):
-    """Checkpointed optimizer state back to the shapes the optimizer expects."""
-    return flat_tree if flat_tree else {}
