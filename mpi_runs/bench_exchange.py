@@ -13,7 +13,9 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
   fp32_exact    ex.mean_fp32 with exact=True: Alltoallv + ordered float64 sums + Allgatherv
   fp32_native   ex.mean_fp32_native: MPI's own Allreduce(SUM) of float32 (the honest fp32 baseline)
   tg_allreduce  TernGrad, shared scalers, Allreduce(SUM) of int8 codes
-  tg_ps         TernGrad, shared scalers, parameter server on rank 0 (Gather + Bcast of packed sums)
+  tg_ps         TernGrad, shared scalers, parameter server on rank 0 (point-to-point: N-1 Recv of
+                the packed slots, N-1 Send of the packed sums; MPIExchange's default)
+  tg_ps_collective  the same server through MPI Gather + Bcast (MPICH's trees; not in the default set)
   tg_allgather  TernGrad, shared scalers, Allgather of the packed messages
 
 A TernGrad step is: pass 1 (codec.scaling) -> MAX all-reduce of the scalers (ex.max_scalers) ->
@@ -59,7 +61,8 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather")
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective")
+DEFAULT_MODES = MODES[:5]
 
 # AlexNet (Krizhevsky et al. 2012, single-tower): weight and bias sizes per layer.
 _ALEXNET = [("conv1", 34_848, 96), ("conv2", 307_200, 256), ("conv3", 884_736, 384),
@@ -121,6 +124,12 @@ def _timed_comm_class(MPI):
         def Bcast(self, *a, **k):
             return self._t(super().Bcast, *a, **k)
 
+        def Send(self, *a, **k):
+            return self._t(super().Send, *a, **k)
+
+        def Recv(self, *a, **k):
+            return self._t(super().Recv, *a, **k)
+
     return TimedComm
 
 
@@ -147,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpiexec -n N python -m mpi_runs.bench_exchange", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", default="1e6,4e6,16e6", help="comma-separated gradient sizes (elements)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode and size")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and size (JIT, first touch)")
     p.add_argument("--budget", type=float, default=60.0,
@@ -191,7 +200,12 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
         msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc)
         tc = time.perf_counter()
-        _, nb = ex.terngrad(codec, [msg], mode[3:], True)
+        if mode == "tg_ps_collective":
+            ex.ps_transport = "collective"
+        try:
+            _, nb = ex.terngrad(codec, [msg], mode[3:].removesuffix("_collective"), True)
+        finally:
+            ex.ps_transport = "p2p"
         td = time.perf_counter()
         t["encode"] = (ta - t0) + (tc - tb)
         t["scalers"] = tb - ta

@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     dump: dict = {}
     count = run_equality(ex, args.gpu, failures, dump, "")
-    small = MPIExchange(ex.comm, bucket_bytes=64, gpu=args.gpu)      # many buckets per phase
-    count += run_equality(small, args.gpu, failures, {}, "bucketed/")
+    # many buckets per phase, and the parameter server over MPI's Gather/Bcast instead of Send/Recv
+    small = MPIExchange(ex.comm, bucket_bytes=64, gpu=args.gpu, ps_transport="collective")
+    count += run_equality(small, args.gpu, failures, {}, "bucketed-collective/")
     native = MPIExchange(ex.comm, exact=False, gpu=args.gpu)
     layers = to_device(make_layers(ex.n_workers, SEED + 1), args.gpu)
     got, _ = native.mean_fp32(layers[ex.rank:ex.rank + 1])             # runs; bits may differ (MPI's order)

@@ -22,12 +22,17 @@ Phases and wire formats
   terngrad allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
                exact in any order), scaled once: s/N · Σ codes. Float layers take the exact fp32
                path.
-  terngrad ps  rank 0 is the server: Gather of the slots, Σ codes, and one Bcast of the downlink
-               [u64 status | per ternary layer: f32 scaler + (Σ codes + N) bit-packed at
-               ceil(log2(2N+1)) bits; per float layer: f32 mean]; without shared scalers the
-               downlink is the float32 mean; with `reternarize_key` it is the serialized Message of
-               the mean ternarized again with that key. Every rank (the server too) decodes the
-               same downlink bytes.
+  terngrad ps  rank 0 is the server: it receives every worker's slot, sums the codes, and sends the
+               downlink [u64 status | per ternary layer: f32 scaler + (Σ codes + N) bit-packed at
+               ceil(log2(2N+1)) bits; per float layer: f32 mean] to every worker; without shared
+               scalers the downlink is the float32 mean; with `reternarize_key` it is the
+               serialized Message of the mean ternarized again with that key. Every rank (the
+               server too) decodes the same downlink bytes. Transport (`ps_transport`):
+               "p2p" (default, what a parameter server does): N-1 Recv of the slots and N-1 Send of
+               the downlink on the server, one Send + one Recv on each worker -- exactly N-1
+               payloads each way cross the network; "collective": MPI Gather + Bcast, whose
+               binomial trees forward slots through inner ranks (1.36x the payload bytes on a
+               shared medium at N = 8) but spread the downlink over more links on a switch.
 
 Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
 sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
@@ -66,6 +71,8 @@ from tgsim.train.config import ConfigError
 _U64 = np.dtype("<u8")
 _HDR = 8          # slot prefix / downlink status: one little-endian u64
 _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
+_TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
+PS_TRANSPORTS = ("p2p", "collective")
 
 
 class CollectiveError(Exception):
@@ -273,7 +280,8 @@ def ps_decode(codec: TernGrad, layout: Layout, buf: np.ndarray, n: int, shared: 
 class MPIExchange:
     """The `Exchange` protocol over MPI: one worker per rank (see the module docstring)."""
 
-    def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto"):
+    def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
+                 ps_transport: str = "p2p"):
         MPI = _mpi()
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -285,6 +293,9 @@ class MPIExchange:
         if bucket_bytes < 8:
             raise ValueError(f"bucket_bytes must be >= 8, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
+        if ps_transport not in PS_TRANSPORTS:
+            raise ValueError(f"ps_transport must be one of {PS_TRANSPORTS}, got {ps_transport!r}")
+        self.ps_transport = ps_transport
         self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
         self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
@@ -520,7 +531,7 @@ class MPIExchange:
         MPI, n, root = self.MPI, self.size, 0
         slot = self._slot(msg)
         slots = np.empty((n, slot.size), dtype=np.uint8) if self.rank == root else None
-        self.comm.Gather([slot, MPI.BYTE], [slots, MPI.BYTE] if slots is not None else None, root=root)
+        self._ps_gather(slot, slots, root)
         down_size = ps_downlink_size(msg.layout, n, shared, reternarize_key is not None)
         buf = np.zeros(_HDR + down_size, dtype=np.uint8)
         error = None
@@ -546,7 +557,7 @@ class MPIExchange:
                 error = str(e) if payload_error else f"the parameter server (rank 0) failed: {type(e).__name__}: {e}"
                 status = _STATUS_PAYLOAD if payload_error else _STATUS_SERVER
                 buf[:_HDR] = np.array([status], dtype=_U64).view(np.uint8)
-        self.comm.Bcast([buf, MPI.BYTE], root=root)
+        self._ps_bcast(buf, root)
         status = int(buf[:_HDR].view(_U64)[0])
         if status != _STATUS_OK:
             text = self.comm.bcast(error, root=root)
@@ -560,6 +571,31 @@ class MPIExchange:
         else:
             nbytes = CommBytes(slot.size, buf.size)
         return mean, nbytes
+
+    def _ps_gather(self, slot: np.ndarray, slots: np.ndarray | None, root: int) -> None:
+        """slots[r] <- rank r's slot on the server (all slots have one size: the layout fixes it)."""
+        MPI = self.MPI
+        if self.ps_transport == "collective":
+            self.comm.Gather([slot, MPI.BYTE], [slots, MPI.BYTE] if slots is not None else None, root=root)
+        elif self.rank == root:
+            slots[root] = slot
+            for r in range(self.size):
+                if r != root:
+                    self.comm.Recv([slots[r], MPI.BYTE], source=r, tag=_TAG_PS_UP)
+        else:
+            self.comm.Send([slot, MPI.BYTE], dest=root, tag=_TAG_PS_UP)
+
+    def _ps_bcast(self, buf: np.ndarray, root: int) -> None:
+        """The server's downlink buffer to every worker (in place on the workers)."""
+        MPI = self.MPI
+        if self.ps_transport == "collective":
+            self.comm.Bcast([buf, MPI.BYTE], root=root)
+        elif self.rank == root:
+            for r in range(self.size):
+                if r != root:
+                    self.comm.Send([buf, MPI.BYTE], dest=r, tag=_TAG_PS_DOWN)
+        else:
+            self.comm.Recv([buf, MPI.BYTE], source=root, tag=_TAG_PS_DOWN)
 
     def _allreduce_codes(self, codec, msg: Message):
         MPI, n = self.MPI, self.size
