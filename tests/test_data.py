@@ -328,3 +328,46 @@ def test_worker_batches_match_each_worker_alone():
             assert np.array_equal(idx[w], own)
             np.testing.assert_array_equal(x[w], ds.x_train[own])
             np.testing.assert_array_equal(y[w], ds.y_train[own])
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist1d", "least_squares"])
+def test_validation_is_held_out_of_train_and_replaces_test(name):
+    full = load(name, seed=3)
+    ds = load(name, seed=3, validation=0.2)
+    assert ds.eval_split == "validation" and full.eval_split == "test"
+    assert ds.n_train + ds.n_test == full.n_train                   # every training row, once
+    assert abs(ds.n_test - 0.2 * full.n_train) <= 1
+    rows = {r.tobytes() for r in full.x_train}
+    fit, val = {r.tobytes() for r in ds.x_train}, {r.tobytes() for r in ds.x_test}
+    assert fit | val == rows and not fit & val                      # disjoint; the test split unused
+    assert not val & {r.tobytes() for r in full.x_test}
+    if ds.task == "classification":                                 # stratified: class shares kept
+        share = np.bincount(ds.y_test, minlength=ds.n_classes) / ds.n_test
+        np.testing.assert_allclose(share, np.bincount(full.y_train, minlength=ds.n_classes) / full.n_train,
+                                   atol=1.5 / ds.n_test * ds.n_classes)
+    again = load(name, seed=3, validation=0.2)
+    np.testing.assert_array_equal(again.x_test, ds.x_test)
+    other = load(name, seed=4, validation=0.2)
+    assert not np.array_equal(other.y_test if name != "least_squares" else other.x_test,
+                              ds.y_test if name != "least_squares" else ds.x_test)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, float("nan"), "x"])
+def test_bad_validation_fraction(bad):
+    with pytest.raises(ValueError, match="validation"):
+        load("digits", validation=bad)
+
+
+def test_run_on_a_validation_split_writes_validation_rows(tmp_path):
+    import csv
+
+    from tgsim.train import config as config_mod
+    from tgsim.train.loop import run
+
+    cfg = config_mod.from_dict({"run": {"name": "v", "steps": 4, "eval_every": 2}, "data": {
+        "name": "digits", "options": {"validation": 0.25}}, "model": {"name": "softmax"},
+        "workers": {"n": 2, "batch": 8}, "codec": {"name": "fp32"}, "exchange": {"mode": "allreduce"}})
+    res = run(cfg, quiet=True, results_base=tmp_path)
+    assert res.eval_split == "validation"
+    splits = {row["split"] for row in csv.DictReader(open(res.out / "metrics.csv"))}
+    assert splits == {"train", "validation"}

@@ -155,7 +155,7 @@ def _cause(r) -> str:
         bits.append(f"MPICH moves {r.wire_bytes / max(r.payload_total, 1):.2f}x the payload bytes "
                     "(binomial Gather/Bcast forward through inner ranks)")
     if cpu > 0.3 * r.t_step:
-        where = "server sum + NumPy pack_uint/unpack_uint of the downlink" if r.mode == "tg_ps" else \
+        where = "server parse + sum + pack of the downlink, workers unpack" if r.mode.startswith("tg_ps") else \
             "int8 unpack + float64 scaling" if r.mode == "tg_allreduce" else "parse + weighted sum"
         over = f", {r.ranks} ranks on {int(r.cores)} cores" if r.ranks > r.cores else ""
         bits.append(f"CPU-bound: encode {r.t_encode * 1e3:.0f} ms + decode {r.t_decode * 1e3:.0f} ms "

@@ -204,6 +204,7 @@ class RunResult:
     bits_down: float
     skipped: int
     dist_opt: float = float("nan")
+    eval_split: str = "test"      # "validation" when data.options.validation > 0: test_* are validation numbers
 
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
@@ -263,7 +264,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
             test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
             if metrics is not None:
-                metrics.write(step=done, split="test", layer="model", loss=float(test[0]), accuracy=float(test[1]))
+                metrics.write(step=done, split=setup.dataset.eval_split, layer="model", loss=float(test[0]), accuracy=float(test[1]))
         if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
             if metrics is not None:
                 metrics.flush()
@@ -283,4 +284,4 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if start >= cfg.run.steps and math.isnan(test[0]):
         test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
-                     bits_up, bits_down, skipped, setup.distance_to_optimum(params))
+                     bits_up, bits_down, skipped, setup.distance_to_optimum(params), setup.dataset.eval_split)
