@@ -44,3 +44,19 @@ def test_fused_downlink_kernels_match_reference(workers, n):
     if n:
         with pytest.raises(ValueError, match="do not fit"):
             _numba_uint.pack_offset(np.full(n, 2**width, np.int16), 0, width)
+
+
+@pytest.mark.parametrize("where", [0, 33_000, 70_001])          # first block, a later block, the tail
+@pytest.mark.parametrize("bad", [-1, 17])
+def test_pack_offset_finds_one_value_that_does_not_fit_anywhere(where, bad):
+    """One value outside [0, 2^width) among 70,003 -- in a full group of any block or in the short
+    tail, below 0 or above the top -- is reported (the kernel's branch-free count must see it)."""
+    from tgsim.codecs import _numba_uint
+
+    v = np.full(70_003, 3, np.int16)
+    v[where] = bad - 8                                                # offset 8, width 4: [0, 15]
+    with pytest.raises(ValueError, match="do not fit"):
+        _numba_uint.pack_offset(v, 8, 4)
+    v[where] = 7                                                      # 15: the top value fits
+    assert np.array_equal(_numba_uint.pack_offset(v, 8, 4),
+                          packing.pack_uint_reference((v.astype(np.int32) + 8).astype(np.uint32), 4))
