@@ -336,7 +336,7 @@ def claim_gain_grows_with_fc_weights(model=None, clusters=("ethernet", "infiniba
 
 # -- 3. the emulated network (validation against `tgsim bench exchange`) --------------------------
 
-MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather")
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective")
 _ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_368, 256), (37_748_736, 4096),
             (16_777_216, 4096), (4_096_000, 1000)]
 
@@ -367,7 +367,7 @@ def mode_payloads(mode: str, sizes: Sequence[int], n: int, packing: str = "2bit"
     slot = 8 + message_header_bytes(len(sizes)) + sum(4 + packed_size(s, packing) for s in sizes)
     if mode == "tg_allgather":
         return {"gather": slot, "scalers": 4 * len(sizes)}
-    if mode == "tg_ps":
+    if mode in ("tg_ps", "tg_ps_collective"):
         w = uint_width(n)
         return {"gather": slot, "bcast": 8 + sum(4 + -(-s * w // 8) for s in sizes), "scalers": 4 * len(sizes)}
     raise ValueError(f"unknown mode {mode!r}")
@@ -387,6 +387,8 @@ def mpich_collective_bytes(coll: str, nbytes: float, n: int) -> tuple[float, flo
     gather      binomial tree: n/2 log2(n) blocks cross links; the root receives n-1 blocks
     bcast       binomial below 8 ranks or 12 KiB (n-1 copies; root sends log2(n) of them), else
                 scatter + allgather: S (log2(n)/2 + (n-1)) in total, 2 (n-1)/n S on the busiest link
+    p2p         the parameter server's n-1 Send (or Recv) one after another on the root: n-1 blocks,
+                all through the root's link
     """
     if n <= 1:
         return 0.0, 0.0, 0
@@ -396,6 +398,8 @@ def mpich_collective_bytes(coll: str, nbytes: float, n: int) -> tuple[float, flo
         return n * (n - 1) * nbytes, (n - 1) * nbytes, n - 1
     if coll == "gather":
         return n / 2 * math.log2(n) * nbytes if n & (n - 1) == 0 else (n - 1) * nbytes * 1.5, (n - 1) * nbytes, _log2(n)
+    if coll == "p2p":
+        return (n - 1) * nbytes, (n - 1) * nbytes, n - 1
     if coll == "bcast":
         if n < 8 or nbytes < 12288:
             return (n - 1) * nbytes, _log2(n) * nbytes, _log2(n)
@@ -415,6 +419,8 @@ def mode_collectives(mode: str, sizes: Sequence[int], n: int) -> list[tuple[str,
         return out + [("allreduce", pay["reduce"])]
     if mode == "tg_allgather":
         return out + [("allgather", pay["gather"])]
+    if mode == "tg_ps":                # MPIExchange's default: point-to-point (ps_transport="p2p")
+        return out + [("p2p", pay["gather"]), ("p2p", pay["bcast"])]
     return out + [("gather", pay["gather"]), ("bcast", pay["bcast"])]
 
 
@@ -462,11 +468,11 @@ def _rate_bits(rate: str) -> float:
 # code paths on one core, tgsim 0.1: the ps server + decode take about (20 + 5 w) ns per element
 # with w = ceil(log2(2N+1)) bits; the other modes' kernels do not depend on N measurably).
 def _cpu_shape(mode: str, n: int) -> float:
-    return float(4 + uint_width(n)) if mode == "tg_ps" else 1.0
+    return float(4 + uint_width(n)) if mode.startswith("tg_ps") else 1.0
 
 
 _CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
-             "tg_ps": "c_ps", "tg_allgather": "c_ag_decode"}
+             "tg_ps": "c_ps", "tg_ps_collective": "c_ps", "tg_allgather": "c_ag_decode"}
 
 
 def predict_wire(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams) -> float:

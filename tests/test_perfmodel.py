@@ -103,6 +103,17 @@ def test_mpich_collective_bytes_known_cases():
     assert pm.mpich_collective_bytes("bcast", S * 100, 8)[0] == pytest.approx(100 * S * (1.5 + 7))
     assert pm.mpich_collective_bytes("allgather", S, 8)[0] == 56 * S
     assert pm.mpich_collective_bytes("allreduce", S, 1) == (0.0, 0.0, 0)
+    assert pm.mpich_collective_bytes("p2p", S, 8) == (7 * S, 7 * S, 7)       # the server, one by one
+
+
+def test_parameter_server_transports_move_what_the_exchange_sends():
+    """tg_ps (p2p, the default) puts exactly N-1 slots and N-1 downlinks on a shared medium; the
+    collective variant's binomial Gather moves more at N = 8 (forwarding through inner ranks)."""
+    sizes = pm.bench_layer_sizes(4_000_000)
+    pay = pm.mode_payloads("tg_ps", sizes, 8)
+    p2p = pm.wire_bytes_model("tg_ps", 4_000_000, 8)
+    assert p2p == pytest.approx(7 * (pay["gather"] + pay["bcast"]) + 2 * 7 * pay["scalers"])
+    assert pm.wire_bytes_model("tg_ps_collective", 4_000_000, 8) > 1.1 * p2p
 
 
 # -- monotonicity --------------------------------------------------------------------------------
@@ -247,7 +258,7 @@ def test_calibration_recovers_parameters_and_validation_passes():
     val = table[table["split"] == "validation"]
     cal = table[table["split"] == "calibration"]
     assert set(cal["ranks"]) == {2, 8} and set(cal.loc[cal["ranks"] == 8, "params"]) == {1_000_000}
-    assert set(val["ranks"]) == {4, 8} and len(val) == 2 * 2 * (3 + 2) * 5
+    assert set(val["ranks"]) == {4, 8} and len(val) == 2 * 2 * (3 + 2) * len(pm.MODES)
     assert val["within"].all(), val.loc[~val["within"], ["mode", "ranks", "rel_error"]]
     assert (table["wire_bytes_error"].abs() < 1e-9).all()
 
