@@ -14,7 +14,8 @@
 #
 # 8 workers, total batch 64 (8 per worker, as the paper's LeNet Fig. 3), momentum 0.9, step decay
 # x0.1 at 75 % of the steps. Writes out/mnist1d_tuning.csv, out/mnist1d_terngrad_vs_fp32.csv, .png.
-# TGSIM_STEPS (default 4000) shortens it; TGSIM_JOBS sets the worker processes.
+# TGSIM_STEPS (default 4000) shortens it; TGSIM_JOBS sets the worker processes; TGSIM_REUSE_TUNING=1
+# reads out/mnist1d_tuning.csv from an earlier run with the same steps instead of tuning again.
 
 # %%
 import os
@@ -59,11 +60,17 @@ def job(codec, lr, seed, validation):
 
 # %% 1. tuning on the validation split
 grid = [(c, lr, s) for c in TUNED for lr in LRS for s in SEEDS]
-res = train_many([job(c, lr, s, VALIDATION) for c, lr, s in grid])
-tuning = pd.DataFrame([{"codec": c, "lr": lr, "seed": s, "val_accuracy": r["test_accuracy"],
-                        "val_loss": r["test_loss"]} for (c, lr, s), r in zip(grid, res)])
-OUT.mkdir(parents=True, exist_ok=True)
-tuning.to_csv(OUT / "mnist1d_tuning.csv", index=False)
+cached = OUT / "mnist1d_tuning.csv"
+if os.environ.get("TGSIM_REUSE_TUNING") and cached.exists() and \
+        (pd.read_csv(cached).get("steps", pd.Series([-1])) == STEPS).all():
+    tuning = pd.read_csv(cached)
+    print(f"tuning: reusing {cached}")
+else:
+    res = train_many([job(c, lr, s, VALIDATION) for c, lr, s in grid])
+    tuning = pd.DataFrame([{"codec": c, "lr": lr, "seed": s, "steps": STEPS, "val_accuracy": r["test_accuracy"],
+                            "val_loss": r["test_loss"]} for (c, lr, s), r in zip(grid, res)])
+    OUT.mkdir(parents=True, exist_ok=True)
+    tuning.to_csv(cached, index=False)
 curve = tuning.groupby(["codec", "lr"]).val_accuracy.agg(["mean", "std", "min"]).unstack(0)
 print(curve.round(4).to_string())
 
