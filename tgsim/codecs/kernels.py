@@ -5,6 +5,7 @@ All three compute the same bits for the same inputs and key; the choice only cha
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 
@@ -13,6 +14,7 @@ import numpy as np
 KERNEL_NAMES = ("auto", "reference", "numba", "cuda")
 
 
+@functools.lru_cache(maxsize=None)
 def get_kernels(name: str, xp=np) -> types.ModuleType:
     """Module with moments/encode (and their batched-over-workers forms moments_many/encode_many)
     and weighted_sum/sum_codes for arrays of module `xp`."""

@@ -21,9 +21,10 @@ field. The body is not checksummed (that is the transport's job); its length and
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,8 +43,8 @@ class LayerSpec:
     shape: tuple[int, ...]
     kind: int  # KIND_TERNARY or KIND_FLOAT
 
-    @property
-    def size(self) -> int:
+    @functools.cached_property
+    def size(self) -> int:     # cached: read several times per layer and step (the spec is immutable)
         return int(np.prod(self.shape, dtype=np.int64))
 
     def body_bytes(self, fmt: str) -> int:
@@ -57,7 +58,7 @@ class Layout:
     layers: tuple[LayerSpec, ...]
     packing: str = "2bit"
 
-    @property
+    @functools.cached_property
     def layout_id(self) -> int:
         text = "|".join(f"{s.name}:{s.kind}:{'x'.join(map(str, s.shape))}" for s in self.layers)
         return zlib.crc32(text.encode())
@@ -70,6 +71,10 @@ class Layout:
         return sum(s.body_bytes(self.packing) for s in self.layers)
 
     def header_bytes(self) -> bytes:
+        return self._header
+
+    @functools.cached_property
+    def _header(self) -> bytes:    # the layout is immutable: built once, not per message and step
         head = _FIXED.pack(MAGIC, VERSION, CODEC_IDS["terngrad"], FORMATS.index(self.packing), 1,
                            self.layout_id, len(self.layers), self.body_bytes())
         for s in self.layers:
@@ -86,6 +91,8 @@ class Message:
     layout: Layout
     scalers: np.ndarray
     parts: list
+    # the PayloadBatch these parts are rows of (TernGrad.encode_many), else None; not on the wire
+    batch: object = field(default=None, repr=False, compare=False)
 
     def to_bytes(self) -> bytes:
         from tgsim.backend import to_numpy

@@ -25,6 +25,7 @@ NonFiniteGradientError (a ValueError) naming the layer, before anything is encod
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
@@ -119,6 +120,33 @@ def scaling_from_moments_many(absmax, sigma, clip: str, clip_factor: float) -> S
     return ScalingBatch(np.where(on, bound, absmax), inf, absmax, sigma)   # implicit
 
 
+class PayloadBatch:
+    """The per-layer batch arrays of one `encode_many` call (ternary layers: (W, nbytes) uint8, else
+    None) and their row views in worker order, which the messages' parts start out as. Messages
+    refer to it (Message.batch), so that `layer_payloads` can hand the batch array to the kernels
+    after identity checks (~0.1 us a row) instead of comparing every row's address."""
+
+    __slots__ = ("arrays", "rows")
+
+    def __init__(self, arrays, rows):
+        self.arrays = arrays
+        self.rows = rows
+
+
+def layer_payloads(messages, i: int, xp=np):
+    """(W, nbytes) payloads of ternary layer i of `messages`: without a copy when the messages are,
+    in order, those of one `encode_many` call with that layer's part unchanged; else
+    `stacked_payloads` of the parts."""
+    batch = getattr(messages[0], "batch", None)
+    if batch is not None and batch.arrays[i] is not None:
+        rows = batch.rows[i]
+        if len(rows) == len(messages) and all(m.parts[i] is r for m, r in zip(messages, rows)):
+            shape = batch.arrays[i].shape[1:]
+            if all(r.shape == shape for r in rows):     # a view's shape can be reassigned in place
+                return batch.arrays[i]
+    return stacked_payloads([m.parts[i] for m in messages], xp)
+
+
 def stacked_payloads(parts, xp=np):
     """(W, nbytes) payloads: the batch array that `encode_many`'s messages are consecutive rows of,
     else a stacked copy."""
@@ -130,6 +158,17 @@ def stacked_payloads(parts, xp=np):
                and p.ctypes.data == start + w * row for w, p in enumerate(parts)):
             return base
     return xp.stack(parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_cached(codec: "TernGrad", shapes: tuple) -> Layout:
+    """The (immutable) Layout of `codec` for ((name, shape), ...): built once per model, not per step."""
+    specs = []
+    for name, shape in shapes:
+        size = int(np.prod(shape, dtype=np.int64))
+        float_layer = name in codec.float_layers or size < codec.min_size
+        specs.append(LayerSpec(name, shape, KIND_FLOAT if float_layer else KIND_TERNARY))
+    return Layout(tuple(specs), codec.packing)
 
 
 @dataclass(frozen=True)
@@ -191,12 +230,7 @@ class TernGrad:
         return self._layout_of({name: tuple(int(d) for d in np.shape(g)) for name, g in layers.items()})
 
     def _layout_of(self, shapes: Mapping) -> Layout:
-        specs = []
-        for name, shape in shapes.items():
-            size = int(np.prod(shape, dtype=np.int64))
-            float_layer = name in self.float_layers or size < self.min_size
-            specs.append(LayerSpec(name, shape, KIND_FLOAT if float_layer else KIND_TERNARY))
-        return Layout(tuple(specs), self.packing)
+        return _layout_cached(self, tuple(shapes.items()))
 
     def layout_many(self, layers: Mapping) -> tuple[Layout, int]:
         """(layout of one worker's layers, W) of layers with a leading worker axis (W, *shape)."""
@@ -352,7 +386,10 @@ class TernGrad:
             kern = self._kernels(array_module(flat))
             parts.append(kern.encode_many(flat, scalers[:, i], sc.clip_bound, seed, step, workers, i,
                                           self.packing))
-        return [Message(layout, msg_scalers[w], [p[w] for p in parts]) for w in range(nw)]
+        rows = [tuple(p[w] for w in range(nw)) for p in parts]
+        batch = PayloadBatch([p if spec.kind == KIND_TERNARY else None for spec, p in zip(layout.layers, parts)],
+                             rows)
+        return [Message(layout, msg_scalers[w], [r[w] for r in rows], batch) for w in range(nw)]
 
     # -- pass 2 and the way back ----------------------------------------------------------------
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
@@ -411,7 +448,7 @@ class TernGrad:
                     acc += p.reshape(-1).astype(xp.float64)
                 flat = (acc * xp.float64(1.0 / divide_by)).astype(xp.float32)
             else:
-                payloads = stacked_payloads(parts, xp)
+                payloads = layer_payloads(messages, i, xp)
                 scalers = xp.asarray(np.array([m.scalers[i] for m in messages], dtype=np.float32))
                 flat = self._kernels(xp).weighted_sum(payloads, scalers, spec.size, self.packing, divide_by)
             out[spec.name] = flat.reshape(spec.shape)

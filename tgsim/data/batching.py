@@ -68,10 +68,60 @@ def batch_indices(shard, batch: int, seed: int, step: int, worker: int) -> np.nd
     return shard[pos].astype(np.int64, copy=False)
 
 
+@functools.lru_cache(maxsize=8)
+def _epoch_pair_positions(seed: int, workers: tuple, sizes: tuple, epochs: tuple) -> np.ndarray:
+    """(W, 2 max(sizes)) int64: row i = perm of epoch e_i ++ perm of epoch e_i + 1 of worker
+    workers[i] (the `_epoch_permutation`s, so the bits of `batch_indices`), -1 past 2 sizes[i]."""
+    out = np.full((len(workers), 2 * max(sizes)), -1, dtype=np.int64)
+    for i, (w, n, e) in enumerate(zip(workers, sizes, epochs)):
+        out[i, :n] = _epoch_permutation(seed, w, e, n)
+        out[i, n:2 * n] = _epoch_permutation(seed, w, e + 1, n)
+    out.flags.writeable = False
+    return out
+
+
+def batch_indices_many(shards, batch: int, seed: int, step: int, workers) -> np.ndarray:
+    """(len(workers), batch) int64: row i is exactly `batch_indices(shards[i], batch, seed, step,
+    workers[i])`, with the same checks and errors (the first failing worker's), gathered in a few
+    array operations instead of one call per worker.
+
+    The permutations of the workers' current and next epochs are stacked once per combination of
+    epochs (a small cache: with equal shard sizes that is once per epoch) and every row's batch is
+    one slice of its pair: a batch straddling an epoch boundary continues into the next epoch's
+    permutation, as in `batch_indices`.
+    """
+    workers = tuple(workers)
+    if len(shards) != len(workers):
+        raise ValueError(f"{len(shards)} shards for {len(workers)} workers")
+    arrs = [np.asarray(sh) for sh in shards]
+    ok = not (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1)
+    ok = ok and len(arrs) > 0 and all(a.ndim == 1 and a.dtype.kind in "iu" for a in arrs) \
+        and len({a.dtype for a in arrs}) == 1
+    if ok:
+        seed, step = _nonneg_int("seed", seed), _nonneg_int("step", step)
+        if not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in workers):
+            ok = False
+    if ok:
+        workers = tuple(int(w) for w in workers)
+        batch = int(batch)
+        sizes = tuple(a.size for a in arrs)
+        ok = min(sizes) >= batch and step * batch < 2**62
+    if not ok:   # no workers, a failing check, mixed dtypes or huge steps: the per-worker calls
+        return np.stack([batch_indices(a, batch, seed, step, w) for a, w in zip(arrs, workers)])
+    start = step * batch
+    n = np.array(sizes, dtype=np.int64)
+    epochs, off = np.divmod(start, n)
+    pairs = _epoch_pair_positions(seed, workers, sizes, tuple(epochs.tolist()))
+    rows = np.arange(len(arrs))[:, None]
+    pos = pairs[rows, off[:, None] + np.arange(batch)]              # < off + batch <= 2 n
+    base = np.zeros(len(arrs), dtype=np.int64)
+    np.cumsum(n[:-1], out=base[1:])
+    return np.concatenate(arrs)[base[:, None] + pos].astype(np.int64, copy=False)
+
+
 def worker_batch_indices(shards, per_worker_batch: int, seed: int, step: int) -> np.ndarray:
     """(workers, per_worker_batch) int64: row w is `batch_indices(shards[w], ..., worker=w)`."""
-    return np.stack([batch_indices(s, per_worker_batch, seed, step, w)
-                     for w, s in enumerate(shards)])
+    return batch_indices_many(shards, per_worker_batch, seed, step, range(len(shards)))
 
 
 def worker_batches(dataset, shards, per_worker_batch: int, seed: int, step: int):

@@ -8,7 +8,7 @@ import numpy as np
 
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY
-from tgsim.codecs.terngrad import TernGrad, stacked_payloads
+from tgsim.codecs.terngrad import TernGrad, layer_payloads
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
 
 
@@ -52,11 +52,16 @@ def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
                 down += 4 * spec.size
                 continue
             s = float(messages[0].scalers[i])
-            intsum = codec._kernels(np).sum_codes(stacked_payloads(parts, np), spec.size, codec.packing,
-                                                  np.int8 if n <= 127 else np.int16)
-            out = np.empty(spec.size, dtype=np.float32)
-            for a in range(0, spec.size, _CHUNK):
-                out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
+            kern = codec._kernels(np)
+            if hasattr(kern, "scaled_code_sum") and n <= 32767:
+                # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
+                out = kern.scaled_code_sum(layer_payloads(messages, i, np), spec.size, codec.packing, s, n)
+            else:
+                intsum = kern.sum_codes(layer_payloads(messages, i, np), spec.size, codec.packing,
+                                        np.int8 if n <= 127 else np.int16)
+                out = np.empty(spec.size, dtype=np.float32)
+                for a in range(0, spec.size, _CHUNK):
+                    out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
             if mode == "ps":
                 # The real downlink payload is Σ codes + N at `width` bits (packing.pack_uint), what
                 # the MPI server broadcasts: ceil(size * width / 8) bytes. Its round trip is the
@@ -64,7 +69,7 @@ def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
                 # without materialising the bits (tests/test_batched_codec.py checks both).
                 down += 4 + -(-spec.size * width // 8)
             else:
-                down += intsum.itemsize * spec.size
+                down += (1 if n <= 127 else 2) * spec.size    # the int8/int16 sums of the all-reduce
             mean[spec.name] = out.reshape(spec.shape)
     info = {"down_payload": down}
     if reternarize_key is not None:

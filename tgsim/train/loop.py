@@ -90,11 +90,12 @@ def build(cfg: Config, exchange=None) -> Setup:
 
 def local_batch(setup: Setup, step: int):
     """(x, y) of this process's workers at `step`: shapes (n_local, B, *features), (n_local, B)."""
-    from tgsim.data import batch_indices
+    from tgsim.data.batching import batch_indices_many
 
     cfg, ds = setup.cfg, setup.dataset
-    b = cfg.workers.per_worker_batch
-    idx = np.stack([batch_indices(setup.shards[w], b, cfg.run.seed, step, w) for w in setup.exchange.local_workers])
+    local = setup.exchange.local_workers
+    idx = batch_indices_many([setup.shards[w] for w in local], cfg.workers.per_worker_batch, cfg.run.seed,
+                             step, local)
     return ds.x_train[idx], ds.y_train[idx]
 
 
