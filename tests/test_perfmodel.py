@@ -224,8 +224,9 @@ def test_claim_gain_grows_with_fc_weights():
 
 # -- the emulation model: calibrate on N = 2, validate on the rest --------------------------------
 
-TRUE = pm.EmuParams(eta=0.95, cap=9e8, alpha=3e-4, gamma=1.2, c_encode=3e-9, c_fp32_native=2e-8,
-                    c_fp32_exact=1.5e-8, c_ar_decode=9e-9, c_ps=6e-9, c_ag_decode=2.5e-9, cores=2.0)
+TRUE = pm.EmuParams(eta=0.95, cap=9e8, kappa=0.3, alpha=3e-4, alpha_os=4e-3, gamma=1.2, q_exact=2e-9,
+                    c_encode=3e-9, c_fp32_native=2e-8, c_fp32_exact=1.5e-8, c_ar_decode=9e-9, c_ps=6e-9,
+                    c_ag_decode=2.5e-9, cores=2.0)
 
 
 def _synthetic(params: pm.EmuParams, noise: float = 0.0, seed: int = 0, n_scale=lambda n: 1.0):
@@ -240,11 +241,13 @@ def _synthetic(params: pm.EmuParams, noise: float = 0.0, seed: int = 0, n_scale=
                         load = float(rng.uniform(0, 2))
                         c = pm.predict_components(mode, P, n, rate, topo, params, load)
                         f = lambda: (1 + noise * rng.standard_normal()) * n_scale(n)  # noqa: E731
-                        w, e, d = c["t_wire"] * f(), c["t_encode"] * f(), c["t_decode"] * f()
+                        fw = f()
+                        w, wp = c["t_wire"] * fw, c["t_wire_path"] * fw
+                        e, s, d = c["t_encode"] * f(), c["t_scalers"] * f(), c["t_decode"] * f()
                         rows.append({"topology": topo, "rate": rate, "ranks": n, "params": P, "mode": mode,
-                                     "t_step": w + e + d, "t_wire": w, "t_encode": e, "t_decode": d,
-                                     "wire_bytes": pm.wire_bytes_model(mode, P, n), "cores": 2,
-                                     "ext_load": load})
+                                     "t_step": wp + e + s + d, "t_exchange": wp + d, "t_wire": w, "t_encode": e,
+                                     "t_scalers": s, "t_decode": d, "wire_bytes": pm.wire_bytes_model(mode, P, n),
+                                     "cores": 2, "ext_load": load})
     return pd.DataFrame(rows)
 
 
