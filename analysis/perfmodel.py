@@ -825,6 +825,19 @@ def validation_summary(table):
                                                        median_abs_error=("rel_error", lambda x: x.abs().median()))
 
 
+def describe_params(p: EmuParams, name: str = "") -> str:
+    """The fitted parameters, readable: network constants, then per CPU cost its exponent and its
+    ns per element at each calibrated size."""
+    net = (f"eta {p.eta:.3f}, cap {p.cap / 1e9:.2f} GB/s x (N/2)^{p.kappa:.2f}, cap_root {p.cap_root / 1e9:.2f} GB/s / "
+           f"o^{p.nu:.2f}, alpha {p.alpha * 1e6:.0f} us + {p.alpha_os * 1e6:.0f} us x (o-1) per round, "
+           f"beta_sc {p.beta_sc * 1e3:.2f} ms x (o-1), q_exact {p.q_exact * 1e12:.1f} ps/B x (o-1), cores {p.cores:g}")
+    cpu = []
+    for attr in sorted({a for a, _ in p.cpu}):
+        sizes = ", ".join(f"{P / 1e6:g}M {v * 1e9:.2f}" for (a, P), v in sorted(p.cpu.items()) if a == attr)
+        cpu.append(f"    {attr:14s} gamma {p.gammas.get(attr, p.gamma):.3f}  ns/element: {sizes}")
+    return "\n".join([f"{name}: {net}"] + cpu)
+
+
 def worst_rows(table, k: int = 10, split: str = "validation"):
     """The k rows of `split` with the largest |rel_error| of t_step."""
     v = table[table["split"] == split]
@@ -879,7 +892,7 @@ def main(argv=None) -> int:
     else:
         out = validate(args.csv)
         for topo, p in out.attrs["params"].items():
-            print(f"{topo}: {p}")
+            print(describe_params(p, topo))
         with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_columns", 30):
             print(validation_summary(out).round(2))
             v = out[out["split"] == "validation"]
@@ -901,7 +914,7 @@ __all__ = ["CLUSTERS", "FIG5_NETS", "claim_gain_grows_as_bandwidth_falls", "clai
            "fig5", "gain_table", "iteration", "layer_bytes", "message_header_bytes", "message_seconds",
            "mode_collectives", "mode_payloads", "mpich_collective_bytes", "predict_components", "predict_emulation",
            "predict_wire", "throughput_table", "uint_width", "validate", "validation_summary", "wire_bytes_model",
-           "default_calibration_rows", "main", "register_cli", "worst_rows"]
+           "default_calibration_rows", "describe_params", "main", "register_cli", "worst_rows"]
 
 
 if __name__ == "__main__":

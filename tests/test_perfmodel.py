@@ -270,7 +270,12 @@ def test_validation_catches_a_wrong_n_dependence():
     """Positive control: measurements that scale with N differently from the model must fail."""
     df = _synthetic(TRUE, n_scale=lambda n: (n / 2) ** 0.5)
     table = pm.validate(df)
-    assert not table.loc[table["split"] == "validation", "within"].all()
+    val = table[table["split"] == "validation"]
+    assert not val["within"].all()
+    # not one stray row: the rate-bound 1 Gb/s rows (no free parameter can bend bytes / rate with N)
+    # miss broadly (measured: 40 of 60 within, 94 of 120 overall, with this model)
+    assert val.loc[val["rate"] == "1gbit", "within"].mean() < 0.8
+    assert val["within"].mean() < 0.9
 
 
 def test_validate_on_the_measured_csv_if_present():
