@@ -54,8 +54,8 @@ Two uses, one set of byte formulas:
                    link's bytes alone (the server's Send/Recv, a tree's root), link bytes x o ** nu
                    / cap_root; plus rounds x (alpha + alpha_os (o - 1)); fp32_exact's Alltoallv +
                    Allgatherv pay q_exact x bytes x (o - 1) more.
-       t_scalers = log2(N) alpha + beta_sc (o - 1)   (the scaler all-reduce absorbs the spread of
-                   time-sliced ranks leaving pass 1)
+       t_scalers = log2(N) (alpha + beta_sc (o - 1))   (the scaler all-reduce: recursive doubling,
+                   each round waits for the partner's time slice; nothing overlaps that wait)
        t_encode, t_decode = cost per element (at that P) x P x shape(N) x o ** gamma(cost);
                    shape(N): in-process one-core timings of the ps server, ps decode and allgather
                    aggregate (`SHAPE_SOURCE`), 1 for the others.
@@ -456,7 +456,7 @@ class EmuParams:
     kappa: float = 0.3                # ... and cap x (N / 2) ** kappa at N ranks
     alpha: float = 2e-4               # seconds per collective round without oversubscription
     alpha_os: float = 1e-4            # + seconds per round per unit of (o - 1): waiting for the peer's time slice
-    beta_sc: float = 3e-3             # scaler all-reduce: + seconds per unit of (o - 1) (ranks leave pass 1 apart)
+    beta_sc: float = 1e-3             # scaler all-reduce: + seconds per round per unit of (o - 1)
     cap_root: float = 1.5e9           # bytes/s ONE process (the server, a tree's root) moves alone ...
     nu: float = 1.0                   # ... and cap_root / o ** nu when it shares the cores with busy-polling ranks
     gamma: float = 1.0                # contention exponent: CPU time x o ** gamma (per CPU cost: `gammas`)
@@ -602,11 +602,12 @@ def predict_wire(mode: str, params: int, n: int, rate: str, topology: str, p: Em
 
 
 def scalers_seconds(n: int, p: EmuParams, ext_load: float = 0.0) -> float:
-    """The scaler MAX all-reduce (t_scalers): log2(n) rounds, plus the spread with which ranks time-
-    sliced on the cores leave pass 1 (it absorbs waiting for the slowest one)."""
+    """The scaler MAX all-reduce (t_scalers): log2(n) rounds of recursive doubling, each waiting
+    for the partner's turn on the oversubscribed cores (beta_sc per unit of o - 1). Unlike a large
+    collective, whose transfer keeps every rank busy, nothing overlaps this wait."""
     if n <= 1:
         return 0.0
-    return _log2(n) * p.alpha + p.beta_sc * (p.oversub(n, ext_load) - 1.0)
+    return _log2(n) * (p.alpha + p.beta_sc * (p.oversub(n, ext_load) - 1.0))
 
 
 def predict_components(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
