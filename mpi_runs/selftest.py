@@ -217,6 +217,24 @@ def run_faults(ex, failures: list) -> int:
             texts.append(f"{mode}/{corrupt.__name__}: {e}")
         finally:
             ex._serialize = original
+    # integer all-reduce: one rank contributes code sums of 127 (corrupt); every rank must raise
+    import dataclasses
+
+    class CorruptSums(TernGrad):
+        def _kernels(self, xp):
+            kern = super()._kernels(xp)
+            return type("CorruptKernels", (), {"__getattr__": lambda _, k: getattr(kern, k),
+                                               "sum_codes": lambda _, *a, **k: kern.sum_codes(*a, **k) * 0 + 127})()
+
+    sender = CorruptSums(**{f.name: getattr(codec, f.name) for f in dataclasses.fields(codec) if f.init}) \
+        if rank == bad else codec
+    try:
+        ex.terngrad(sender, [msg], "allreduce", True)
+        failures.append(f"rank {rank} fault allreduce/code sum beyond N: no error raised")
+    except PeerPayloadError as e:
+        if "beyond" not in str(e):
+            failures.append(f"rank {rank} fault allreduce/code sum beyond N: unexpected message {e}")
+        texts.append(f"allreduce/code sum beyond N: {e}")
     # different configs: the last rank has another digest
     try:
         ex.check_same_config("same" if rank != bad else "other")
@@ -234,7 +252,7 @@ def run_faults(ex, failures: list) -> int:
     if rank == 0:
         for t in texts:
             print(f"  fault ok: {t}")
-    return len(cases) + 1
+    return len(cases) + 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,3 +60,21 @@ def test_pack_offset_finds_one_value_that_does_not_fit_anywhere(where, bad):
     v[where] = 7                                                      # 15: the top value fits
     assert np.array_equal(_numba_uint.pack_offset(v, 8, 4),
                           packing.pack_uint_reference((v.astype(np.int32) + 8).astype(np.uint32), 4))
+
+
+@pytest.mark.parametrize("workers", [1, 3, 8, 127, 128, 300])
+def test_decode_codes_equals_scale_integer_sum_and_counts_codes_beyond_n(workers):
+    """The integer all-reduce's decode: table lookup == packing.scale_integer_sum bit for bit (int8 up to
+    127 workers, int16 beyond), and every code sum outside [-N, N] is counted (positive control)."""
+    from tgsim.codecs import _numba_uint
+
+    rng = np.random.default_rng(workers)
+    dtype = np.int8 if workers <= 127 else np.int16
+    codes = rng.integers(-workers, workers + 1, 70_001).astype(dtype)
+    s = float(np.float32(rng.random() * 5))
+    out, bad = _numba_uint.decode_codes(codes, workers, s)
+    assert bad == 0
+    assert np.array_equal(out.view(np.uint32), packing.scale_integer_sum(codes, s, workers).view(np.uint32))
+    if workers < 127:
+        codes[[5, 40_000, 70_000]] = [workers + 1, -workers - 1, 127]
+        assert _numba_uint.decode_codes(codes, workers, s)[1] == 3

@@ -198,3 +198,30 @@ def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: 
     top = max(int(decode(payload, table, out, np.int64(full))),
               int(_decode_tail(payload, np.int64(n), np.int64(width), table, out, np.int64(full))))
     return out, top
+
+
+@njit(cache=True, parallel=True)
+def _decode_codes(codes, n, table, out):
+    """out[i] <- table[codes[i] + n]; returns how many codes lie outside [-n, n] (their out is table[0])."""
+    size = codes.size
+    blocks = (size + 8 * _BLOCK - 1) // (8 * _BLOCK)
+    bad = np.zeros(max(blocks, 1), dtype=np.int64)
+    for b in prange(blocks):
+        nb = 0
+        for i in range(b * 8 * _BLOCK, min(size, (b + 1) * 8 * _BLOCK)):
+            c = np.int64(codes[i]) + n
+            ok = (c >= 0) & (c <= 2 * n)
+            nb += 1 - ok
+            out[i] = table[c * ok]
+        bad[b] = nb
+    return bad.sum()
+
+
+def decode_codes(codes: np.ndarray, n: int, scaler: float) -> tuple[np.ndarray, int]:
+    """(packing.scale_integer_sum(codes, scaler, n) as float32, number of codes outside [-n, n]) in one
+    pass: the integer all-reduce's sums of N workers' codes, through decode_table."""
+    codes = np.ascontiguousarray(codes.reshape(-1))
+    table = decode_table(max(1, int(2 * n).bit_length()), n, scaler, n)
+    out = np.empty(codes.size, dtype=np.float32)
+    bad = _decode_codes(codes, np.int64(n), table, out)
+    return out, int(bad)

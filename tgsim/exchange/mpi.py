@@ -621,9 +621,9 @@ class MPIExchange:
             codes[start:start + seg.size] = self._back(seg, xp)
         b = ring_allreduce_bytes(codes.nbytes, n)
         nbytes = CommBytes(b, b)
-        if total and int(xp.abs(codes.astype(xp.int32)).max()) > n:
-            raise PeerPayloadError(f"rank {self.rank}: the integer all-reduce returned a code sum beyond ±{n}: "
-                                   "some rank contributed invalid codes (a reduction cannot name the sender)")
+        fused = xp is np      # NumPy: one Numba pass per layer checks the range and scales (same bits)
+        if total and not fused and int(xp.abs(codes.astype(xp.int32)).max()) > n:
+            raise self._beyond_n(n)
         mean = {}
         if flt:
             fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
@@ -633,12 +633,24 @@ class MPIExchange:
         for i, spec in enumerate(layers):
             if spec.kind == KIND_TERNARY:
                 intsum = codes[off:off + spec.size]
-                mean[spec.name] = packing.scale_integer_sum(intsum, float(msg.scalers[i]), n).reshape(spec.shape)
+                if fused:
+                    from tgsim.codecs import _numba_uint
+
+                    flat, bad = _numba_uint.decode_codes(intsum, n, float(msg.scalers[i]))
+                    if bad:
+                        raise self._beyond_n(n)
+                else:
+                    flat = packing.scale_integer_sum(intsum, float(msg.scalers[i]), n)
+                mean[spec.name] = flat.reshape(spec.shape)
                 off += spec.size
             else:
                 mean[spec.name] = fmean[foff:foff + spec.size].reshape(spec.shape)
                 foff += spec.size
         return mean, nbytes
+
+    def _beyond_n(self, n: int) -> PeerPayloadError:
+        return PeerPayloadError(f"rank {self.rank}: the integer all-reduce returned a code sum beyond ±{n}: "
+                                "some rank contributed invalid codes (a reduction cannot name the sender)")
 
     # -- device buffers ---------------------------------------------------------------------------------
     @staticmethod
