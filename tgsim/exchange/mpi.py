@@ -413,7 +413,12 @@ class MPIExchange:
             self.comm.Alltoallv([send, (counts, displs), mtype],
                                 [recv, ([own] * n, [own * w for w in range(n)]), mtype])
             recv = self._back(recv, xp)
-            mine = _ordered_sum_mean([recv[w * own:(w + 1) * own] for w in range(n)], n, xp)
+            if xp is np:    # one fused pass over the n received chunks, same order and bits
+                from tgsim.exchange._numba_mean import ordered_mean
+
+                mine = ordered_mean(recv.reshape(n, own), n)
+            else:
+                mine = _ordered_sum_mean([recv[w * own:(w + 1) * own] for w in range(n)], n, xp)
             res = self._landing(m, np.float32, xp, "ag-recv")
             send = self._wire(mine, "ag-send")
             self._sync(xp)
