@@ -109,3 +109,19 @@ def test_batch_indices_many_errors_like_the_first_failing_worker():
                           np.stack([batch_indices(s, 3, 0, 4, w) for w, s in enumerate(mixed)]))
     with pytest.raises(ValueError, match="2 shards for 1 workers"):
         batch_indices_many(shards[:2], 2, 0, 0, [0])
+
+
+def test_bench_sim_reports_every_ratio_and_the_memory_floor():
+    """`tgsim bench sim` on a tiny MLP (a smoke test of the code path, not a timing): every row has
+    positive rates and both forms of each speedup; the memory floor is N * params * 4 bytes."""
+    from tgsim import bench_sim
+
+    rows = bench_sim.throughput(workers=(1, 3), hidden=(16,), batch=4, repeats=2)
+    assert [r["workers"] for r in rows] == [1, 3]
+    for r in rows:
+        for key in ("steps_per_s", "looped_steps_per_s", "pipeline_steps_per_s"):
+            assert np.isfinite(r[key]) and r[key] > 0, key
+        for key in ("step", "grad", "pipeline"):
+            assert r[f"{key}_speedup"] > 0 and r[f"{key}_speedup_median_round"] > 0, key
+    mem = bench_sim.peak_memory(workers=2, hidden=(32,), batch=4)
+    assert mem["floor_bytes"] == 2 * mem["params"] * 4 and mem["peak_bytes"] > 0

@@ -11,6 +11,7 @@ from tgsim.backend import gpu_available
 from tgsim.models import (MODELS, MLP, ConvNet1D, LeastSquares, LogisticRegression, SoftmaxRegression,
                           make_model)
 from tgsim.models import base as mbase
+from tgsim.models._numba_bmm import matmul_workers
 
 try:
     from threadpoolctl import threadpool_limits
@@ -150,15 +151,82 @@ def test_bits_independent_of_blas_threads(key):
 
 
 def test_bmm_chunk_accumulation_is_the_ordered_sum():
-    """The reused temporary changes nothing: out = ((p_0 + p_1) + p_2) + ..., p_c one chunk's matmul."""
+    """The reused temporary changes nothing: out = ((p_0 + p_1) + p_2) + ..., p_c one chunk's product
+    (by the route bmm takes for NumPy float arrays, matmul_workers)."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 6, 3 * mbase.K_CHUNK + 40)).astype(np.float32)
     b = rng.standard_normal((3, a.shape[-1], 5)).astype(np.float32)
     k = mbase.K_CHUNK
-    want = np.matmul(a[..., :k], b[:, :k])
+    want = matmul_workers(a[..., :k], b[:, :k])
     for s in range(k, a.shape[-1], k):
-        want = want + np.matmul(a[..., s:s + k], b[:, s:s + k])
+        want = want + matmul_workers(a[..., s:s + k], b[:, s:s + k])
     assert np.array_equal(mbase.bmm(np, a, b).view(np.uint32), want.view(np.uint32))
+
+
+# operand layouts of the models' products: C rows, a swapaxes view (the weight gradient h^T d), a
+# transposed weight (w.T above TRANSPOSE_MAX), a strided slice (a K_CHUNK piece), a shared b
+def _layouts(rng, n, m, k, p, dtype):
+    h = rng.standard_normal((n, k, m)).astype(dtype)
+    yield "C @ shared", rng.standard_normal((n, m, k)).astype(dtype), rng.standard_normal((k, p)).astype(dtype)
+    yield "swapaxes @ per-worker", np.swapaxes(h, 1, 2), rng.standard_normal((n, k, p)).astype(dtype)
+    yield "C @ shared.T", rng.standard_normal((n, m, k)).astype(dtype), rng.standard_normal((p, k)).astype(dtype).T
+    wide = rng.standard_normal((n, m, k + 9)).astype(dtype)
+    yield "column slice @ per-worker slice", wide[..., 3:3 + k], rng.standard_normal((n, k + 5, p)).astype(dtype)[:, 2:2 + k]
+    yield "swapaxes of a slice @ (1, K, P)", np.swapaxes(rng.standard_normal((n, k + 4, m)).astype(dtype)[:, 1:1 + k], 1, 2), \
+        rng.standard_normal((1, k, p)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,m,k,p", [(1, 8, 40, 256), (5, 8, 256, 256), (7, 256, 8, 256), (3, 40, 44, 520),
+                                     (3, 1, 33, 1), (4, 6, 1, 9)])
+def test_matmul_workers_worker_bits_do_not_depend_on_n_driver_or_threads(monkeypatch, dtype, n, m, k, p):
+    """Worker w's product is the same gemm call whatever the batch: equal, bit for bit, to the call
+    on x[w:w+1] alone, to the serial driver, and at 1 Numba thread; and close to np.matmul.
+    (3, 40, 44, 520) is a shape where OpenBLAS's TN and NN kernels round differently, so a layout
+    choice that depended on N (a one-worker slice is "C-contiguous" where the batch is not) fails.)"""
+    import numba
+
+    from tgsim.models import _numba_bmm
+
+    rng = np.random.default_rng([n, m, k, p])
+    for name, a, b in _layouts(rng, n, m, k, p, dtype):
+        got = matmul_workers(a, b)
+        ut = np.uint32 if dtype == np.float32 else np.uint64
+        for w in range(n):
+            one = matmul_workers(a[w:w + 1], b if b.ndim == 2 or b.shape[0] == 1 else b[w:w + 1])
+            assert np.array_equal(one[0].view(ut), got[w].view(ut)), (name, w)
+        for serial_work in (0, 1 << 62):
+            monkeypatch.setattr(_numba_bmm, "SERIAL_WORK", serial_work)
+            assert np.array_equal(matmul_workers(a, b).view(ut), got.view(ut)), (name, serial_work)
+        monkeypatch.undo()
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            assert np.array_equal(matmul_workers(a, b).view(ut), got.view(ut)), (name, "1 thread")
+        finally:
+            numba.set_num_threads(before)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, np.matmul(a, b), rtol=tol, atol=tol * np.sqrt(k))
+
+
+def test_matmul_workers_edges_and_errors():
+    a = np.ones((2, 3, 0), np.float32)
+    assert np.array_equal(matmul_workers(a, np.ones((0, 4), np.float32)), np.zeros((2, 3, 4), np.float32))
+    assert matmul_workers(np.ones((0, 3, 2)), np.ones((2, 4))).shape == (0, 3, 4)
+    out = np.full((2, 3, 4), np.nan, np.float32)
+    assert matmul_workers(np.ones((2, 3, 5), np.float32), np.ones((5, 4), np.float32), out=out) is out
+    assert np.all(out == 5)
+    with pytest.raises(ValueError, match="one float dtype"):
+        matmul_workers(np.ones((2, 3, 5), np.float32), np.ones((5, 4), np.float64))
+    with pytest.raises(ValueError, match="one float dtype"):
+        matmul_workers(np.ones((2, 3, 5), np.float32), np.ones((3, 5, 4), np.float32))   # 3 workers' b for 2
+    with pytest.raises(ValueError, match="one float dtype"):
+        matmul_workers(np.ones((2, 3, 5), np.int32), np.ones((5, 4), np.int32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        matmul_workers(np.ones((2, 3, 5)), np.ones((5, 4)), out=np.empty((2, 4, 3)).transpose(0, 2, 1))
+    # bmm keeps other operands on xp.matmul: integer products, a broadcast left operand
+    ai, bi = np.arange(6).reshape(1, 2, 3), np.arange(12).reshape(2, 3, 2)
+    assert np.array_equal(mbase.bmm(np, ai, bi), np.matmul(ai, bi))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])

@@ -9,6 +9,8 @@ For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
   * the gradient phase alone, batched against looped;
   * peak memory of one step (tracemalloc, which sees NumPy's allocations) against the floor
     N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
+All variants are timed in interleaved rounds (each once per round), so that a shared machine's
+load affects them alike; speedups are given best-against-best and as the median within-round ratio.
 """
 
 from __future__ import annotations
@@ -76,37 +78,59 @@ class _LoopedCodec:
                 for w, wid in enumerate(workers)]
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (JIT, caches)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _rounds(variants: dict, repeats: int) -> dict:
+    """Seconds per call of each variant, measured in `repeats` interleaved rounds (every variant
+    once per round, in a fixed order), so that all of them see the same state of a shared, noisy
+    machine; one warm-up call each (JIT, caches) first."""
+    for fn in variants.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: np.asarray(t) for name, t in times.items()}
 
 
-def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repeats: int = 5,
+def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repeats: int = 15,
                kernels: str = "auto") -> list[dict]:
+    """Per N: steps/s (best round) of the batched step, the looped step and the per-worker pipeline,
+    and the speedups two ways: best against best (min/min: each variant's least-disturbed round)
+    and the median over rounds of the within-round ratio."""
+    from tgsim.train.loop import local_batch
+
     rows = []
     for n in workers:
         setup = build(_config(n, hidden, batch, kernels))
         params = setup.model.init(0)
         state = setup.optimizer.init(params)
-        from tgsim.train.loop import local_batch
-
+        model, codec = setup.model, setup.codec
+        looped_model, looped_codec = _LoopedModel(model), _LoopedCodec(codec)
         x, y = local_batch(setup, 0)
-        batched_grad = _time(lambda: setup.model.loss_and_grad(params, x, y), repeats)
-        looped = _LoopedModel(setup.model)
-        looped_grad = _time(lambda: looped.loss_and_grad(params, x, y), repeats)
-        batched_step = _time(lambda: train_step(setup, params, state, 0), repeats)
-        setup.model = looped
-        looped_step = _time(lambda: train_step(setup, params, state, 0), repeats)
-        setup.codec = _LoopedCodec(setup.codec)
-        pipeline_step = _time(lambda: train_step(setup, params, state, 0), repeats)
-        rows.append({"workers": n, "steps_per_s": 1 / batched_step, "looped_steps_per_s": 1 / looped_step,
-                     "step_speedup": looped_step / batched_step, "grad_speedup": looped_grad / batched_grad,
-                     "pipeline_steps_per_s": 1 / pipeline_step, "pipeline_speedup": pipeline_step / batched_step})
+
+        def step(m, c):
+            def run():
+                setup.model, setup.codec = m, c
+                train_step(setup, params, state, 0)
+            return run
+
+        t = _rounds({"batched_grad": lambda: model.loss_and_grad(params, x, y),
+                     "looped_grad": lambda: looped_model.loss_and_grad(params, x, y),
+                     "batched": step(model, codec), "looped": step(looped_model, codec),
+                     "pipeline": step(looped_model, looped_codec)}, repeats)
+        setup.model, setup.codec = model, codec
+
+        def speedup(slow, fast):
+            return float(t[slow].min() / t[fast].min()), float(np.median(t[slow] / t[fast]))
+
+        row = {"workers": n, "steps_per_s": 1 / float(t["batched"].min()),
+               "looped_steps_per_s": 1 / float(t["looped"].min()),
+               "pipeline_steps_per_s": 1 / float(t["pipeline"].min())}
+        for key, (slow, fast) in {"step": ("looped", "batched"), "grad": ("looped_grad", "batched_grad"),
+                                  "pipeline": ("pipeline", "batched")}.items():
+            row[f"{key}_speedup"], row[f"{key}_speedup_median_round"] = speedup(slow, fast)
+        rows.append(row)
     return rows
 
 
@@ -127,20 +151,24 @@ def peak_memory(workers: int = 8, hidden=(1024, 1024), batch: int = 8, kernels: 
             "peak_over_floor": peak / floor}
 
 
-def run(workers=(1, 8, 32, 128), repeats: int = 5) -> dict:
+def run(workers=(1, 8, 32, 128), repeats: int = 15) -> dict:
     return {"throughput": throughput(workers, repeats=repeats), "memory": peak_memory()}
 
 
 def print_report(res: dict) -> None:
     print("simulator throughput, MLP 40-256-256-10, 8 samples per worker, TernGrad (ps, explicit clip)")
-    print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>13} {'grad speedup':>13} "
+    print("speedups: best round against best round (min/min), and in brackets the median over rounds "
+          "of the within-round ratio")
+    print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>16} {'grad speedup':>16} "
           f"{'pipeline steps/s':>17} {'pipeline speedup':>17}")
     for r in res["throughput"]:
         print(f"{r['workers']:5d} {r['steps_per_s']:9.1f} {r['looped_steps_per_s']:15.1f} "
-              f"{r['step_speedup']:12.2f}x {r['grad_speedup']:12.2f}x "
-              f"{r['pipeline_steps_per_s']:17.1f} {r['pipeline_speedup']:16.2f}x")
+              f"{r['step_speedup']:6.2f}x ({r['step_speedup_median_round']:5.2f}x) "
+              f"{r['grad_speedup']:6.2f}x ({r['grad_speedup_median_round']:5.2f}x) "
+              f"{r['pipeline_steps_per_s']:17.1f} "
+              f"{r['pipeline_speedup']:6.2f}x ({r['pipeline_speedup_median_round']:5.2f}x)")
     print("looped: per-worker loss_and_grad, codec batched; pipeline: per-worker loss_and_grad, "
-          "scaling and encode")
+          "scaling and encode (the target: pipeline speedup >= 5x at N = 32)")
     m = res["memory"]
     print(f"peak memory of one step, MLP of {m['params']:,} parameters, N = {m['workers']}: "
           f"{m['peak_bytes'] / 2**20:.1f} MiB against the gradient floor {m['floor_bytes'] / 2**20:.1f} MiB "

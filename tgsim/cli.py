@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--repeats", type=int, default=5)
     bc.set_defaults(func=_cmd_bench_codec)
     bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop; peak memory")
-    bs.add_argument("--repeats", type=int, default=5)
+    bs.add_argument("--repeats", type=int, default=15, help="interleaved rounds per N")
     bs.set_defaults(func=_cmd_bench_sim)
     from tgsim import bench_exchange
 

@@ -23,8 +23,9 @@ Conventions shared by every model
 Bit-for-bit per worker
 ----------------------
 Worker i's loss and gradients depend only on x[i], y[i] and params, and are bitwise identical to the
-result of a call with x[i:i+1], y[i:i+1]: every product is an `xp.matmul` that keeps the worker axis
-(one BLAS call per worker, the same call whatever N is), reductions run along the batch axis of one
+result of a call with x[i:i+1], y[i:i+1]: every product keeps the worker axis (`bmm`: one BLAS gemm
+per worker, the same call whatever N is; on NumPy the workers' gemms run on the Numba threads,
+tgsim.models._numba_bmm), reductions run along the batch axis of one
 worker, and no code path depends on N. tests/test_models.py checks this for N = 1, 3, 8.
 Long BLAS reductions are chunked (`bmm`, K_CHUNK) so that, with OpenBLAS, the bits also do not
 depend on the BLAS thread count (checked for 1 vs 2 threads); other BLAS libraries are not covered.
@@ -133,20 +134,34 @@ def prepare_batch(model, params: Mapping, x, y):
 K_CHUNK = 256
 
 
-def bmm(xp, a, b):
-    """xp.matmul(a, b) with the worker axis kept, the reduction split in K_CHUNK pieces summed in order.
+def _matmul(xp, a, b, out=None):
+    """One product a @ b with the worker axis kept: NumPy float32/float64 operands of the shapes the
+    models use go through `matmul_workers` (one gemm per worker, the workers over the Numba
+    threads), anything else (CuPy, other dtypes) through xp.matmul. The route depends on the backend,
+    dtype and operand pattern, never on N, so a worker's bits are those of a call with that worker
+    alone."""
+    if xp is np:
+        from tgsim.models import _numba_bmm
 
-    a: (N, M, K) (any strides NumPy can hand to BLAS, e.g. a swapaxes view), b: (K, P) or (N, K, P).
-    The chunks' products go through one reused temporary (xp.matmul(..., out=)), so a long
-    reduction costs one extra result-sized array, not one per chunk.
+        if _numba_bmm.supported(a, b):
+            return _numba_bmm.matmul_workers(a, b, out)
+    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
+
+
+def bmm(xp, a, b):
+    """a @ b with the worker axis kept, the reduction split in K_CHUNK pieces summed in order.
+
+    a: (N, M, K) (any strides, e.g. a swapaxes view), b: (K, P) or (N, K, P).
+    The chunks' products go through one reused temporary (out=), so a long reduction costs one
+    extra result-sized array, not one per chunk.
     """
     k = a.shape[-1]
     if k <= K_CHUNK:
-        return xp.matmul(a, b)
-    out = xp.matmul(a[..., 0:K_CHUNK], b[..., 0:K_CHUNK, :])
+        return _matmul(xp, a, b)
+    out = _matmul(xp, a[..., 0:K_CHUNK], b[..., 0:K_CHUNK, :])
     tmp = xp.empty_like(out)
     for s in range(K_CHUNK, k, K_CHUNK):
-        xp.matmul(a[..., s:s + K_CHUNK], b[..., s:s + K_CHUNK, :], out=tmp)
+        _matmul(xp, a[..., s:s + K_CHUNK], b[..., s:s + K_CHUNK, :], out=tmp)
         out += tmp
     return out
 
