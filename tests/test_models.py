@@ -247,6 +247,35 @@ def test_keep_where_is_where_bit_for_bit(dtype):
     assert got.shape == want.shape and np.array_equal(got.view(ut), want.view(ut))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_relu_and_backward_are_the_numpy_forms_bit_for_bit(dtype):
+    """relu == np.maximum(z, 0) and relu_backward == np.where(pre > 0, d, 0), bit for bit, on
+    special values (signed NaN and zero, infinities, subnormals); non-plain inputs (a strided view,
+    mixed dtypes, a broadcast) take the NumPy forms and give the same bits."""
+    from tgsim.models import _numba_elementwise as ne
+
+    rng = np.random.default_rng(3)
+    tiny = np.finfo(dtype).smallest_subnormal
+    special = np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, tiny, -tiny, 1.0, -1.0], dtype=dtype)
+    z = rng.standard_normal((4, 6, 10)).astype(dtype)
+    z.reshape(-1)[:10] = special
+    d = rng.standard_normal(z.shape).astype(dtype)
+    d.reshape(-1)[10:20] = special
+    ut = np.uint32 if dtype == np.float32 else np.uint64
+    want_relu = np.maximum(z, dtype(0))
+    assert np.array_equal(ne.relu(z).view(ut), want_relu.view(ut))
+    assert np.array_equal(mbase.relu(np, z).view(ut), want_relu.view(ut))
+    want_keep = np.where(z > 0, d, dtype(0))
+    assert np.array_equal(ne.keep_positive(z, d).view(ut), want_keep.view(ut))
+    assert np.array_equal(mbase.relu_backward(np, z, d).view(ut), want_keep.view(ut))
+    strided = z[:, ::2]
+    assert ne.relu(strided) is None and ne.keep_positive(z, d.astype(np.float16)) is None
+    assert ne.keep_positive(z[:, :1], d) is None
+    assert np.array_equal(mbase.relu(np, strided).view(ut), np.maximum(strided, dtype(0)).view(ut))
+    assert np.array_equal(mbase.relu_backward(np, z[:, :1], d).view(ut),
+                          np.where(z[:, :1] > 0, d, dtype(0)).view(ut))
+
+
 def test_bmm_chunking_matches_matmul_closely():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((2, 5, 3 * mbase.K_CHUNK + 17)).astype(np.float64)

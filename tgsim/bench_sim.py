@@ -9,8 +9,9 @@ For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
   * the gradient phase alone, batched against looped;
   * peak memory of one step (tracemalloc, which sees NumPy's allocations) against the floor
     N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
-All variants are timed in interleaved rounds (each once per round), so that a shared machine's
-load affects them alike; speedups are given best-against-best and as the median within-round ratio.
+All variants are timed in interleaved rounds (each once per round, after one untimed call), so that
+a shared machine's load affects them alike; speedups are given best-against-best and as the median
+within-round ratio.
 """
 
 from __future__ import annotations
@@ -79,14 +80,17 @@ class _LoopedCodec:
 
 
 def _rounds(variants: dict, repeats: int) -> dict:
-    """Seconds per call of each variant, measured in `repeats` interleaved rounds (every variant
-    once per round, in a fixed order), so that all of them see the same state of a shared, noisy
-    machine; one warm-up call each (JIT, caches) first."""
+    """Seconds per call of each variant in the steady state of a training loop, measured in
+    `repeats` interleaved rounds so that all variants see the same state of a shared, noisy
+    machine: per round, each variant in a fixed order is called once untimed (its caches and
+    allocator warm again after the other variants ran, as in a loop of that variant alone) and
+    then once timed."""
     for fn in variants.values():
-        fn()
+        fn()                            # JIT compilation, first-touch allocations
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, fn in variants.items():
+            fn()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -198,6 +198,13 @@ def dense_backward(xp, h, w, d, need_input_grad: bool = True):
 
 
 def relu(xp, z):
+    """xp.maximum(z, 0) (NaN kept); one Numba pass for plain NumPy float arrays, same bits."""
+    if xp is np:
+        from tgsim.models import _numba_elementwise
+
+        out = _numba_elementwise.relu(z)
+        if out is not None:
+            return out
     return xp.maximum(z, z.dtype.type(0))
 
 
@@ -215,6 +222,13 @@ def keep_where(xp, keep, d):
 
 
 def relu_backward(xp, pre, d):
+    """d where pre > 0, else +0.0; one Numba pass for plain NumPy float arrays, same bits."""
+    if xp is np:
+        from tgsim.models import _numba_elementwise
+
+        out = _numba_elementwise.keep_positive(pre, d)
+        if out is not None:
+            return out
     return keep_where(xp, pre > 0, d)
 
 
