@@ -62,9 +62,26 @@ def test_pack_offset_finds_one_value_that_does_not_fit_anywhere(where, bad):
                           packing.pack_uint_reference((v.astype(np.int32) + 8).astype(np.uint32), 4))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32, np.uint64])
+def test_pack_offset_rejects_wide_values_that_would_wrap_in_32_bits(dtype):
+    """The kernel widens values to int32; a wider value that would wrap to one that fits (2^32 + 3,
+    2^32 - 1 with offset 8) must still be rejected, and in-range wide values pack as the reference."""
+    from tgsim.codecs import _numba_uint
+
+    v = np.full(1001, 3, dtype)
+    want = packing.pack_uint_reference((v.astype(np.int64) + 8).astype(np.uint32), 4)
+    assert np.array_equal(_numba_uint.pack_offset(v, 8, 4), want)
+    for wrapping in (2**32 + 3, 2**32 - 1):
+        if wrapping > np.iinfo(dtype).max:
+            continue
+        v[500] = wrapping
+        with pytest.raises(ValueError, match="do not fit"):
+            _numba_uint.pack_offset(v, 8, 4)
+
+
 @pytest.mark.parametrize("workers", [1, 3, 8, 127, 128, 300])
 def test_decode_codes_equals_scale_integer_sum_and_counts_codes_beyond_n(workers):
-    """The integer all-reduce's decode: table lookup == packing.scale_integer_sum bit for bit (int8 up to
+    """The integer all-reduce's decode == packing.scale_integer_sum bit for bit (int8 up to
     127 workers, int16 beyond), and every code sum outside [-N, N] is counted (positive control)."""
     from tgsim.codecs import _numba_uint
 
