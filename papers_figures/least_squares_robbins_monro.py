@@ -45,7 +45,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import seaborn as sns  # noqa: E402
 
-g = sns.relplot(data=pd.concat(curves), x="step", y="dist_opt", hue="workers", style="codec", kind="line")
+g = sns.relplot(data=pd.concat(curves, ignore_index=True), x="step", y="dist_opt", hue="workers", style="codec", kind="line")
 g.set(yscale="log", ylabel="||w - w*|| / ||w*||")
 g.refline(y=1e-3)
 g.savefig(OUT / "least_squares_robbins_monro.png", dpi=120)
