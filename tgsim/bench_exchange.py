@@ -19,7 +19,8 @@ adds, per row:
   pct_of_ratio   speedup / byte_ratio; target >= 0.75 at 1 Gb/s for P >= 4M (`meets_target`)
   speedup_wire_only   t_step(fp32_native) / t_wire(mode): the speedup if encode/decode were free
   cause          why a row misses the target (CPU-bound encode/decode, MPICH moving more than the
-                 payload, oversubscription), from its own timings
+                 payload, oversubscription, a parameter server's uplink and downlink in sequence on
+                 a switch), from its own timings
 
 Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) for `unshare --net` and `tc`; `check_environment()`
 says what is missing.
@@ -160,6 +161,13 @@ def _cause(r) -> str:
         over = f", {r.ranks} ranks on {int(r.cores)} cores" if r.ranks > r.cores else ""
         bits.append(f"CPU-bound: encode {r.t_encode * 1e3:.0f} ms + decode {r.t_decode * 1e3:.0f} ms "
                     f"({where}) of a {r.t_step * 1e3:.0f} ms step{over}")
+    up, down = getattr(r, "payload_rank0_received", float("nan")), getattr(r, "payload_rank0_sent", float("nan"))
+    if str(r.mode).startswith("tg_ps") and r.topology == "switch" and up + down > 1.3 * max(up, down):
+        bps = rate_bits(r.rate)
+        bits.append(f"the server's link carries the uplink ({up / 1e6:.1f} MB in) and then the downlink "
+                    f"({down / 1e6:.1f} MB out) one after the other: {(up + down) * 8e3 / bps:.0f} ms at line "
+                    f"rate, against {max(up, down) * 8e3 / bps:.0f} ms if they overlapped as the busiest-link "
+                    "byte ratio assumes")
     if r.t_fp32_native < 1.3 * r.line_time and r.t_wire > 1.5 * r.line_time:
         bits.append(f"wire {r.t_wire * 1e3:.0f} ms vs {r.line_time * 1e3:.0f} ms at line rate")
     if r.t_fp32_native > 1.5 * r.line_time * r.byte_ratio:
