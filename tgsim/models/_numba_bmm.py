@@ -14,11 +14,12 @@ with that worker alone: what the simulator and the MPI ranks rely on. Operands a
 C-contiguous arrays with a transpose flag (a swapaxes view of a C array is its base, transposed),
 so Numba hands them to BLAS without a copy; anything else is made contiguous first.
 
-SciPy's BLAS (the library Numba calls) is set to one thread when this module is imported: the parallelism is over
-workers, and an OpenBLAS pool of its own would only compete for the cores with Numba's threads and
-NumPy's OpenBLAS pool (its threads spin-wait after each call). One-thread and two-thread OpenBLAS
-take the same time on these products (8x256x256: 11.0 vs 11.0 us), and the bits do not depend on
-the BLAS thread count (`bmm`'s K_CHUNK). NumPy's own BLAS is left alone.
+SciPy's BLAS (the library Numba calls) is set to one thread when this module is imported, for the
+whole process: the parallelism is over workers, and an OpenBLAS pool of its own would only compete
+for the cores with Numba's threads and NumPy's OpenBLAS pool (its threads spin-wait after each
+call). One-thread and two-thread OpenBLAS take the same time on these products (8x256x256: 11.0 vs
+11.0 us), and the bits do not depend on the BLAS thread count (`bmm`'s K_CHUNK). NumPy's own BLAS
+is left alone.
 """
 
 from __future__ import annotations
