@@ -108,6 +108,11 @@ def matmul_workers(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) 
         raise ValueError(f"matmul_workers: expected (N, M, K) @ (K, P) or (N, K, P) of one float dtype, "
                          f"got {getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')} @ "
                          f"{getattr(b, 'dtype', type(b))} {getattr(b, 'shape', '')}")
+    return products(a, b, out)
+
+
+def products(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """matmul_workers for operands the caller has already checked with `supported`."""
     n, m, k = a.shape
     bb = b[None] if b.ndim == 2 else b
     p = bb.shape[2]

@@ -39,6 +39,7 @@ from typing import Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from tgsim.backend import array_module
+from tgsim.models import _numba_bmm, _numba_elementwise
 
 TASKS = ("regression", "classification")
 _SEED_TAG = 0x6D6F64656C  # "model"
@@ -140,11 +141,8 @@ def _matmul(xp, a, b, out=None):
     threads), anything else (CuPy, other dtypes) through xp.matmul. The route depends on the backend,
     dtype and operand pattern, never on N, so a worker's bits are those of a call with that worker
     alone."""
-    if xp is np:
-        from tgsim.models import _numba_bmm
-
-        if _numba_bmm.supported(a, b):
-            return _numba_bmm.matmul_workers(a, b, out)
+    if xp is np and _numba_bmm.supported(a, b):
+        return _numba_bmm.products(a, b, out)
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 
@@ -200,8 +198,6 @@ def dense_backward(xp, h, w, d, need_input_grad: bool = True):
 def relu(xp, z):
     """xp.maximum(z, 0) (NaN kept); one Numba pass for plain NumPy float arrays, same bits."""
     if xp is np:
-        from tgsim.models import _numba_elementwise
-
         out = _numba_elementwise.relu(z)
         if out is not None:
             return out
@@ -224,8 +220,6 @@ def keep_where(xp, keep, d):
 def relu_backward(xp, pre, d):
     """d where pre > 0, else +0.0; one Numba pass for plain NumPy float arrays, same bits."""
     if xp is np:
-        from tgsim.models import _numba_elementwise
-
         out = _numba_elementwise.keep_positive(pre, d)
         if out is not None:
             return out
