@@ -13,13 +13,16 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
   fp32_exact    ex.mean_fp32 with exact=True: Alltoallv + ordered float64 sums + Allgatherv
   fp32_native   ex.mean_fp32_native: MPI's own Allreduce(SUM) of float32 (the honest fp32 baseline)
   tg_allreduce  TernGrad, shared scalers, Allreduce(SUM) of int8 codes
-  tg_ps         TernGrad, shared scalers, parameter server on rank 0 (point-to-point: N-1 Recv of
-                the packed slots, N-1 Send of the packed sums; MPIExchange's default)
+  tg_ps         TernGrad, shared scalers, parameter server on rank 0 (point-to-point, MPIExchange's
+                default): the slots and the packed sums cut into pieces of 2^18 elements (64 KiB of
+                2-bit codes), the server sums and sends piece k while piece k+1 arrives (ps_pipeline)
+  tg_ps_whole   the same server with one piece: every whole slot in, then the whole sum out (not in
+                the default set)
   tg_ps_collective  the same server through MPI Gather + Bcast (MPICH's trees; not in the default set)
   tg_allgather  TernGrad, shared scalers, Allgather of the packed messages
 
 A TernGrad step is: pass 1 (codec.scaling) -> MAX all-reduce of the scalers (ex.max_scalers) ->
-encode -> ex.terngrad (wire + server sum + decode). Steps of the five modes are interleaved
+encode -> ex.terngrad (wire + server sum + decode). Steps of the modes are interleaved
 (step i of every mode, then step i + 1), so slow drifts of a shared machine's load hit all modes alike.
 
 Timing, per step and rank, with a Barrier before the step starts:
@@ -27,7 +30,8 @@ Timing, per step and rank, with a Barrier before the step starts:
   t_encode   codec.scaling + codec.encode (TernGrad only)
   t_scalers  ex.max_scalers (one small Allreduce; absorbs waiting for the slowest rank's pass 1)
   t_exchange ex.terngrad / ex.mean_fp32*
-  t_wire     time inside MPI collectives during t_exchange (a timing subclass of the communicator)
+  t_wire     time inside MPI collectives and waits for nonblocking transfers during t_exchange (a
+             timing subclass of the communicator)
   t_decode   t_exchange - t_wire on the same rank: slot building, parsing, server sums, unpacking
 The row holds, per component, the median over steps of the MAXIMUM over ranks (a synchronous step
 ends when its last rank is done), except t_wire: the MINIMUM over ranks (the rank that entered the
@@ -61,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective")
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole")
 DEFAULT_MODES = MODES[:5]
 
 # AlexNet (Krizhevsky et al. 2012, single-tower): weight and bias sizes per layer.
@@ -158,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="1e6,4e6,16e6", help="comma-separated gradient sizes (elements)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode and size")
+    p.add_argument("--ps-chunk", type=int, default=None,
+                   help="elements per piece of the pipelined parameter server (default: MPIExchange's)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and size (JIT, first touch)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds per size: if one warm-up round of all modes is slow, time fewer steps "
@@ -200,12 +206,15 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
         msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc)
         tc = time.perf_counter()
+        chunk = ex.ps_chunk
         if mode == "tg_ps_collective":
             ex.ps_transport = "collective"
+        elif mode == "tg_ps_whole":
+            ex.ps_chunk = 0
         try:
-            _, nb = ex.terngrad(codec, [msg], mode[3:].removesuffix("_collective"), True)
+            _, nb = ex.terngrad(codec, [msg], mode[3:].removesuffix("_collective").removesuffix("_whole"), True)
         finally:
-            ex.ps_transport = "p2p"
+            ex.ps_transport, ex.ps_chunk = "p2p", chunk
         td = time.perf_counter()
         t["encode"] = (ta - t0) + (tc - tb)
         t["scalers"] = tb - ta
@@ -230,6 +239,10 @@ def main(argv=None) -> int:
     comm = TimedComm(MPI.COMM_WORLD)
     rank, n = comm.Get_rank(), comm.Get_size()
     ex = MPIExchange(comm, exact=True, bucket_bytes=int(args.bucket_mb * 2**20), gpu=False)
+    if args.ps_chunk is not None:
+        ex.ps_chunk = args.ps_chunk
+    wait = ex._waitall                 # the pipelined server's nonblocking transfers count as wire too
+    ex._waitall = lambda requests: comm._t(wait, requests)
     codec = TernGrad()               # 2-bit packing, no clipping, every layer ternary (min_size 0)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]

@@ -198,11 +198,14 @@ def run_faults(ex, failures: list) -> int:
     def truncated(b: bytes) -> bytes:
         return b[:-3]
 
+    def late_code(b: bytes) -> bytes:             # the last layer is ternary: its last byte of codes
+        return b[:-1] + b"\xff"
+
     def scaler(b: bytes) -> bytes:
         return b[:head] + np.float32(np.frombuffer(b[head:head + 4], np.float32)[0] * 2).tobytes() + b[head + 4:]
 
-    cases = [("allgather", magic), ("allgather", invalid_code), ("allgather", truncated), ("allgather", scaler),
-             ("ps", magic), ("ps", invalid_code), ("ps", truncated), ("ps", scaler)]
+    cases = [(mode, fault) for mode in ("allgather", "ps") for fault in (magic, invalid_code, late_code, truncated,
+                                                                          scaler)]
     texts = []
     for mode, corrupt in cases:
         original = ex._serialize
@@ -274,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     # many buckets per phase, and the parameter server over MPI's Gather/Bcast instead of Send/Recv
     small = MPIExchange(ex.comm, bucket_bytes=64, gpu=args.gpu, ps_transport="collective")
     count += run_equality(small, args.gpu, failures, {}, "bucketed-collective/")
+    # the parameter server cut into pieces of 40 elements (many pieces per layer and layers per piece)
+    pieces = MPIExchange(ex.comm, gpu=args.gpu, ps_chunk=40)
+    count += run_equality(pieces, args.gpu, failures, {}, "pieces/")
     native = MPIExchange(ex.comm, exact=False, gpu=args.gpu)
     layers = to_device(make_layers(ex.n_workers, SEED + 1), args.gpu)
     got, _ = native.mean_fp32(layers[ex.rank:ex.rank + 1])             # runs; bits may differ (MPI's order)
@@ -294,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(v.size for v in ref.values())} elements differ from the simulator's bits")
     if args.faults:
         count += run_faults(ex, failures)
+        count += run_faults(pieces, failures)
     if args.dump:
         from tgsim.backend import to_numpy
 

@@ -185,7 +185,8 @@ def test_ps_downlink_round_trip_gives_the_in_process_bits():
 def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     """Same gradients and keys: fp32 (f32 and f64 gradients), TernGrad allreduce/allgather/ps (shared or
     not, re-ternarized or not, 2-bit and base-3, with and without clipping), also in many small
-    buckets; plus malformed payloads from a peer and a config mismatch (the --faults checks)."""
+    buckets and with the parameter server in pieces of 40 elements; plus malformed payloads from a
+    peer and a config mismatch (the --faults checks)."""
     from mpi_runs.selftest import bits_equal, cases, reference
 
     res, _ = mpiexec([(n, ["-m", "mpi_runs.selftest", "--faults", "--dump", str(tmp_path)])], timeout=120)
@@ -203,7 +204,10 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     # malformed payloads are reported on the receiver, naming the sender (the last rank injects them)
     assert "rank 0 received a malformed payload from rank" in res.stdout                    # allgather
     assert "the parameter server (rank 0) received a malformed payload from rank" in res.stdout   # ps
-    assert res.stdout.count(f"malformed payload from rank {n - 1}:") == 8, res.stdout
+    # 5 faults x (allgather, ps), with the whole-message server and with the pipelined one in pieces of 40
+    assert res.stdout.count(f"malformed payload from rank {n - 1}:") == 20, res.stdout
+    assert res.stdout.count(f"(rank 0) received a malformed payload from rank {n - 1}: layer 'zeros': invalid code "
+                            "0b11 at byte 12") == 2, res.stdout         # the last piece, named with its layer offset
     assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout
 
 

@@ -242,7 +242,8 @@ def _synthetic(params: pm.EmuParams, noise: float = 0.0, seed: int = 0, n_scale=
                         c = pm.predict_components(mode, P, n, rate, topo, params, load)
                         f = lambda: (1 + noise * rng.standard_normal()) * n_scale(n)  # noqa: E731
                         fw = f()
-                        w, wp = c["t_wire"] * fw, c["t_wire_path"] * fw
+                        w = c["t_wire"] * fw
+                        wp = (c["t_exchange"] - c["t_decode"]) * fw   # the exchange's path beside the CPU
                         e, s, d = c["t_encode"] * f(), c["t_scalers"] * f(), c["t_decode"] * f()
                         rows.append({"topology": topo, "rate": rate, "ranks": n, "params": P, "mode": mode,
                                      "t_step": wp + e + s + d, "t_exchange": wp + d, "t_wire": w, "t_encode": e,

@@ -141,7 +141,8 @@ def summarize(raw):
     df["speedup_wire_only"] = t_base / df["t_wire"]
     gbit = df["rate"].map(lambda r: rate_bits(r) / 1e9 if r != "none" else np.nan)
     df["line_time"] = link * 8 / (gbit * 1e9)            # the payload at line rate (shared: all of it)
-    df["target_applies"] = (gbit == 1.0) & (df["params"] >= 4_000_000) & df["mode"].str.startswith("tg_")
+    df["target_applies"] = (gbit == 1.0) & (df["params"] >= 4_000_000) & df["mode"].str.startswith("tg_") \
+        & (df["mode"] != "tg_ps_whole")     # the unpipelined server: a reference row, not a mode of its own
     df["meets_target"] = np.where(df["target_applies"], df["pct_of_ratio"] >= TARGET, np.nan)
     df["cause"] = [_cause(r) for r in df.itertuples(index=False)]
     return df
@@ -162,7 +163,7 @@ def _cause(r) -> str:
         bits.append(f"CPU-bound: encode {r.t_encode * 1e3:.0f} ms + decode {r.t_decode * 1e3:.0f} ms "
                     f"({where}) of a {r.t_step * 1e3:.0f} ms step{over}")
     up, down = getattr(r, "payload_rank0_received", float("nan")), getattr(r, "payload_rank0_sent", float("nan"))
-    if str(r.mode).startswith("tg_ps") and r.topology == "switch" and up + down > 1.3 * max(up, down):
+    if r.mode in ("tg_ps_whole", "tg_ps_collective") and r.topology == "switch" and up + down > 1.3 * max(up, down):
         bps = rate_bits(r.rate)
         bits.append(f"the server's link carries the uplink ({up / 1e6:.1f} MB in) and then the downlink "
                     f"({down / 1e6:.1f} MB out) one after the other: {(up + down) * 8e3 / bps:.0f} ms at line "

@@ -190,10 +190,11 @@ def pack_offset(intsum: np.ndarray, offset: int, width: int) -> np.ndarray:
     return out
 
 
-def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: float, divide_by: int):
-    """(float32 mean, max packed value): scale_integer_sum(unpack_uint(payload) - offset, scaler, divide_by)."""
+def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: float, divide_by: int, out=None):
+    """(float32 mean, max packed value): scale_integer_sum(unpack_uint(payload) - offset, scaler, divide_by),
+    written into `out` (a contiguous float32 array of n elements) when given."""
     payload = np.ascontiguousarray(payload)
-    out = np.empty(n, dtype=np.float32)
+    out = np.empty(n, dtype=np.float32) if out is None else out
     full = min(n // 8, payload.size // width)
     _, decode = _full_group_kernels(int(width))
     args = (np.int64(offset), np.float64(scaler), np.float64(1.0 / divide_by))

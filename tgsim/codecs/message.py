@@ -141,17 +141,25 @@ def parse_header(buf: bytes | memoryview) -> tuple[Layout | None, tuple, int]:
     return fields, tuple(specs), off + 4
 
 
-def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
-    """Parse and check a serialized message against the receiver's layout (ValueError on mismatch)."""
+def check_header(buf: bytes | memoryview, layout: Layout, body: int | None = None) -> int:
+    """Check a message's header against the receiver's layout (ValueError on mismatch) and return its
+    length; `body` is the number of bytes after the header (None: the rest of `buf`)."""
     fields, specs, off = parse_header(buf)
     if fields["packing"] != layout.packing:
         raise ValueError(f"message packed as {fields['packing']}, receiver expects {layout.packing}")
     mine = tuple((s.kind, s.shape) for s in layout.layers)
     if fields["layout_id"] != layout.layout_id or specs != mine:
         raise ValueError("message layout (layer kinds/shapes/names) differs from the receiver's model")
-    if len(buf) - off != fields["body"] or fields["body"] != layout.body_bytes():
-        raise ValueError(f"message body is {len(buf) - off} bytes, header says {fields['body']}, "
+    body = len(buf) - off if body is None else body
+    if body != fields["body"] or fields["body"] != layout.body_bytes():
+        raise ValueError(f"message body is {body} bytes, header says {fields['body']}, "
                          f"layout needs {layout.body_bytes()}")
+    return off
+
+
+def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
+    """Parse and check a serialized message against the receiver's layout (ValueError on mismatch)."""
+    off = check_header(buf, layout)
     data = np.frombuffer(buf, dtype=np.uint8, offset=off)
     scalers = np.zeros(len(layout.layers), dtype=np.float32)
     parts, pos = [], 0

@@ -28,11 +28,18 @@ Phases and wire formats
                scalers the downlink is the float32 mean; with `reternarize_key` it is the
                serialized Message of the mean ternarized again with that key. Every rank (the
                server too) decodes the same downlink bytes. Transport (`ps_transport`):
-               "p2p" (default, what a parameter server does): N-1 Recv of the slots and N-1 Send of
-               the downlink on the server, one Send + one Recv on each worker -- exactly N-1
-               payloads each way cross the network; "collective": MPI Gather + Bcast, whose
-               binomial trees forward slots through inner ranks (1.36x the payload bytes on a
-               shared medium at N = 8) but spread the downlink over more links on a switch.
+               "p2p" (default, what a parameter server does): point-to-point messages between the
+               server and each worker -- exactly N-1 payloads each way cross the network. With
+               shared scalers and no re-ternarization (NumPy buffers) the exchange is pipelined
+               (`ps_pipeline`): slot and downlink are cut into pieces of `ps_chunk` elements
+               (default 2^18; 0 = one piece); each worker Isends its pieces, the server sums and
+               Isends piece k as soon as piece k has arrived from every worker, every rank decodes
+               piece k while later pieces are on the wire, and each downlink piece carries its
+               own u64 status. So a full-duplex link carries uplink and downlink at once instead
+               of one after the other. Otherwise: N-1 Recv of the whole slots and N-1 Send of the
+               whole downlink on the server. "collective": MPI Gather + Bcast, whose binomial
+               trees forward slots through inner ranks (1.36x the payload bytes on a shared medium
+               at N = 8) but spread the downlink over more links on a switch.
 
 Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
 sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
@@ -66,6 +73,7 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
 from tgsim.codecs.terngrad import TernGrad
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
+from tgsim.exchange.ps_pipeline import PSPlan, SenderError
 from tgsim.train.config import ConfigError
 
 _U64 = np.dtype("<u8")
@@ -73,6 +81,7 @@ _HDR = 8          # slot prefix / downlink status: one little-endian u64
 _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
 _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
 PS_TRANSPORTS = ("p2p", "collective")
+PS_CHUNK = 1 << 18    # elements per piece of the pipelined parameter server (64 KiB of 2-bit codes)
 
 
 class CollectiveError(Exception):
@@ -281,7 +290,7 @@ class MPIExchange:
     """The `Exchange` protocol over MPI: one worker per rank (see the module docstring)."""
 
     def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
-                 ps_transport: str = "p2p"):
+                 ps_transport: str = "p2p", ps_chunk: int = PS_CHUNK):
         MPI = _mpi()
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -296,6 +305,8 @@ class MPIExchange:
         if ps_transport not in PS_TRANSPORTS:
             raise ValueError(f"ps_transport must be one of {PS_TRANSPORTS}, got {ps_transport!r}")
         self.ps_transport = ps_transport
+        self.ps_chunk = int(ps_chunk)
+        self._plans: dict = {}
         self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
         self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
@@ -455,7 +466,9 @@ class MPIExchange:
         msg = local_messages[0]
         if mode not in ("allreduce", "ps", "allgather"):
             raise ValueError(f"unknown exchange mode {mode!r}")
-        if mode == "ps":
+        if mode == "ps" and self._pipelined(msg, shared, reternarize_key):
+            mean, nbytes = self._ps_pipelined(codec, msg)
+        elif mode == "ps":
             mean, nbytes = self._ps(codec, msg, shared, reternarize_key)
         else:
             if mode == "allgather" or not shared:
@@ -581,6 +594,92 @@ class MPIExchange:
         else:
             nbytes = CommBytes(slot.size, buf.size)
         return mean, nbytes
+
+    def _pipelined(self, msg: Message, shared: bool, reternarize_key) -> bool:
+        """The pipelined path: p2p transport, shared scalers, no re-ternarization, host (NumPy) parts."""
+        host = all(isinstance(p, np.ndarray) for p in msg.parts)
+        return self.ps_transport == "p2p" and shared and reternarize_key is None and host
+
+    def _plan(self, layout: Layout) -> PSPlan:
+        key = (layout, self.size, self.ps_chunk)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = PSPlan(layout, self.size, self.ps_chunk)
+        return plan
+
+    def _ps_pipelined(self, codec, msg: Message):
+        """The parameter server in pieces (`ps_pipeline`): every worker Isends its slot's pieces and has
+        Irecvs posted for the downlink's; the server sums and sends piece k as soon as piece k has
+        arrived from every worker, and every rank decodes piece k while later pieces are on the wire.
+        Downlink piece k on the wire: [u64 status | piece bytes]. After an error the server still
+        receives every piece and sends every piece, marked with the error status, then broadcasts the
+        text: every rank raises the same error, and the communicator stays in step."""
+        MPI, n, root = self.MPI, self.size, 0
+        plan = self._plan(msg.layout)
+        pieces = plan.pieces
+        slot = self._slot(msg)
+        wire = np.zeros(_HDR * len(pieces) + plan.down_bytes, dtype=np.uint8)
+        at = [_HDR * k + p.down[0] for k, p in enumerate(pieces)]      # status word of piece k
+        ends = [_HDR * (k + 1) + p.down[1] for k, p in enumerate(pieces)]
+        flat, scalers = plan.empty_mean(), np.zeros(len(msg.layout.layers), dtype=np.float32)
+        error, status_seen, local_error = None, _STATUS_OK, None
+        if self.rank == root:
+            where = "the parameter server (rank 0)"
+            slots = np.empty((n, slot.size), dtype=np.uint8)
+            slots[root] = slot
+            ups = [[self.comm.Irecv([slots[r, p.up[0]:p.up[1]], MPI.BYTE], source=r, tag=_TAG_PS_UP)
+                    for r in range(n) if r != root] for p in pieces]
+            sends = []
+            kern = codec._kernels(np)
+            for k in range(len(pieces)):
+                self._waitall(ups[k])
+                status = _STATUS_OK
+                if error is None:
+                    try:
+                        if k == 0:
+                            plan.check_headers(slots)
+                        plan.downlink(k, slots, msg.scalers, kern, wire[at[k] + _HDR:ends[k]])
+                        plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
+                    except SenderError as e:
+                        error, status_seen = (f"{where} received a malformed payload from rank {e.sender}: {e}",
+                                              _STATUS_PAYLOAD)
+                    except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
+                        error = f"the parameter server (rank 0) failed: {type(e).__name__}: {e}"
+                        status_seen = _STATUS_SERVER
+                    status = status_seen
+                wire[at[k]:at[k] + _HDR] = np.array([status], dtype=_U64).view(np.uint8)
+                sends += [self.comm.Isend([wire[at[k]:ends[k]], MPI.BYTE], dest=r, tag=_TAG_PS_DOWN)
+                          for r in range(n) if r != root]
+            self._waitall(sends)
+        else:
+            downs = [self.comm.Irecv([wire[at[k]:ends[k]], MPI.BYTE], source=root, tag=_TAG_PS_DOWN)
+                     for k in range(len(pieces))]
+            sends = [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=root, tag=_TAG_PS_UP) for p in pieces]
+            for k in range(len(pieces)):
+                self._waitall(downs[k:k + 1])
+                status = int(wire[at[k]:at[k] + _HDR].view(_U64)[0])
+                if status != _STATUS_OK:
+                    status_seen = status
+                elif status_seen == _STATUS_OK and local_error is None:
+                    try:
+                        plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
+                    except ValueError as e:
+                        local_error = e
+            self._waitall(sends)
+        if status_seen != _STATUS_OK:
+            text = self.comm.bcast(error, root=root)
+            raise (PeerPayloadError if status_seen == _STATUS_PAYLOAD else ServerError)(text)
+        if local_error is not None:
+            raise PeerPayloadError(f"rank {self.rank} received a malformed downlink from rank 0: "
+                                   f"{local_error}") from local_error
+        mean = {s.name: f.reshape(s.shape) for s, f in zip(msg.layout.layers, flat)}
+        if self.rank == root:
+            return mean, CommBytes((n - 1) * wire.size, (n - 1) * slot.size)
+        return mean, CommBytes(slot.size, wire.size)
+
+    def _waitall(self, requests: list) -> None:
+        """Wait for nonblocking transfers (a seam: the benchmark times the wire here)."""
+        self.MPI.Request.Waitall(requests)
 
     def _ps_gather(self, slot: np.ndarray, slots: np.ndarray | None, root: int) -> None:
         """slots[r] <- rank r's slot on the server (all slots have one size: the layout fixes it)."""

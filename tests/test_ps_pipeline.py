@@ -1,0 +1,128 @@
+"""The pipelined parameter server's pieces (no MPI needed): the pieces tile the slot and the downlink,
+and piece by piece the server computes and every rank decodes the whole-message bytes and bits."""
+
+import numpy as np
+import pytest
+
+from tgsim.codecs import TernGrad
+from tgsim.exchange import InProcessExchange
+from tgsim.exchange.mpi import ps_decode_base, ps_downlink
+from tgsim.exchange.ps_pipeline import ALIGN, HDR, PSPlan, SenderError
+from tgsim.rng import StreamKey
+
+SHAPES = {"a": (37, 13), "bias": (13,), "empty": (0,), "scalar": (), "b": (1001,), "c": (40,), "d": (3,)}
+
+
+def _messages(n: int, fmt: str, seed: int = 7):
+    codec = TernGrad(packing=fmt, min_size=5, float_layers=("bias",))
+    rng = np.random.default_rng(seed)
+    layers = [{k: (rng.standard_normal(s) * 10.0 ** rng.uniform(-3, 3, s)).astype(np.float32)
+               for k, s in SHAPES.items()} for _ in range(n)]
+    scalings = [codec.scaling(g) for g in layers]
+    shared = InProcessExchange(n).max_scalers(np.stack([codec.local_scalers(s) for s in scalings]))
+    msgs = [codec.encode(layers[w], StreamKey(seed, 1, w), shared, scalings[w]) for w in range(n)]
+    return codec, msgs
+
+
+def _slots(msgs) -> np.ndarray:
+    """Each worker's slot as MPIExchange sends it: [u64 length | serialized message]."""
+    return np.stack([np.frombuffer(np.uint64(m.wire_bytes).tobytes() + m.to_bytes(), np.uint8) for m in msgs])
+
+
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 130])
+@pytest.mark.parametrize("chunk", [0, 1, 40, 41, 200, 1 << 18])
+def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
+    codec, msgs = _messages(n, fmt, seed=n)
+    plan = PSPlan(msgs[0].layout, n, chunk)
+    slots = _slots(msgs)
+    assert slots.shape[1] == plan.slot_bytes
+    # the pieces tile both buffers, in order, and cover every element once
+    assert [p.up for p in plan.pieces] == list(zip([0] + [p.up[1] for p in plan.pieces[:-1]],
+                                                   [p.up[1] for p in plan.pieces]))
+    assert plan.pieces[-1].up[1] == plan.slot_bytes and plan.pieces[-1].down[1] == plan.down_bytes
+    seen = {i: [] for i in range(len(SHAPES))}
+    for p in plan.pieces:
+        for i, e0, e1 in p.ranges:
+            seen[i].append((e0, e1))
+            assert e0 % ALIGN == 0
+    for i, spec in enumerate(msgs[0].layout.layers):
+        ranges = seen[i]
+        assert ranges[0][0] == 0 and ranges[-1][1] == spec.size
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    if chunk > 0:
+        assert all(sum(e1 - e0 for _, e0, e1 in p.ranges) <= max(ALIGN, chunk) for p in plan.pieces)
+    # the server's pieces == the whole downlink; the decoded pieces == the whole decode
+    whole = ps_downlink(codec, msgs, shared=True)
+    down = np.zeros(plan.down_bytes, dtype=np.uint8)
+    kern = codec._kernels(np)
+    plan.check_headers(slots)
+    for k, p in enumerate(plan.pieces):
+        plan.downlink(k, slots, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
+    assert down.tobytes() == whole.tobytes()
+    flat, scalers = plan.empty_mean(), np.zeros(len(SHAPES), np.float32)
+    for k, p in enumerate(plan.pieces):
+        plan.decode(k, down[p.down[0]:p.down[1]], flat, scalers)
+    ref = ps_decode_base(msgs[0].layout, whole, n, shared=True)
+    sim = InProcessExchange(n).terngrad(codec, msgs, "ps", True)[0]
+    for i, spec in enumerate(msgs[0].layout.layers):
+        assert flat[i].tobytes() == ref[spec.name].tobytes() == sim[spec.name].tobytes(), spec.name
+
+
+def test_chunking_cuts_large_layers_and_groups_small_ones():
+    _, msgs = _messages(2, "2bit")
+    plan = PSPlan(msgs[0].layout, 2, 400)
+    assert len(plan.pieces) > 3
+    assert max(len(p.ranges) for p in plan.pieces) > 1           # small layers share a piece
+    assert len(PSPlan(msgs[0].layout, 2, 0).pieces) == 1          # chunk 0: the whole message
+
+
+def test_a_corrupt_piece_names_its_sender():
+    """Positive controls: a bad header, scaler or code in a late piece is found, naming the rank."""
+    codec, msgs = _messages(3, "2bit")
+    plan = PSPlan(msgs[0].layout, 3, 40)
+    kern = codec._kernels(np)
+    down = np.zeros(plan.down_bytes, dtype=np.uint8)
+
+    def run(slots):
+        plan.check_headers(slots)
+        for k, p in enumerate(plan.pieces):
+            plan.downlink(k, slots, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
+
+    good = _slots(msgs)
+    run(good)
+    bad = good.copy()
+    c = msgs[0].layout.names.index("c")
+    bad[2, plan.up_base[c] + 4 + 9] = 0xFF                     # layer c's last code byte (a late piece)
+    with pytest.raises(SenderError, match="layer 'c': invalid code 0b11 at byte 9") as e:
+        run(bad)
+    assert e.value.sender == 2
+    bad = good.copy()
+    bad[1, HDR:HDR + 4] = np.frombuffer(b"XXXX", np.uint8)
+    with pytest.raises(SenderError, match="magic") as e:
+        run(bad)
+    assert e.value.sender == 1
+    bad = good.copy()
+    i = msgs[0].layout.names.index("b")
+    bad[1, plan.up_base[i]:plan.up_base[i] + 4] = np.float32(msgs[0].scalers[i] * 2).reshape(1).view(np.uint8)
+    with pytest.raises(SenderError, match="layer 'b' has scaler") as e:
+        run(bad)
+    assert e.value.sender == 1
+
+
+def test_a_corrupt_downlink_piece_raises():
+    codec, msgs = _messages(2, "2bit")
+    plan = PSPlan(msgs[0].layout, 2, 40)
+    down = ps_downlink(codec, msgs, shared=True).copy()
+    flat, scalers = plan.empty_mean(), np.zeros(len(SHAPES), np.float32)
+    c = msgs[0].layout.names.index("c")
+    k = next(j for j, p in enumerate(plan.pieces) if any(r[0] == c for r in p.ranges))
+    p = plan.pieces[k]
+    for j in range(k):
+        q = plan.pieces[j]
+        plan.decode(j, down[q.down[0]:q.down[1]], flat, scalers)
+    with pytest.raises(ValueError, match="bytes, the plan needs"):
+        plan.decode(k, down[p.down[0]:p.down[1] - 1], flat, scalers)
+    down[plan.down_pos(c, 0) + 4 + 14] = 0xFF                  # 3-bit values of 7 > 2N = 4
+    with pytest.raises(ValueError, match="layer 'c': downlink code sum 5 exceeds N = 2"):
+        plan.decode(k, down[p.down[0]:p.down[1]], flat, scalers)
