@@ -59,12 +59,13 @@ Two uses, one set of byte formulas:
        t_encode, t_decode = cost per element (at that P) x P x shape(N) x o ** gamma(cost);
                    shape(N): in-process one-core timings of the ps server, ps decode and allgather
                    aggregate (`SHAPE_SOURCE`), 1 for the others.
-       parameter server (tg_ps, pipelined in K = ceil(P / 2^18) pieces): the uplink, the server's
-                   sums, the downlink and the decode overlap, so exchange = max(W, C) + (W + C) / K
-                   (one piece through the pipeline), W = max(up, down) + duplex x min(up, down) on
-                   the switch (full-duplex links; duplex, fitted, is what TCP's acks and the shared
-                   CPU take back) and up + down on the shared medium, C = the CPU of t_decode;
-                   t_wire = exchange - C.
+       pipelined modes (tg_ps, tg_allgather: K = ceil(P / 2^18) pieces): wire, sums and decode
+                   overlap, so exchange = max(W, C) + (1 - overlap) min(W, C) + (W + C) / K (one
+                   piece through the pipeline; overlap, fitted, is the share of the shorter one
+                   hidden), C = the CPU of t_decode, t_wire = exchange - C; for the server W =
+                   max(up, down) + duplex x min(up, down) on the switch (full-duplex links; duplex,
+                   fitted, is what TCP's acks and the shared CPU take back) and up + down on the
+                   shared medium. tg_allgather_whole: the additive form below.
                    tg_ps_whole / tg_ps_collective (one piece): wire = all slots in + all downlinks
                    out, and the server's sum (in t_decode) lies between them; the bench's t_wire
                    (minimum over ranks) is the first worker's (slots, sum, its downlink) or the
@@ -351,8 +352,10 @@ def claim_gain_grows_with_fc_weights(model=None, clusters=("ethernet", "infiniba
 
 # -- 3. the emulated network (validation against `tgsim bench exchange`) --------------------------
 
-MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole")
-PS_CHUNK = 1 << 18      # elements per piece of the pipelined parameter server (tgsim.exchange.mpi.PS_CHUNK)
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
+         "tg_allgather_whole")
+PIPELINED = ("tg_ps", "tg_allgather")   # in pieces: wire, sums and decode overlap (tgsim.exchange.pieces)
+CHUNK = 1 << 18         # elements per piece (tgsim.exchange.mpi.CHUNK)
 _ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_368, 256), (37_748_736, 4096),
             (16_777_216, 4096), (4_096_000, 1000)]
 
@@ -381,17 +384,17 @@ def mode_payloads(mode: str, sizes: Sequence[int], n: int, packing: str = "2bit"
     if mode == "tg_allreduce":
         return {"reduce": P * (1 if n <= 127 else 2), "scalers": 4 * len(sizes)}
     slot = 8 + message_header_bytes(len(sizes)) + sum(4 + packed_size(s, packing) for s in sizes)
-    if mode == "tg_allgather":
+    if mode in ("tg_allgather", "tg_allgather_whole"):
         return {"gather": slot, "scalers": 4 * len(sizes)}
     if mode in ("tg_ps", "tg_ps_collective", "tg_ps_whole"):
         w = uint_width(n)
-        status = 8 * ps_pieces(P) if mode == "tg_ps" else 8       # one u64 status word per downlink piece
+        status = 8 * pieces(P) if mode == "tg_ps" else 8       # one u64 status word per downlink piece
         return {"gather": slot, "bcast": status + sum(4 + -(-s * w // 8) for s in sizes), "scalers": 4 * len(sizes)}
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def ps_pieces(params: int, chunk: int = PS_CHUNK) -> int:
-    """Pieces of the pipelined parameter server (about; `ps_pipeline.PSPlan` also cuts at layer ends)."""
+def pieces(params: int, chunk: int = CHUNK) -> int:
+    """Pieces of a pipelined exchange (about; `pieces.PiecePlan` also cuts at layer ends)."""
     return max(1, -(-int(params) // chunk))
 
 
@@ -439,7 +442,7 @@ def mode_collectives(mode: str, sizes: Sequence[int], n: int) -> list[tuple[str,
     out = [("allreduce", pay["scalers"])]
     if mode == "tg_allreduce":
         return out + [("allreduce", pay["reduce"])]
-    if mode == "tg_allgather":
+    if mode in ("tg_allgather", "tg_allgather_whole"):   # pipelined: p2p pieces, a ring's bytes
         return out + [("allgather", pay["gather"])]
     if mode in ("tg_ps", "tg_ps_whole"):   # MPIExchange's default: point-to-point (ps_transport="p2p")
         return out + [("p2p", pay["gather"]), ("p2p", pay["bcast"])]
@@ -475,6 +478,7 @@ class EmuParams:
     nu: float = 1.0                   # ... and cap_root / o ** nu when it shares the cores with busy-polling ranks
     gamma: float = 1.0                # contention exponent: CPU time x o ** gamma (per CPU cost: `gammas`)
     duplex: float = 0.3               # pipelined server on a switch: max(up, down) + duplex x min(up, down)
+    overlap: float = 0.5              # ... and the share of min(wire, CPU) hidden behind the other
     q_exact: float = 1e-9             # s per byte per unit of (o - 1): fp32_exact's Alltoallv + ring Allgatherv
     c_encode: float = 2.5e-9          # codec.scaling + encode, per element
     c_fp32_native: float = 1.5e-8     # flatten + float64 scaling of the native path, per element
@@ -527,11 +531,11 @@ class EmuParams:
 
 STEP_IN_NETWORK_FIT = True    # also fit the network to t_step (CPU costs held): the ps critical path is in no component
 GAMMA_MIN = 1.0       # fair share: a CPU burst of N runnable ranks on C cores takes at least o times as long
-_WIRE_FIT = ("eta", "cap", "kappa", "alpha", "alpha_os", "beta_sc", "cap_root", "nu", "q_exact", "duplex")
-_LINEAR = ("kappa", "gamma", "nu", "duplex")   # fitted as they are; every other one through its logarithm
+_WIRE_FIT = ("eta", "cap", "kappa", "alpha", "alpha_os", "beta_sc", "cap_root", "nu", "q_exact", "duplex", "overlap")
+_LINEAR = ("kappa", "gamma", "nu", "duplex", "overlap")   # fitted as they are; every other one through its logarithm
 _BOUNDS = {"eta": (0.3, 1.2), "cap": (1e7, 1e11), "kappa": (-1.0, 1.0), "alpha": (1e-7, 0.05),
            "alpha_os": (1e-7, 0.1), "beta_sc": (1e-7, 0.1), "cap_root": (1e7, 1e11), "nu": (0.0, 2.0),
-           "q_exact": (1e-13, 1e-7), "duplex": (0.0, 1.0)}
+           "q_exact": (1e-13, 1e-7), "duplex": (0.0, 1.0), "overlap": (0.0, 1.0)}
 
 
 def _rate_bits(rate: str) -> float:
@@ -572,13 +576,14 @@ def _cpu_shape(mode: str, n: int, part: str = "all") -> float:
     if mode.startswith("tg_ps"):
         srv, dec = _interp(_SHAPE_POINTS["ps_server"], n), _interp(_SHAPE_POINTS["ps_decode"], n)
         return {"server": srv, "decode": dec}.get(part, srv + dec)
-    if mode == "tg_allgather":
+    if mode.startswith("tg_allgather"):
         return _interp(_SHAPE_POINTS["tg_allgather"], n)
     return 1.0
 
 
 _CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
-             "tg_ps": "c_ps", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_decode"}
+             "tg_ps": "c_ps", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_decode",
+             "tg_allgather_whole": "c_ag_decode"}
 
 
 def tbf_burst(rate_bits: float) -> float:
@@ -641,13 +646,13 @@ def predict_components(mode: str, params: int, n: int, rate: str, topology: str,
     parts = _wire_parts(mode, params, n, rate, topology, p, ext_load)
     wire = sum(parts)
     c = p.cost(_CPU_ATTR[mode], params) * params * p.contention(n, ext_load, _CPU_ATTR[mode])
-    if mode == "tg_ps":                  # pipelined: pieces overlap uplink, sums, downlink and decode
-        srv, dec = c * _cpu_shape(mode, n, "server"), c * _cpu_shape(mode, n, "decode")
-        cpu = srv + dec
-        up, down = parts
-        wire = max(up, down) + p.duplex * min(up, down) if topology == "switch" else up + down
-        k = ps_pieces(params)
-        exch = max(wire, cpu) + (wire + cpu) / k       # + one piece through the pipeline
+    if mode in PIPELINED:                # pieces overlap the wire, the sums and the decode
+        cpu = c * _cpu_shape(mode, n)
+        if mode == "tg_ps":
+            up, down = parts
+            wire = max(up, down) + p.duplex * min(up, down) if topology == "switch" else up + down
+        k = pieces(params)
+        exch = max(wire, cpu) + (1.0 - p.overlap) * min(wire, cpu) + (wire + cpu) / k   # + one piece
         return {"t_wire": max(exch - cpu, 0.0), "t_wire_path": wire, "t_encode": enc, "t_scalers": sc,
                 "t_decode": cpu, "t_exchange": exch, "t_step": enc + sc + exch}
     if mode.startswith("tg_ps"):

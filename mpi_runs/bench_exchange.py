@@ -16,10 +16,14 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
   tg_ps         TernGrad, shared scalers, parameter server on rank 0 (point-to-point, MPIExchange's
                 default): the slots and the packed sums cut into pieces of 2^18 elements (64 KiB of
                 2-bit codes), the server sums and sends piece k while piece k+1 arrives (ps_pipeline)
-  tg_ps_whole   the same server with one piece: every whole slot in, then the whole sum out (not in
+  tg_ps_whole   the same server not pipelined: every whole slot in, then the whole sum out (not in
                 the default set)
+  tg_allgather_whole  the all-gather not pipelined: one blocking MPI Allgather, then the sum (what CuPy
+                buffers take; not in the default set)
   tg_ps_collective  the same server through MPI Gather + Bcast (MPICH's trees; not in the default set)
-  tg_allgather  TernGrad, shared scalers, Allgather of the packed messages
+  tg_allgather  TernGrad, shared scalers, all-gather of the packed messages: pieces of 2^18 elements
+                Isent to every other rank, piece k summed while later pieces arrive (MPIExchange's
+                default for NumPy buffers)
 
 A TernGrad step is: pass 1 (codec.scaling) -> MAX all-reduce of the scalers (ex.max_scalers) ->
 encode -> ex.terngrad (wire + server sum + decode). Steps of the modes are interleaved
@@ -65,7 +69,8 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole")
+MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
+         "tg_allgather_whole")
 DEFAULT_MODES = MODES[:5]
 
 # AlexNet (Krizhevsky et al. 2012, single-tower): weight and bias sizes per layer.
@@ -162,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="1e6,4e6,16e6", help="comma-separated gradient sizes (elements)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode and size")
-    p.add_argument("--ps-chunk", type=int, default=None,
-                   help="elements per piece of the pipelined parameter server (default: MPIExchange's)")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="elements per piece of the pipelined ps and allgather (default: MPIExchange's)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and size (JIT, first touch)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds per size: if one warm-up round of all modes is slow, time fewer steps "
@@ -206,15 +211,15 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
         msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc)
         tc = time.perf_counter()
-        chunk = ex.ps_chunk
+        chunk = ex.chunk
         if mode == "tg_ps_collective":
             ex.ps_transport = "collective"
-        elif mode == "tg_ps_whole":
-            ex.ps_chunk = 0
+        elif mode.endswith("_whole"):
+            ex.chunk = -1                    # not pipelined: whole-message Send/Recv, blocking Allgather
         try:
             _, nb = ex.terngrad(codec, [msg], mode[3:].removesuffix("_collective").removesuffix("_whole"), True)
         finally:
-            ex.ps_transport, ex.ps_chunk = "p2p", chunk
+            ex.ps_transport, ex.chunk = "p2p", chunk
         td = time.perf_counter()
         t["encode"] = (ta - t0) + (tc - tb)
         t["scalers"] = tb - ta
@@ -239,8 +244,8 @@ def main(argv=None) -> int:
     comm = TimedComm(MPI.COMM_WORLD)
     rank, n = comm.Get_rank(), comm.Get_size()
     ex = MPIExchange(comm, exact=True, bucket_bytes=int(args.bucket_mb * 2**20), gpu=False)
-    if args.ps_chunk is not None:
-        ex.ps_chunk = args.ps_chunk
+    if args.chunk is not None:
+        ex.chunk = args.chunk
     wait = ex._waitall                 # the pipelined server's nonblocking transfers count as wire too
     ex._waitall = lambda requests: comm._t(wait, requests)
     codec = TernGrad()               # 2-bit packing, no clipping, every layer ternary (min_size 0)

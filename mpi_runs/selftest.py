@@ -274,11 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     dump: dict = {}
     count = run_equality(ex, args.gpu, failures, dump, "")
-    # many buckets per phase, and the parameter server over MPI's Gather/Bcast instead of Send/Recv
-    small = MPIExchange(ex.comm, bucket_bytes=64, gpu=args.gpu, ps_transport="collective")
+    # many buckets per phase, the parameter server over MPI's Gather/Bcast instead of Send/Recv, and the
+    # whole-message (blocking) all-gather that CuPy buffers take
+    small = MPIExchange(ex.comm, bucket_bytes=64, gpu=args.gpu, ps_transport="collective", chunk=-1)
     count += run_equality(small, args.gpu, failures, {}, "bucketed-collective/")
     # the parameter server cut into pieces of 40 elements (many pieces per layer and layers per piece)
-    pieces = MPIExchange(ex.comm, gpu=args.gpu, ps_chunk=40)
+    pieces = MPIExchange(ex.comm, gpu=args.gpu, chunk=40)
     count += run_equality(pieces, args.gpu, failures, {}, "pieces/")
     native = MPIExchange(ex.comm, exact=False, gpu=args.gpu)
     layers = to_device(make_layers(ex.n_workers, SEED + 1), args.gpu)
@@ -301,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.faults:
         count += run_faults(ex, failures)
         count += run_faults(pieces, failures)
+        count += run_faults(small, failures)
     if args.dump:
         from tgsim.backend import to_numpy
 

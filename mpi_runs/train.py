@@ -74,6 +74,7 @@ def _fail(e: BaseException, comm, err_comm, rank: int) -> int:
     while not req.Test():
         if time.monotonic() > deadline:
             _say(f"[rank {rank}] the other ranks did not stop within {grace:g} s; aborting the job")
+            time.sleep(0.5)          # MPI_Abort tears the job down at once: let mpiexec forward the line
             comm.Abort(code)
         time.sleep(0.005)
     return code

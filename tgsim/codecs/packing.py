@@ -55,8 +55,10 @@ def pack(codes, fmt: str = "2bit"):
     return (v * xp.asarray(_POW3)).sum(axis=1, dtype=xp.uint8)
 
 
-def check_payload(payload, n: int, fmt: str, where: str = "payload") -> None:
-    """ValueError unless `payload` is exactly the packing of n valid codes (pad codes 0)."""
+def check_payload(payload, n: int, fmt: str, where: str = "payload", first: int = 0) -> None:
+    """ValueError unless `payload` is exactly the packing of n valid codes (pad codes 0). `first`:
+    the element of a longer payload this one starts at (a multiple of the codes per byte), for the
+    byte and element numbers in the message."""
     xp = array_module(payload)
     nb = packed_size(n, fmt)
     if payload.dtype != xp.uint8 or payload.ndim != 1:
@@ -68,12 +70,13 @@ def check_payload(payload, n: int, fmt: str, where: str = "payload") -> None:
     if not bool(ok.all()):
         i = int(xp.argmin(ok))
         kind = "code 0b11" if fmt == "2bit" else "byte > 242"
-        raise ValueError(f"{where}: invalid {kind} at byte {i} (0x{int(payload[i]):02x})")
+        raise ValueError(f"{where}: invalid {kind} at byte {i + first // CODES_PER_BYTE[fmt]} "
+                         f"(0x{int(payload[i]):02x})")
     k = CODES_PER_BYTE[fmt]
     if nb * k > n:
         tail = xp.asarray(codes)[payload[-1]][n - (nb - 1) * k:]
         if bool((tail != 0).any()):
-            raise ValueError(f"{where}: non-zero pad codes after element {n}")
+            raise ValueError(f"{where}: non-zero pad codes after element {first + n}")
 
 
 def unpack(payload, n: int, fmt: str = "2bit", validate: bool = True):

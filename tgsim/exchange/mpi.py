@@ -18,7 +18,13 @@ Phases and wire formats
   fp32 (native, `exact=False`, for benchmarking only) MPI Allreduce(SUM) of float32: MPI picks
                the summation order, so the bits may differ from the simulator's.
   terngrad allgather   Allgather of slots [u64 length | serialized Message]: every rank parses all N
-               messages and decodes their sum in rank order (`codec.aggregate`).
+               messages and decodes their sum in rank order (`codec.aggregate`). With NumPy buffers
+               it is pipelined (`pieces`): the slot in pieces of `chunk` elements (default 2^18;
+               0 = one piece; < 0: one blocking Allgather, as for CuPy buffers), each piece Isent
+               to every other rank (the bytes of a ring all-gather: N-1 slots out and in per
+               rank), all posted at once, and piece k is summed while later pieces are on the
+               wire. (One MPI Iallgather per piece measured no faster than the blocking Allgather:
+               MPICH advances its ring only inside MPI calls, not during the sums.)
   terngrad allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
                exact in any order), scaled once: s/N · Σ codes. Float layers take the exact fp32
                path.
@@ -31,8 +37,8 @@ Phases and wire formats
                "p2p" (default, what a parameter server does): point-to-point messages between the
                server and each worker -- exactly N-1 payloads each way cross the network. With
                shared scalers and no re-ternarization (NumPy buffers) the exchange is pipelined
-               (`ps_pipeline`): slot and downlink are cut into pieces of `ps_chunk` elements
-               (default 2^18; 0 = one piece); each worker Isends its pieces, the server sums and
+               (`pieces`): slot and downlink are cut into pieces of `chunk` elements
+               (default 2^18; 0 = one piece; < 0 = not pipelined); each worker Isends its pieces, the server sums and
                Isends piece k as soon as piece k has arrived from every worker, every rank decodes
                piece k while later pieces are on the wire, and each downlink piece carries its
                own u64 status. So a full-duplex link carries uplink and downlink at once instead
@@ -73,15 +79,16 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
 from tgsim.codecs.terngrad import TernGrad
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
-from tgsim.exchange.ps_pipeline import PSPlan, SenderError
+from tgsim.exchange.pieces import PiecePlan, SenderError
 from tgsim.train.config import ConfigError
 
 _U64 = np.dtype("<u8")
 _HDR = 8          # slot prefix / downlink status: one little-endian u64
 _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
 _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
+_TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
 PS_TRANSPORTS = ("p2p", "collective")
-PS_CHUNK = 1 << 18    # elements per piece of the pipelined parameter server (64 KiB of 2-bit codes)
+CHUNK = 1 << 18       # elements per piece of the pipelined ps and allgather (64 KiB of 2-bit codes)
 
 
 class CollectiveError(Exception):
@@ -290,7 +297,7 @@ class MPIExchange:
     """The `Exchange` protocol over MPI: one worker per rank (see the module docstring)."""
 
     def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
-                 ps_transport: str = "p2p", ps_chunk: int = PS_CHUNK):
+                 ps_transport: str = "p2p", chunk: int = CHUNK):
         MPI = _mpi()
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -305,7 +312,7 @@ class MPIExchange:
         if ps_transport not in PS_TRANSPORTS:
             raise ValueError(f"ps_transport must be one of {PS_TRANSPORTS}, got {ps_transport!r}")
         self.ps_transport = ps_transport
-        self.ps_chunk = int(ps_chunk)
+        self.chunk = int(chunk)
         self._plans: dict = {}
         self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
         self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
@@ -466,12 +473,16 @@ class MPIExchange:
         msg = local_messages[0]
         if mode not in ("allreduce", "ps", "allgather"):
             raise ValueError(f"unknown exchange mode {mode!r}")
-        if mode == "ps" and self._pipelined(msg, shared, reternarize_key):
+        # pipelined: NumPy buffers and chunk >= 0 (CuPy buffers take the whole-message collectives)
+        host = self.chunk >= 0 and all(isinstance(p, np.ndarray) for p in msg.parts)
+        if mode == "ps" and host and shared and reternarize_key is None and self.ps_transport == "p2p":
             mean, nbytes = self._ps_pipelined(codec, msg)
         elif mode == "ps":
             mean, nbytes = self._ps(codec, msg, shared, reternarize_key)
         else:
-            if mode == "allgather" or not shared:
+            if (mode == "allgather" or not shared) and host:
+                mean, nbytes = self._allgather_pipelined(codec, msg, shared)
+            elif mode == "allgather" or not shared:
                 mean, nbytes = self._allgather(codec, msg, shared)
             else:
                 mean, nbytes = self._allreduce_codes(codec, msg)
@@ -595,20 +606,54 @@ class MPIExchange:
             nbytes = CommBytes(slot.size, buf.size)
         return mean, nbytes
 
-    def _pipelined(self, msg: Message, shared: bool, reternarize_key) -> bool:
-        """The pipelined path: p2p transport, shared scalers, no re-ternarization, host (NumPy) parts."""
-        host = all(isinstance(p, np.ndarray) for p in msg.parts)
-        return self.ps_transport == "p2p" and shared and reternarize_key is None and host
-
-    def _plan(self, layout: Layout) -> PSPlan:
-        key = (layout, self.size, self.ps_chunk)
+    def _plan(self, layout: Layout) -> PiecePlan:
+        key = (layout, self.size, self.chunk)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = PSPlan(layout, self.size, self.ps_chunk)
+            plan = self._plans[key] = PiecePlan(layout, self.size, self.chunk)
         return plan
 
+    def _allgather_pipelined(self, codec, msg: Message, shared: bool):
+        """The all-gather in pieces (`pieces`): every piece of this rank's slot Isent to every other
+        rank and Irecvs for theirs, all posted at once, into a piece-major buffer (piece k: N rows of
+        its bytes); every rank sums piece k (`PiecePlan.aggregate`, TernGrad.aggregate's bits) while
+        later pieces are on the wire. All ranks parse the same bytes, so a malformed payload raises
+        the same error on every rank, after every piece has arrived."""
+        MPI, n = self.MPI, self.size
+        plan = self._plan(msg.layout)
+        slot = self._slot(msg)
+        got = np.empty(n * plan.slot_bytes, dtype=np.uint8)
+        peers = [r for r in range(n) if r != self.rank]
+        reqs, sends = [], []
+        for p in plan.pieces:
+            rows = got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0])
+            rows[self.rank] = slot[p.up[0]:p.up[1]]
+            reqs.append([self.comm.Irecv([rows[r], MPI.BYTE], source=r, tag=_TAG_AG) for r in peers])
+        for p in plan.pieces:
+            sends += [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=r, tag=_TAG_AG) for r in peers]
+        flat = plan.empty_mean()
+        scalers = np.zeros((len(msg.layout.layers), n), dtype=np.float32)
+        kern = codec._kernels(np)
+        error = None
+        for k, p in enumerate(plan.pieces):
+            self._waitall(reqs[k])
+            if error is not None:
+                continue
+            rows = got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0])
+            try:
+                if k == 0:
+                    plan.check_headers(rows)
+                plan.aggregate(k, rows, p.up[0], scalers, flat, kern, msg.scalers if shared else None)
+            except SenderError as e:
+                error = PeerPayloadError(f"rank {self.rank} received a malformed payload from rank {e.sender}: {e}")
+        self._waitall(sends)
+        if error is not None:
+            raise error
+        mean = {s.name: f.reshape(s.shape) for s, f in zip(msg.layout.layers, flat)}
+        return mean, CommBytes((n - 1) * slot.size, (n - 1) * slot.size)
+
     def _ps_pipelined(self, codec, msg: Message):
-        """The parameter server in pieces (`ps_pipeline`): every worker Isends its slot's pieces and has
+        """The parameter server in pieces (`pieces`): every worker Isends its slot's pieces and has
         Irecvs posted for the downlink's; the server sums and sends piece k as soon as piece k has
         arrived from every worker, and every rank decodes piece k while later pieces are on the wire.
         Downlink piece k on the wire: [u64 status | piece bytes]. After an error the server still
@@ -638,7 +683,7 @@ class MPIExchange:
                     try:
                         if k == 0:
                             plan.check_headers(slots)
-                        plan.downlink(k, slots, msg.scalers, kern, wire[at[k] + _HDR:ends[k]])
+                        plan.downlink(k, slots, 0, msg.scalers, kern, wire[at[k] + _HDR:ends[k]])
                         plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
                     except SenderError as e:
                         error, status_seen = (f"{where} received a malformed payload from rank {e.sender}: {e}",

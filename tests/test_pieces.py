@@ -1,5 +1,6 @@
-"""The pipelined parameter server's pieces (no MPI needed): the pieces tile the slot and the downlink,
-and piece by piece the server computes and every rank decodes the whole-message bytes and bits."""
+"""The pipelined exchanges' pieces (no MPI needed): the pieces tile the slot and the downlink; piece by
+piece the server computes and every rank decodes the whole-message bytes and bits, and the all-gather
+sums TernGrad.aggregate's bits."""
 
 import numpy as np
 import pytest
@@ -7,19 +8,19 @@ import pytest
 from tgsim.codecs import TernGrad
 from tgsim.exchange import InProcessExchange
 from tgsim.exchange.mpi import ps_decode_base, ps_downlink
-from tgsim.exchange.ps_pipeline import ALIGN, HDR, PSPlan, SenderError
+from tgsim.exchange.pieces import ALIGN, HDR, PiecePlan, SenderError
 from tgsim.rng import StreamKey
 
 SHAPES = {"a": (37, 13), "bias": (13,), "empty": (0,), "scalar": (), "b": (1001,), "c": (40,), "d": (3,)}
 
 
-def _messages(n: int, fmt: str, seed: int = 7):
+def _messages(n: int, fmt: str, seed: int = 7, shared: bool = True):
     codec = TernGrad(packing=fmt, min_size=5, float_layers=("bias",))
     rng = np.random.default_rng(seed)
     layers = [{k: (rng.standard_normal(s) * 10.0 ** rng.uniform(-3, 3, s)).astype(np.float32)
                for k, s in SHAPES.items()} for _ in range(n)]
     scalings = [codec.scaling(g) for g in layers]
-    shared = InProcessExchange(n).max_scalers(np.stack([codec.local_scalers(s) for s in scalings]))
+    shared = InProcessExchange(n).max_scalers(np.stack([codec.local_scalers(s) for s in scalings])) if shared else None
     msgs = [codec.encode(layers[w], StreamKey(seed, 1, w), shared, scalings[w]) for w in range(n)]
     return codec, msgs
 
@@ -34,7 +35,7 @@ def _slots(msgs) -> np.ndarray:
 @pytest.mark.parametrize("chunk", [0, 1, 40, 41, 200, 1 << 18])
 def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
     codec, msgs = _messages(n, fmt, seed=n)
-    plan = PSPlan(msgs[0].layout, n, chunk)
+    plan = PiecePlan(msgs[0].layout, n, chunk)
     slots = _slots(msgs)
     assert slots.shape[1] == plan.slot_bytes
     # the pieces tile both buffers, in order, and cover every element once
@@ -58,7 +59,7 @@ def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
     kern = codec._kernels(np)
     plan.check_headers(slots)
     for k, p in enumerate(plan.pieces):
-        plan.downlink(k, slots, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
+        plan.downlink(k, slots, 0, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
     assert down.tobytes() == whole.tobytes()
     flat, scalers = plan.empty_mean(), np.zeros(len(SHAPES), np.float32)
     for k, p in enumerate(plan.pieces):
@@ -71,23 +72,23 @@ def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
 
 def test_chunking_cuts_large_layers_and_groups_small_ones():
     _, msgs = _messages(2, "2bit")
-    plan = PSPlan(msgs[0].layout, 2, 400)
+    plan = PiecePlan(msgs[0].layout, 2, 400)
     assert len(plan.pieces) > 3
     assert max(len(p.ranges) for p in plan.pieces) > 1           # small layers share a piece
-    assert len(PSPlan(msgs[0].layout, 2, 0).pieces) == 1          # chunk 0: the whole message
+    assert len(PiecePlan(msgs[0].layout, 2, 0).pieces) == 1          # chunk 0: the whole message
 
 
 def test_a_corrupt_piece_names_its_sender():
     """Positive controls: a bad header, scaler or code in a late piece is found, naming the rank."""
     codec, msgs = _messages(3, "2bit")
-    plan = PSPlan(msgs[0].layout, 3, 40)
+    plan = PiecePlan(msgs[0].layout, 3, 40)
     kern = codec._kernels(np)
     down = np.zeros(plan.down_bytes, dtype=np.uint8)
 
     def run(slots):
         plan.check_headers(slots)
         for k, p in enumerate(plan.pieces):
-            plan.downlink(k, slots, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
+            plan.downlink(k, slots, 0, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
 
     good = _slots(msgs)
     run(good)
@@ -112,7 +113,7 @@ def test_a_corrupt_piece_names_its_sender():
 
 def test_a_corrupt_downlink_piece_raises():
     codec, msgs = _messages(2, "2bit")
-    plan = PSPlan(msgs[0].layout, 2, 40)
+    plan = PiecePlan(msgs[0].layout, 2, 40)
     down = ps_downlink(codec, msgs, shared=True).copy()
     flat, scalers = plan.empty_mean(), np.zeros(len(SHAPES), np.float32)
     c = msgs[0].layout.names.index("c")
@@ -126,3 +127,41 @@ def test_a_corrupt_downlink_piece_raises():
     down[plan.down_pos(c, 0) + 4 + 14] = 0xFF                  # 3-bit values of 7 > 2N = 4
     with pytest.raises(ValueError, match="layer 'c': downlink code sum 5 exceeds N = 2"):
         plan.decode(k, down[p.down[0]:p.down[1]], flat, scalers)
+
+
+def _aggregate_in_pieces(plan, slots, codec, shared):
+    """The all-gather's receive side: piece-major rows (piece k of every rank), summed piece by piece."""
+    n = slots.shape[0]
+    flat, scalers = plan.empty_mean(), np.zeros((len(plan.layout.layers), n), np.float32)
+    for k, p in enumerate(plan.pieces):
+        rows = np.ascontiguousarray(slots[:, p.up[0]:p.up[1]])
+        if k == 0:
+            plan.check_headers(rows)
+        plan.aggregate(k, rows, p.up[0], scalers, flat, codec._kernels(np), shared)
+    return flat
+
+
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("chunk", [0, 40, 200])
+@pytest.mark.parametrize("shared", [True, False])
+def test_allgather_pieces_give_the_aggregate_bits(fmt, n, chunk, shared):
+    codec, msgs = _messages(n, fmt, seed=n + 11, shared=shared)
+    plan = PiecePlan(msgs[0].layout, n, chunk)
+    flat = _aggregate_in_pieces(plan, _slots(msgs), codec, msgs[0].scalers if shared else None)
+    ref = codec.aggregate(msgs, divide_by=n)
+    for i, spec in enumerate(msgs[0].layout.layers):
+        assert flat[i].tobytes() == ref[spec.name].reshape(-1).tobytes(), spec.name
+    if not shared and n > 1:     # positive control: the workers' scalers differ, and that shows
+        assert len({float(m.scalers[0]) for m in msgs}) > 1
+
+
+def test_allgather_pieces_name_a_bad_sender():
+    codec, msgs = _messages(3, "base3")
+    plan = PiecePlan(msgs[0].layout, 3, 40)
+    bad = _slots(msgs).copy()
+    c = msgs[0].layout.names.index("c")
+    bad[1, plan.up_base[c] + 4 + 7] = 243                     # base-3 bytes are at most 242
+    with pytest.raises(SenderError, match="layer 'c': invalid byte > 242 at byte 7") as e:
+        _aggregate_in_pieces(plan, bad, codec, msgs[0].scalers)
+    assert e.value.sender == 1

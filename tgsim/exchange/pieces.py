@@ -1,20 +1,26 @@
-"""The parameter server's exchange cut into pieces, so uplink, server sum, downlink and decode overlap.
+"""Pipelined exchanges: a message cut into pieces, so wire, sums and decode overlap.
 
-A parameter server that waits for every whole payload before it sends anything back keeps each
-worker's link busy for up + down; cut into K pieces, piece k's downlink leaves while piece k+1's
-uplink is still arriving, and a full-duplex link (a switch port) is busy for about max(up, down)
-plus one piece. The bits are those of the whole-message exchange (`mpi.ps_downlink`,
-`mpi.ps_decode_base`, shared scalers): the pieces are byte ranges of the same two buffers.
+An exchange that waits for whole payloads before it computes anything leaves the link idle while
+the CPU works and the CPU idle while the link works; a parameter server that receives every whole
+payload before it sends anything back keeps each worker's link busy for up + down. Cut into K
+pieces, piece k is summed (and, at the server, sent back) while piece k+1 is still on the wire, so
+a full-duplex link (a switch port) is busy for about max(up, down) plus one piece. The bits are
+those of the whole-message exchange (`mpi.ps_downlink` / `mpi.ps_decode_base` with shared
+scalers; `TernGrad.aggregate` for the all-gather): the pieces are byte ranges of the same buffers.
 
     slot      [u64 length | message header | per layer: (f32 scaler | 2-bit/base-3 codes) or f32 values]
     downlink  per layer: (f32 scaler | (Σ codes + N) at w = ceil(log2(2N+1)) bits) or f32 mean
 
-`PSPlan(layout, n, chunk)` cuts the layers, in order, into pieces of about `chunk` elements (layers
-are not split at element offsets that are not multiples of 40 = lcm(4, 5, 8), so each piece starts
-on a byte of the 2-bit (4 codes per byte) and base-3 (5 per byte) codes and of the w-bit downlink
-(8 values per w bytes)); piece k is the byte range `up[k]` of every slot and `down[k]` of the
-downlink. Piece 0's uplink carries the length word and the header. The plan is a pure function of
-(layout, N, chunk), so every rank computes the same one.
+`PiecePlan(layout, n, chunk)` cuts the layers, in order, into pieces of about `chunk` elements
+(layers are not split at element offsets that are not multiples of 40 = lcm(4, 5, 8), so each piece
+starts on a byte of the 2-bit (4 codes per byte) and base-3 (5 per byte) codes and of the w-bit
+downlink (8 values per w bytes)); piece k is the byte range `up[k]` of every slot and `down[k]` of
+the downlink. Piece 0's uplink carries the length word and the header. The plan is a pure function
+of (layout, N, chunk), so every rank computes the same one.
+
+The functions that read slots take `rows`: uint8 (N, bytes), row r = bytes [base, base + bytes) of
+rank r's slot (the server's whole slots with base 0, or one piece of the all-gather with base
+up[k][0]).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class Piece:
     down: tuple[int, int]                        # byte range in the downlink
 
 
-class PSPlan:
+class PiecePlan:
     """The pieces of one (layout, N, chunk); see the module docstring."""
 
     def __init__(self, layout: Layout, n: int, chunk: int):
@@ -104,16 +110,16 @@ class PSPlan:
             return self.down_base[i]
         return self.down_base[i] + (4 + e * self.width // 8 if s.kind == KIND_TERNARY else 4 * e)
 
-    # -- the server ------------------------------------------------------------------------------------
-    def check_headers(self, slots: np.ndarray) -> None:
-        """Every slot's length word and header (piece 0) against the layout (SenderError)."""
+    # -- reading the workers' slots ------------------------------------------------------------------
+    def check_headers(self, rows: np.ndarray) -> None:
+        """Every slot's length word and header (piece 0, base 0) against the layout (SenderError)."""
         wire = self.slot_bytes - HDR
         mine = np.frombuffer(self.layout.header_bytes(), dtype=np.uint8)
-        for r in range(slots.shape[0]):
-            length = int(slots[r, :HDR].view(np.dtype("<u8"))[0])
+        for r in range(rows.shape[0]):
+            length = int(rows[r, :HDR].view(np.dtype("<u8"))[0])
             if length != wire:
                 raise SenderError(r, f"it is {length} bytes, the model's layout needs {wire}")
-            head = slots[r, HDR:HDR + self.header]
+            head = rows[r, HDR:HDR + self.header]
             if not np.array_equal(head, mine):
                 try:
                     check_header(memoryview(head), self.layout, body=self.layout.body_bytes())
@@ -121,59 +127,86 @@ class PSPlan:
                     raise SenderError(r, str(e)) from e
                 raise SenderError(r, "message header differs from the receiver's model")
 
-    def downlink(self, k: int, slots: np.ndarray, scalers: np.ndarray, kern, out: np.ndarray) -> None:
-        """Piece k of the downlink into `out` (its bytes) from the N slots (rows in rank order).
+    def _layer_parts(self, k: int, rows: np.ndarray, base: int, scalers: np.ndarray, shared):
+        """Yield (layer i, e0, e1, rows of its codes or float32 values) of piece k. At a ternary
+        layer's first element, scalers[i] <- the N senders' scalers, checked (finite, >= 0, and equal
+        to shared[i] unless shared is None): SenderError names the first bad one."""
+        for i, e0, e1 in self.pieces[k].ranges:
+            spec = self.layout.layers[i]
+            lo = self.up_pos(i, e0) - base
+            if spec.kind != KIND_TERNARY:
+                yield i, e0, e1, np.ascontiguousarray(rows[:, lo:lo + 4 * (e1 - e0)]).view(np.float32)
+                continue
+            if e0 == 0:
+                got = np.ascontiguousarray(rows[:, lo:lo + 4]).view(np.float32)[:, 0]
+                for r, s in enumerate(got):
+                    if not (np.isfinite(s) and s >= 0):
+                        raise SenderError(r, f"layer {spec.name!r}: invalid scaler {s}")
+                    if shared is not None and s != np.float32(shared[i]):
+                        raise SenderError(r, f"layer {spec.name!r} has scaler {s}, the shared scaler is {shared[i]}")
+                scalers[i] = got
+                lo += 4
+            yield i, e0, e1, rows[:, lo:lo + packing.packed_size(e1 - e0, self.layout.packing)]
+
+    def _blame(self, codes: np.ndarray, i: int, e0: int, e1: int, err: Exception) -> ValueError:
+        """After a kernel rejected layer i's codes of elements [e0, e1): the first rank whose are invalid."""
+        name, fmt = self.layout.layers[i].name, self.layout.packing
+        for r in range(codes.shape[0]):
+            try:
+                packing.check_payload(codes[r], e1 - e0, fmt, where=f"layer {name!r}", first=e0)
+            except ValueError as e:
+                return SenderError(r, str(e))
+        return ValueError(f"could not decode the codes of layer {name!r}: {err}")
+
+    def downlink(self, k: int, rows: np.ndarray, base: int, shared: np.ndarray, kern, out: np.ndarray) -> None:
+        """The server: piece k of the downlink into `out` (its bytes) from the N slots' `rows`.
 
         Ternary layers: f32(shared scaler) then pack(Σ_w codes_w + N) at w bits; float layers: the
         ordered float64 mean (`mpi.ps_base_downlink`'s bytes). SenderError names a malformed slot."""
         from tgsim.codecs import _numba_uint
         from tgsim.exchange._numba_mean import ordered_mean
 
-        n, fmt, piece = self.n, self.layout.packing, self.pieces[k]
+        n, piece = self.n, self.pieces[k]
         code_dtype = np.int8 if n <= 127 else np.int16
-        for i, e0, e1 in piece.ranges:
-            spec = self.layout.layers[i]
+        seen = np.zeros((len(self.layout.layers), n), dtype=np.float32)
+        for i, e0, e1, part in self._layer_parts(k, rows, base, seen, shared):
             at = self.down_pos(i, e0) - piece.down[0]
-            lo = self.up_pos(i, e0)
-            if spec.kind != KIND_TERNARY:
-                rows = np.ascontiguousarray(slots[:, lo:lo + 4 * (e1 - e0)]).view(np.float32)
-                out[at:at + 4 * (e1 - e0)] = ordered_mean(rows, n).view(np.uint8)
+            if part.dtype == np.float32:
+                out[at:at + 4 * (e1 - e0)] = ordered_mean(part, n).view(np.uint8)
                 continue
             if e0 == 0:
-                self._check_scalers(slots, i, float(scalers[i]))
-                out[at:at + 4] = np.float32(scalers[i]).reshape(1).view(np.uint8)
-                at, lo = at + 4, lo + 4
-            sub = slots[:, lo:lo + packing.packed_size(e1 - e0, fmt)]
+                out[at:at + 4] = np.float32(shared[i]).reshape(1).view(np.uint8)
+                at += 4
             try:
-                intsum = kern.sum_codes(sub, e1 - e0, fmt, code_dtype)
+                intsum = kern.sum_codes(part, e1 - e0, self.layout.packing, code_dtype)
             except ValueError as e:
-                raise self._blame(slots, i, e1, e) from e
+                raise self._blame(part, i, e0, e1, e) from e
             if self.width <= 8:
                 payload = _numba_uint.pack_offset(intsum, n, self.width)
             else:
                 payload = packing.pack_uint((intsum.astype(np.int32) + n).astype(np.uint32), self.width)
             out[at:at + payload.size] = payload
 
-    def _check_scalers(self, slots: np.ndarray, i: int, shared: float) -> None:
-        spec = self.layout.layers[i]
-        base = self.up_base[i]
-        got = np.ascontiguousarray(slots[:, base:base + 4]).view(np.float32)[:, 0]
-        for r, s in enumerate(got):
-            if not (np.isfinite(s) and s >= 0):
-                raise SenderError(r, f"layer {spec.name!r}: invalid scaler {s}")
-            if s != np.float32(shared):
-                raise SenderError(r, f"layer {spec.name!r} has scaler {s}, the shared scaler is {shared}")
+    def aggregate(self, k: int, rows: np.ndarray, base: int, scalers: np.ndarray, flat: list[np.ndarray],
+                  kern, shared=None) -> None:
+        """The all-gather: flat[i][e0:e1] <- (Σ_w s_w codes_w) / N of piece k (`TernGrad.aggregate`'s
+        bits: float64 over the senders in rank order), float layers the ordered mean. scalers: (L, N),
+        filled at each layer's first piece; shared: the scalers every sender must carry, or None."""
+        from tgsim.codecs import _numba
+        from tgsim.exchange._numba_mean import ordered_mean
 
-    def _blame(self, slots: np.ndarray, i: int, e1: int, err: Exception) -> ValueError:
-        """The first rank whose codes of layer i up to element e1 (all arrived) are invalid."""
-        name, fmt = self.layout.layers[i].name, self.layout.packing
-        lo = self.up_base[i] + 4
-        for r in range(slots.shape[0]):
+        n = self.n
+        for i, e0, e1, part in self._layer_parts(k, rows, base, scalers, shared):
+            if part.dtype == np.float32:
+                flat[i][e0:e1] = ordered_mean(part, n)
+                continue
             try:
-                packing.check_payload(slots[r, lo:lo + packing.packed_size(e1, fmt)], e1, fmt, where=f"layer {name!r}")
+                if kern is _numba:       # straight into the output (no fresh array to fault in)
+                    kern.weighted_sum(part, scalers[i], e1 - e0, self.layout.packing, n, out=flat[i][e0:e1])
+                else:
+                    flat[i][e0:e1] = kern.weighted_sum(part, scalers[i], e1 - e0, self.layout.packing, n)
             except ValueError as e:
-                return SenderError(r, str(e))
-        return ValueError(f"could not sum the codes of layer {name!r}: {err}")
+                raise self._blame(part, i, e0, e1, e) from e
 
     # -- every rank --------------------------------------------------------------------------------------
     def empty_mean(self) -> list[np.ndarray]:
@@ -212,4 +245,4 @@ class PSPlan:
                 raise ValueError(f"layer {spec.name!r}: downlink code sum {top - n} exceeds N = {n}")
 
 
-__all__ = ["ALIGN", "PSPlan", "Piece", "SenderError"]
+__all__ = ["ALIGN", "PiecePlan", "Piece", "SenderError"]
