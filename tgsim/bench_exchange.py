@@ -142,7 +142,7 @@ def summarize(raw):
     gbit = df["rate"].map(lambda r: rate_bits(r) / 1e9 if r != "none" else np.nan)
     df["line_time"] = link * 8 / (gbit * 1e9)            # the payload at line rate (shared: all of it)
     df["target_applies"] = (gbit == 1.0) & (df["params"] >= 4_000_000) & df["mode"].str.startswith("tg_") \
-        & (df["mode"] != "tg_ps_whole")     # the unpipelined server: a reference row, not a mode of its own
+        & ~df["mode"].str.endswith("_whole")    # not pipelined: reference rows, not modes of their own
     df["meets_target"] = np.where(df["target_applies"], df["pct_of_ratio"] >= TARGET, np.nan)
     df["cause"] = [_cause(r) for r in df.itertuples(index=False)]
     return df
