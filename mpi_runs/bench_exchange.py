@@ -31,7 +31,9 @@ encode -> ex.terngrad (wire + server sum + decode). Steps of the modes are inter
 
 Timing, per step and rank, with a Barrier before the step starts:
   t_step     the whole step (encode + scaler sharing + exchange + decode)
-  t_encode   codec.scaling + codec.encode (TernGrad only)
+  t_encode   codec.scaling + codec.encode (TernGrad only); in the pipelined modes (tg_ps,
+             tg_allgather) the codes are encoded piece by piece inside the exchange, as the trainer
+             does over MPI (`DeferredMessage`), so that part of the encode is in t_exchange
   t_scalers  ex.max_scalers (one small Allreduce; absorbs waiting for the slowest rank's pass 1)
   t_exchange ex.terngrad / ex.mean_fp32*
   t_wire     time inside MPI collectives and waits for nonblocking transfers during t_exchange (a
@@ -209,7 +211,9 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         shared = ex.max_scalers(local)
         tb = time.perf_counter()
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
-        msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc)
+        base = mode[3:].removesuffix("_collective").removesuffix("_whole")
+        deferred = mode in ("tg_ps", "tg_allgather") and ex.defers_encode(base, True, False)
+        msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc, deferred=deferred)
         tc = time.perf_counter()
         chunk = ex.chunk
         if mode == "tg_ps_collective":
@@ -217,7 +221,7 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         elif mode.endswith("_whole"):
             ex.chunk = -1                    # not pipelined: whole-message Send/Recv, blocking Allgather
         try:
-            _, nb = ex.terngrad(codec, [msg], mode[3:].removesuffix("_collective").removesuffix("_whole"), True)
+            _, nb = ex.terngrad(codec, [msg], base, True)
         finally:
             ex.ps_transport, ex.chunk = "p2p", chunk
         td = time.perf_counter()

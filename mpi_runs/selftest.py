@@ -127,8 +127,9 @@ def reference(case: dict, n: int) -> dict:
     return ex.terngrad(case["codec"], case["messages"], case["mode"], case["shared"], case["rkey"])[0]
 
 
-def run_equality(ex, gpu: bool, failures: list, dump: dict, tag: str) -> int:
-    """All modes against the in-process exchange; returns the number of comparisons."""
+def run_equality(ex, gpu: bool, failures: list, dump: dict, tag: str, deferred: bool = False) -> int:
+    """All modes against the in-process exchange; returns the number of comparisons. deferred: this
+    rank's messages encode their codes when the exchange sends them (TernGrad.encode(deferred=True))."""
     from tgsim.codecs import TernGrad
     from tgsim.exchange import InProcessExchange, mean_of_layers
     from tgsim.rng import StreamKey
@@ -154,6 +155,10 @@ def run_equality(ex, gpu: bool, failures: list, dump: dict, tag: str) -> int:
                 dev = to_device(case["layers"][rank:rank + 1], True)[0]
                 scal = shared_mpi if case["shared"] else None
                 mine = codec.encode(dev, StreamKey(SEED, case["step"], rank), scal, codec.scaling(dev))
+            elif deferred:
+                codec, lay = case["codec"], case["layers"][rank]
+                scal = shared_mpi if case["shared"] else None
+                mine = codec.encode(lay, StreamKey(SEED, case["step"], rank), scal, codec.scaling(lay), deferred=True)
             else:
                 codec, mine = case["codec"], case["messages"][rank]
             got, b = ex.terngrad(codec, [mine], case["mode"], case["shared"], case["rkey"])
@@ -281,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     # the parameter server cut into pieces of 40 elements (many pieces per layer and layers per piece)
     pieces = MPIExchange(ex.comm, gpu=args.gpu, chunk=40)
     count += run_equality(pieces, args.gpu, failures, {}, "pieces/")
+    count += run_equality(pieces, args.gpu, failures, {}, "pieces-deferred/", deferred=True)
     native = MPIExchange(ex.comm, exact=False, gpu=args.gpu)
     layers = to_device(make_layers(ex.n_workers, SEED + 1), args.gpu)
     got, _ = native.mean_fp32(layers[ex.rank:ex.rank + 1])             # runs; bits may differ (MPI's order)

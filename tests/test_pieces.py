@@ -165,3 +165,66 @@ def test_allgather_pieces_name_a_bad_sender():
     with pytest.raises(SenderError, match="layer 'c': invalid byte > 242 at byte 7") as e:
         _aggregate_in_pieces(plan, bad, codec, msgs[0].scalers)
     assert e.value.sender == 1
+
+
+# -- deferred encoding: the codes of a piece encoded when it is sent ---------------------------------------
+
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+@pytest.mark.parametrize("clip", ["none", "explicit"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_deferred_messages_give_the_eager_bits(fmt, clip, shared):
+    """encode / encode_many(deferred=True): the same bytes whole (`parts`, to_bytes) and piece by
+    piece (PiecePlan.fill_slot), for pieces of any size."""
+    codec = TernGrad(packing=fmt, clip=clip, min_size=5, float_layers=("bias",))
+    rng = np.random.default_rng(3)
+    n = 3
+    batch = {k: (rng.standard_normal((n, *s)) * 10.0 ** rng.uniform(-3, 3, (n, *s))).astype(np.float32)
+             for k, s in SHAPES.items()}
+    scal = codec.scaling_many(batch)
+    local = codec.local_scalers_many(scal, n)
+    sh = local.max(axis=0) if shared else None
+    eager = codec.encode_many(batch, 9, 4, np.arange(n), sh, scal)
+    lazy = codec.encode_many(batch, 9, 4, np.arange(n), sh, scal, deferred=True)
+    one = codec.encode({k: g[1] for k, g in batch.items()}, StreamKey(9, 4, 1), sh,
+                       [None if s is None else s.worker(1) for s in scal], deferred=True)
+    assert type(lazy[0]).__name__ == "DeferredMessage"
+    for chunk in (40, 120, 0):
+        plan = PiecePlan(eager[0].layout, n, chunk)
+        for w in range(n):
+            slot = np.zeros(plan.slot_bytes, dtype=np.uint8)
+            for k in range(len(plan.pieces)):
+                plan.fill_slot(k, lazy[w], slot)
+            assert slot.tobytes() == np.uint64(eager[w].wire_bytes).tobytes() + eager[w].to_bytes()
+    assert one.to_bytes() == eager[1].to_bytes()
+    for e, d in zip(eager, lazy):
+        assert d.to_bytes() == e.to_bytes()
+        assert all(np.array_equal(a, b) for a, b in zip(d.parts, e.parts))
+
+
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+@pytest.mark.parametrize("n", [1, 37, 40, 41, 70_001])
+@pytest.mark.parametrize("clip", [np.inf, 0.5, np.nan])
+def test_encode_range_is_a_slice_of_the_whole_encode(fmt, n, clip):
+    """_numba.encode_range over consecutive ranges (starts on multiples of 40) == encode of the layer."""
+    from tgsim.codecs import _numba
+
+    rng = np.random.default_rng(n)
+    g = (rng.standard_normal(n) * 2).astype(np.float32)
+    key, s = StreamKey(5, 7, 3, 2), float(np.abs(g).max())
+    whole = _numba.encode(g, s, clip, key, fmt)
+    for chunk in (40, 4000):
+        got = np.concatenate([_numba.encode_range(g[e:e + chunk], e, s, clip, key, fmt) for e in range(0, n, chunk)])
+        assert got.tobytes() == whole.tobytes()
+    if n > 1000:      # positive control: the same elements drawn from the wrong Philox blocks differ
+        assert _numba.encode_range(g[40:], 40, s, np.inf, key, fmt).tobytes() != \
+            _numba.encode_range(g[40:], 0, s, np.inf, key, fmt).tobytes()
+
+
+def test_encode_range_rejects_a_start_inside_a_byte():
+    from tgsim.codecs import _numba
+
+    g = np.ones(40, np.float32)
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        _numba.encode_range(g, 2, 1.0, np.inf, StreamKey(1, 0, 0, 0), "2bit")
+    with pytest.raises(ValueError, match="not a multiple of 20"):
+        _numba.encode_range(g, 8, 1.0, np.inf, StreamKey(1, 0, 0, 0), "base3")

@@ -2,6 +2,6 @@
 
 from tgsim.codecs.base import Codec, NonFiniteGradientError
 from tgsim.codecs.message import Layout, LayerSpec, Message, from_bytes
-from tgsim.codecs.terngrad import TernGrad
+from tgsim.codecs.terngrad import DeferredMessage, TernGrad
 
-__all__ = ["Codec", "NonFiniteGradientError", "Layout", "LayerSpec", "Message", "TernGrad", "from_bytes"]
+__all__ = ["Codec", "DeferredMessage", "NonFiniteGradientError", "Layout", "LayerSpec", "Message", "TernGrad", "from_bytes"]

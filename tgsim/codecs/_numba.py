@@ -686,20 +686,21 @@ _ENC2_CHUNK = 1 << 14   # bytes (= Philox blocks) per parallel task
 
 
 @njit(cache=True)
-def _enc2_task(g, out, ch, nch, s_scaled, cb, c1, c2, c3, k0, k1):
+def _enc2_task(g, out, ch, nch, boff, s_scaled, cb, c1, c2, c3, k0, k1):
     """Chunk ch (of nch) of one worker's 2-bit payload; the last chunk also codes the partial last
-    block (pad codes are 0, value 1)."""
+    block (pad codes are 0, value 1). boff: the Philox block of g's first element (0 for a whole
+    layer; first / 4 for the elements of a layer from element `first` on, `encode_range`)."""
     n = g.size
     nfull = n // 4
     b0 = ch * _ENC2_CHUNK
     b1 = min(b0 + _ENC2_CHUNK, nfull)
     if b1 > b0:
         if cb != np.inf:
-            _enc2_range(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
+            _enc2_range(g[4 * b0:4 * b1], out[b0:b1], boff + b0, s_scaled, cb, c1, c2, c3, k0, k1)
         else:
-            _enc2_range_noclip(g[4 * b0:4 * b1], out[b0:b1], b0, s_scaled, cb, c1, c2, c3, k0, k1)
+            _enc2_range_noclip(g[4 * b0:4 * b1], out[b0:b1], boff + b0, s_scaled, cb, c1, c2, c3, k0, k1)
     if ch == nch - 1 and nfull * 4 < n:
-        w = philox_block(np.uint32(nfull), c1, c2, c3, k0, k1)
+        w = philox_block(np.uint32(boff + nfull), c1, c2, c3, k0, k1)
         v = np.uint32(0)
         for m in range(4):
             e = 4 * nfull + m
@@ -713,7 +714,7 @@ def _enc2_serial(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
     nch = max(1, (G.shape[1] // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
     for t in range(G.shape[0] * nch):
         w = t // nch
-        _enc2_task(G[w], out[w], t - w * nch, nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
+        _enc2_task(G[w], out[w], t - w * nch, nch, 0, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
 
 
 @njit(cache=True, parallel=True)
@@ -722,7 +723,7 @@ def _enc2_par(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
     nch = max(1, (G.shape[1] // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
     for t in prange(G.shape[0] * nch):
         w = t // nch
-        _enc2_task(G[w], out[w], t - w * nch, nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
+        _enc2_task(G[w], out[w], t - w * nch, nch, 0, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1)
 
 
 _B3_UNITS = 1024   # 20-element units (5 Philox blocks, 4 bytes) per parallel task
@@ -759,13 +760,14 @@ def _enc3_range(g, out, u0, nu, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
 
 
 @njit(cache=True)
-def _enc3_task(g, out, ch, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
-    """Units ch * _B3_UNITS .. of one worker's base-3 payload (out: its ceil(n/5) bytes)."""
+def _enc3_task(g, out, ch, uoff, s_scaled, cb, c1, c2, c3, k0, k1, words, vals):
+    """Units ch * _B3_UNITS .. of one worker's base-3 payload (out: its ceil(n/5) bytes); uoff: the
+    unit of g's first element (0 for a whole layer, first / 20 for `encode_range`)."""
     n = g.size
     nunits = (n + 19) // 20
     u0 = ch * _B3_UNITS
     u1 = min(u0 + _B3_UNITS, nunits)
-    _enc3_range(g[20 * u0:min(20 * u1, n)], out[4 * u0:min(4 * u1, out.size)], u0, u1 - u0,
+    _enc3_range(g[20 * u0:min(20 * u1, n)], out[4 * u0:min(4 * u1, out.size)], uoff + u0, u1 - u0,
                 s_scaled, cb, c1, c2, c3, k0, k1, words, vals)
 
 
@@ -776,7 +778,7 @@ def _enc3_serial(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
     vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
     for t in range(G.shape[0] * nch):
         w = t // nch
-        _enc3_task(G[w], out[w], t - w * nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
+        _enc3_task(G[w], out[w], t - w * nch, 0, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
 
 
 @njit(cache=True, parallel=True)
@@ -787,7 +789,23 @@ def _enc3_par(G, out, s_scaled, cb, c1, wk, c3, k0, k1):
         words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
         vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
         w = t // nch
-        _enc3_task(G[w], out[w], t - w * nch, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
+        _enc3_task(G[w], out[w], t - w * nch, 0, s_scaled[w], cb[w], c1, wk[w], c3, k0, k1, words, vals)
+
+
+@njit(cache=True)
+def _enc2_part(g, out, boff, s_scaled, cb, c1, c2, c3, k0, k1):
+    nch = max(1, (g.size // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    for ch in range(nch):
+        _enc2_task(g, out, ch, nch, boff, s_scaled, cb, c1, c2, c3, k0, k1)
+
+
+@njit(cache=True)
+def _enc3_part(g, out, uoff, s_scaled, cb, c1, c2, c3, k0, k1):
+    nch = ((g.size + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+    words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
+    vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
+    for ch in range(nch):
+        _enc3_task(g, out, ch, uoff, s_scaled, cb, c1, c2, c3, k0, k1, words, vals)
 
 
 _ZERO_BYTE = {"2bit": 0b01010101, "base3": 1 + 3 + 9 + 27 + 81}
@@ -861,6 +879,41 @@ def encode(g: np.ndarray, scaler: float, clip_bound: float, key: StreamKey, fmt:
     g = _as_f32_flat(g)
     return encode_many(g.reshape(1, -1), [scaler], [clip_bound], key.seed, key.step,
                        np.array([key.worker], dtype=np.uint32), key.layer, fmt)[0]
+
+
+def encode_range(g: np.ndarray, first: int, scaler: float, clip_bound: float, key: StreamKey, fmt: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """The bytes of a layer's payload that code its elements [first, first + g.size), g being those
+    elements: equal to encode(layer, ...)[first // k : ...] (k codes per byte) when `first` is a
+    multiple of 20 (a base-3 unit, 5 Philox blocks; 2-bit needs 4) and the range ends on such a
+    multiple or at the layer's end (where the whole payload's pad codes are). Serial, on this
+    thread: the pipelined exchanges encode piece by piece while earlier pieces are on the wire."""
+    _check_fmt(fmt)
+    step = 4 if fmt == "2bit" else 20
+    if first < 0 or first % step:
+        raise ValueError(f"first element {first} is not a multiple of {step} ({fmt})")
+    g = _as_f32_flat(g)
+    if first + g.size > MAX_ELEMENTS:
+        raise ValueError(f"stream range [{first}, {first + g.size}) outside [0, {MAX_ELEMENTS})")
+    k0, k1 = key.key
+    nb = packing.packed_size(g.size, fmt)
+    if out is None:
+        out = np.empty(nb, dtype=np.uint8)
+    elif out.dtype != np.uint8 or out.shape != (nb,):
+        raise ValueError(f"out: expected uint8 of shape ({nb},), got {out.dtype} {out.shape}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cb = np.float32(clip_bound)
+        s_scaled = np.float64(np.float32(scaler)) * np.float64(2.0 ** -24)
+    if np.isnan(cb):                          # np.minimum(x, nan) = nan: every draw rejects
+        out[:] = _ZERO_BYTE[fmt]
+    elif g.size:
+        args = (s_scaled, cb, np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step),
+                np.uint32(k0), np.uint32(k1))
+        if fmt == "2bit":
+            _enc2_part(g, out, np.int64(first // 4), *args)
+        else:
+            _enc3_part(g, out, np.int64(first // 20), *args)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

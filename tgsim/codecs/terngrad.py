@@ -36,7 +36,7 @@ from tgsim.backend import array_module, to_numpy
 from tgsim.codecs.base import NonFiniteGradientError
 from tgsim.codecs.kernels import get_kernels
 from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message
-from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS
+from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS, packed_size
 from tgsim.codecs.stats import layer_moments
 from tgsim.codecs.ternary import CLIP_MODES, LayerScaling, scaling_from_moments
 from tgsim.rng import StreamKey
@@ -118,6 +118,47 @@ def scaling_from_moments_many(absmax, sigma, clip: str, clip_factor: float) -> S
         return ScalingBatch(np.where(on, np.minimum(absmax, bound), absmax), np.where(on, bound, np.inf),
                             absmax, sigma)
     return ScalingBatch(np.where(on, bound, absmax), inf, absmax, sigma)   # implicit
+
+
+class DeferredMessage:
+    """One worker's Message whose ternary codes are encoded when asked for: all at once (`parts`,
+    `to_bytes`: what every exchange reads) or an element range at a time (`write_range`: the
+    pipelined exchanges encode piece k while piece k-1 is on the wire). The bits are those of
+    TernGrad.encode either way (`_numba.encode_range`: the Philox stream of the range's elements).
+    Built by TernGrad.encode / encode_many(deferred=True) after every check of the inputs."""
+
+    batch = None
+
+    def __init__(self, layout: Layout, scalers: np.ndarray, flats: list, clip_bounds: list, key: StreamKey):
+        self.layout, self.scalers = layout, scalers
+        self._flats, self._clip, self._key = flats, clip_bounds, key
+        self._parts = None
+
+    @property
+    def parts(self) -> list:
+        if self._parts is None:
+            self._parts = []
+            for i, spec in enumerate(self.layout.layers):
+                if spec.kind == KIND_FLOAT:
+                    self._parts.append(self._flats[i])
+                else:
+                    out = np.empty(packed_size(spec.size, self.layout.packing), dtype=np.uint8)
+                    self._parts.append(self.write_range(i, 0, spec.size, out))
+        return self._parts
+
+    def write_range(self, i: int, e0: int, e1: int, out: np.ndarray) -> np.ndarray:
+        """Layer i's wire bytes of elements [e0, e1) into `out` (uint8): the codes (e0 a multiple of
+        20; e1 too, or the layer's end) of a ternary layer, the float32 values of a float layer."""
+        from tgsim.codecs import _numba
+
+        if self.layout.layers[i].kind == KIND_FLOAT:
+            out[:] = np.ascontiguousarray(self._flats[i].reshape(-1)[e0:e1]).view(np.uint8)
+            return out
+        return _numba.encode_range(self._flats[i].reshape(-1)[e0:e1], e0, float(self.scalers[i]), self._clip[i],
+                                   self._key.with_layer(i), self.layout.packing, out=out)
+
+    to_bytes = Message.to_bytes
+    wire_bytes = Message.wire_bytes
 
 
 class PayloadBatch:
@@ -337,12 +378,14 @@ class TernGrad:
         return out
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None,
-                    scalings: Sequence[ScalingBatch | None] | None = None) -> list[Message]:
+                    scalings: Sequence[ScalingBatch | None] | None = None, deferred: bool = False) -> list[Message]:
         """One Message per worker, bit-identical to encode({k: g[w]}, StreamKey(seed, step, workers[w]),
         shared_scalers, scalings of worker w) for each w; layers carry a leading worker axis (W, *shape).
 
         shared_scalers: (L,) for every worker (a MAX all-reduce) or (W, L). The parts of message w
         are row w of per-layer (W, nbytes) payload arrays (float layers: row w of the float32 rows).
+        deferred: `DeferredMessage`s (checks done, codes encoded when asked for), where the Numba
+        kernels encode (NumPy arrays); else ordinary Messages.
         """
         layout, nw = self.layout_many(layers)
         workers = np.asarray(workers)
@@ -378,6 +421,10 @@ class TernGrad:
                 raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[w, i]} is not a "
                                  f"finite value >= worker {w}'s local scaler {local[w, i]} (share with MAX)")
         msg_scalers = np.where(ternary, scalers, np.float32(0)).astype(np.float32)
+        if deferred and self._defers(flats):
+            return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
+                                    [None if sc is None else float(sc.clip_bound[w]) for sc in scalings],
+                                    StreamKey(int(seed), int(step), int(workers[w]))) for w in range(nw)]
         parts = []
         for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
             if spec.kind == KIND_FLOAT:
@@ -393,8 +440,9 @@ class TernGrad:
 
     # -- pass 2 and the way back ----------------------------------------------------------------
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
-               scalings: Sequence[LayerScaling | None] | None = None) -> Message:
-        """Message of one worker. shared_scalers: per-layer s >= local s_i (from a MAX all-reduce)."""
+               scalings: Sequence[LayerScaling | None] | None = None, deferred: bool = False) -> Message:
+        """Message of one worker. shared_scalers: per-layer s >= local s_i (from a MAX all-reduce).
+        deferred: a `DeferredMessage` where the Numba kernels encode (see encode_many)."""
         layout = self.layout(layers)
         if scalings is None:
             scalings = self.scaling(layers)
@@ -410,16 +458,25 @@ class TernGrad:
                 i = int(low[0])
                 raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[i]} is not a finite "
                                  f"value >= this worker's local scaler {local[i]} (share with MAX)")
+        flats = [as_float32_layer(spec.name, g) for spec, g in zip(layout.layers, layers.values())]
+        msg_scalers = np.where([s.kind == KIND_TERNARY for s in layout.layers], scalers, 0).astype(np.float32)
+        if deferred and self._defers(flats):
+            return DeferredMessage(layout, msg_scalers, flats, [None if sc is None else float(sc.clip_bound)
+                                                                for sc in scalings], key)
         parts = []
-        for i, (spec, g, sc) in enumerate(zip(layout.layers, layers.values(), scalings)):
-            flat = as_float32_layer(spec.name, g)
+        for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
             if spec.kind == KIND_FLOAT:
                 parts.append(flat)
                 continue
             kern = self._kernels(array_module(flat))
             parts.append(kern.encode(flat, float(scalers[i]), sc.clip_bound, key.with_layer(i), self.packing))
-        scalers = np.where([s.kind == KIND_TERNARY for s in layout.layers], scalers, 0).astype(np.float32)
-        return Message(layout, scalers, parts)
+        return Message(layout, msg_scalers, parts)
+
+    def _defers(self, flats) -> bool:
+        """Deferred encoding needs host arrays and the Numba kernels (`_numba.encode_range`)."""
+        from tgsim.codecs import _numba
+
+        return all(isinstance(f, np.ndarray) for f in flats) and self._kernels(np) is _numba
 
     def decode(self, message: Message) -> dict:
         """Float32 gradient s·codes of one message, shaped like the layers."""

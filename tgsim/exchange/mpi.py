@@ -606,6 +606,17 @@ class MPIExchange:
             nbytes = CommBytes(slot.size, buf.size)
         return mean, nbytes
 
+    def defers_encode(self, mode: str, shared: bool, reternarize: bool) -> bool:
+        """True where this exchange takes a NumPy message in pieces, so a `DeferredMessage`
+        (TernGrad.encode_many(deferred=True)) is encoded piece by piece while earlier pieces are on
+        the wire; elsewhere a deferred message is encoded whole on this thread, so the caller
+        should not ask for one."""
+        if self.chunk < 0:
+            return False
+        if mode == "ps":
+            return shared and not reternarize and self.ps_transport == "p2p"
+        return mode == "allgather" or (mode == "allreduce" and not shared)
+
     def _plan(self, layout: Layout) -> PiecePlan:
         key = (layout, self.size, self.chunk)
         plan = self._plans.get(key)
@@ -621,15 +632,18 @@ class MPIExchange:
         the same error on every rank, after every piece has arrived."""
         MPI, n = self.MPI, self.size
         plan = self._plan(msg.layout)
-        slot = self._slot(msg)
+        deferred = hasattr(msg, "write_range")          # encode each piece just before it is sent
+        slot = np.empty(plan.slot_bytes, dtype=np.uint8) if deferred else self._slot(msg)
         got = np.empty(n * plan.slot_bytes, dtype=np.uint8)
         peers = [r for r in range(n) if r != self.rank]
         reqs, sends = [], []
         for p in plan.pieces:
             rows = got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0])
-            rows[self.rank] = slot[p.up[0]:p.up[1]]
             reqs.append([self.comm.Irecv([rows[r], MPI.BYTE], source=r, tag=_TAG_AG) for r in peers])
-        for p in plan.pieces:
+        for k, p in enumerate(plan.pieces):
+            if deferred:
+                plan.fill_slot(k, msg, slot)
+            got[n * p.up[0]:n * p.up[1]].reshape(n, -1)[self.rank] = slot[p.up[0]:p.up[1]]
             sends += [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=r, tag=_TAG_AG) for r in peers]
         flat = plan.empty_mean()
         scalers = np.zeros((len(msg.layout.layers), n), dtype=np.float32)
@@ -662,7 +676,8 @@ class MPIExchange:
         MPI, n, root = self.MPI, self.size, 0
         plan = self._plan(msg.layout)
         pieces = plan.pieces
-        slot = self._slot(msg)
+        deferred = hasattr(msg, "write_range")          # encode each piece just before it is sent
+        slot = np.empty(plan.slot_bytes, dtype=np.uint8) if deferred else self._slot(msg)
         wire = np.zeros(_HDR * len(pieces) + plan.down_bytes, dtype=np.uint8)
         at = [_HDR * k + p.down[0] for k, p in enumerate(pieces)]      # status word of piece k
         ends = [_HDR * (k + 1) + p.down[1] for k, p in enumerate(pieces)]
@@ -671,14 +686,21 @@ class MPIExchange:
         if self.rank == root:
             where = "the parameter server (rank 0)"
             slots = np.empty((n, slot.size), dtype=np.uint8)
-            slots[root] = slot
+            if not deferred:
+                slots[root] = slot
             ups = [[self.comm.Irecv([slots[r, p.up[0]:p.up[1]], MPI.BYTE], source=r, tag=_TAG_PS_UP)
                     for r in range(n) if r != root] for p in pieces]
             sends = []
             kern = codec._kernels(np)
             for k in range(len(pieces)):
+                if deferred and error is None:   # the server's own piece, while the workers' arrive
+                    try:
+                        plan.fill_slot(k, msg, slots[root])
+                    except Exception as e:  # noqa: BLE001  (reported below, like any server failure)
+                        error, status_seen = f"the parameter server (rank 0) failed: {type(e).__name__}: {e}", \
+                            _STATUS_SERVER
                 self._waitall(ups[k])
-                status = _STATUS_OK
+                status = status_seen
                 if error is None:
                     try:
                         if k == 0:
@@ -699,7 +721,11 @@ class MPIExchange:
         else:
             downs = [self.comm.Irecv([wire[at[k]:ends[k]], MPI.BYTE], source=root, tag=_TAG_PS_DOWN)
                      for k in range(len(pieces))]
-            sends = [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=root, tag=_TAG_PS_UP) for p in pieces]
+            sends = []
+            for k, p in enumerate(pieces):
+                if deferred:
+                    plan.fill_slot(k, msg, slot)
+                sends.append(self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=root, tag=_TAG_PS_UP))
             for k in range(len(pieces)):
                 self._waitall(downs[k:k + 1])
                 status = int(wire[at[k]:at[k] + _HDR].view(_U64)[0])

@@ -110,6 +110,25 @@ class PiecePlan:
             return self.down_base[i]
         return self.down_base[i] + (4 + e * self.width // 8 if s.kind == KIND_TERNARY else 4 * e)
 
+    # -- writing this rank's slot ---------------------------------------------------------------------
+    def fill_slot(self, k: int, msg, slot: np.ndarray) -> None:
+        """Piece k of `msg`'s slot into slot[up[k]] (piece 0 with the length word and the header),
+        encoding only that piece's codes (`DeferredMessage.write_range`)."""
+        if k == 0:
+            slot[:HDR] = np.array([self.slot_bytes - HDR], dtype=np.dtype("<u8")).view(np.uint8)
+            slot[HDR:HDR + self.header] = np.frombuffer(self.layout.header_bytes(), dtype=np.uint8)
+        for i, e0, e1 in self.pieces[k].ranges:
+            spec = self.layout.layers[i]
+            at = self.up_pos(i, e0)
+            if spec.kind == KIND_TERNARY:
+                if e0 == 0:
+                    slot[at:at + 4] = np.float32(msg.scalers[i]).reshape(1).view(np.uint8)
+                    at += 4
+                nb = packing.packed_size(e1 - e0, self.layout.packing)
+            else:
+                nb = 4 * (e1 - e0)
+            msg.write_range(i, e0, e1, slot[at:at + nb])
+
     # -- reading the workers' slots ------------------------------------------------------------------
     def check_headers(self, rows: np.ndarray) -> None:
         """Every slot's length word and header (piece 0, base 0) against the layout (SenderError)."""

@@ -180,8 +180,11 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     else:
         local_s = codec.local_scalers_many(scalings, len(local))
         shared = ex.max_scalers(local_s) if cfg.exchange.share_scalers else None
+        defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
+        deferred = bool(defers and defers(cfg.exchange.mode, cfg.exchange.share_scalers,
+                                          cfg.exchange.reternarize_downlink))
         msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared,
-                                 scalings)
+                                 scalings, deferred=deferred)
         if not with_stats:
             del grads                   # the messages hold what the exchange needs
         rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
