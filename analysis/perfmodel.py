@@ -62,7 +62,8 @@ Two uses, one set of byte formulas:
        pipelined modes (tg_ps, tg_allgather: K = ceil(P / 2^18) pieces): wire, sums and decode
                    overlap, so exchange = max(W, C) + (1 - overlap) min(W, C) + (W + C) / K (one
                    piece through the pipeline; overlap, fitted, is the share of the shorter one
-                   hidden), C = the CPU of t_decode, t_wire = exchange - C; for the server W =
+                   hidden), C = the CPU of t_decode (which there includes encoding the codes,
+                   piece by piece), t_wire = exchange - C; for the server W =
                    max(up, down) + duplex x min(up, down) on the switch (full-duplex links; duplex,
                    fitted, is what TCP's acks and the shared CPU take back) and up + down on the
                    shared medium. tg_allgather_whole: the additive form below.
@@ -486,6 +487,8 @@ class EmuParams:
     c_ar_decode: float = 8e-9         # int8 unpack + float64 scaling, per element
     c_ps: float = 6e-9                # server sum + pack + unpack, per element, x shape(N)
     c_ag_decode: float = 2e-9         # slots + parse + weighted sum, per element, x shape(N)
+    c_ps_pipe: float = 9e-9           # pipelined server: c_ps's work + encoding the codes piece by piece
+    c_ag_pipe: float = 5e-9           # pipelined all-gather: c_ag_decode's work + encoding the codes
     cores: float = 2.0                # CPU cores the ranks share
     cpu: dict = field(default_factory=dict)   # {(c_* attribute, P): seconds per element} fitted per size
     gammas: dict = field(default_factory=dict)  # {c_* attribute: contention exponent}, else gamma
@@ -582,7 +585,7 @@ def _cpu_shape(mode: str, n: int, part: str = "all") -> float:
 
 
 _CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
-             "tg_ps": "c_ps", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_decode",
+             "tg_ps": "c_ps_pipe", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_pipe",
              "tg_allgather_whole": "c_ag_decode"}
 
 
