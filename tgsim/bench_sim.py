@@ -72,10 +72,10 @@ class _LoopedCodec:
                 ScalingBatch(*(np.array([p[i][f] for p in per]) for f in range(4)))
                 for i in range(len(per[0]))]
 
-    def encode_many(self, layers, seed, step, workers, shared_scalers=None, scalings=None):
+    def encode_many(self, layers, seed, step, workers, shared_scalers=None, scalings=None, deferred=False):
         return [self.codec.encode({k: v[w] for k, v in layers.items()}, StreamKey(seed, step, int(wid)),
                                   shared_scalers, None if scalings is None else
-                                  [None if s is None else s.worker(w) for s in scalings])
+                                  [None if s is None else s.worker(w) for s in scalings], deferred=deferred)
                 for w, wid in enumerate(workers)]
 
 

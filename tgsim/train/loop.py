@@ -184,7 +184,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
         deferred = bool(defers and defers(cfg.exchange.mode, cfg.exchange.share_scalers,
                                           cfg.exchange.reternarize_downlink))
         msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared,
-                                 scalings, deferred=deferred)
+                                 scalings, **({"deferred": True} if deferred else {}))
         if not with_stats:
             del grads                   # the messages hold what the exchange needs
         rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
