@@ -15,7 +15,8 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
   tg_allreduce  TernGrad, shared scalers, Allreduce(SUM) of int8 codes
   tg_ps         TernGrad, shared scalers, parameter server on rank 0 (point-to-point, MPIExchange's
                 default): the slots and the packed sums cut into pieces of 2^18 elements (64 KiB of
-                2-bit codes), the server sums and sends piece k while piece k+1 arrives (tgsim.exchange.pieces)
+                2-bit codes), the server sums and sends piece k while piece k+1 arrives
+                (tgsim.exchange.pieces)
   tg_ps_whole   the same server not pipelined: every whole slot in, then the whole sum out (not in
                 the default set)
   tg_allgather_whole  the all-gather not pipelined: one blocking MPI Allgather, then the sum (what CuPy
