@@ -213,15 +213,15 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         tb = time.perf_counter()
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
         base = mode[3:].removesuffix("_collective").removesuffix("_whole")
-        deferred = mode in ("tg_ps", "tg_allgather") and ex.defers_encode(base, True, False)
-        msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc, deferred=deferred)
-        tc = time.perf_counter()
         chunk = ex.chunk
         if mode == "tg_ps_collective":
             ex.ps_transport = "collective"
         elif mode.endswith("_whole"):
             ex.chunk = -1                    # not pipelined: whole-message Send/Recv, blocking Allgather
         try:
+            msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc,
+                               deferred=ex.defers_encode(base, True, False))
+            tc = time.perf_counter()
             _, nb = ex.terngrad(codec, [msg], base, True)
         finally:
             ex.ps_transport, ex.chunk = "p2p", chunk

@@ -99,6 +99,12 @@ def test_a_corrupt_piece_names_its_sender():
         run(bad)
     assert e.value.sender == 2
     bad = good.copy()
+    i = msgs[0].layout.names.index("b")
+    bad[0, plan.up_base[i] + 4 + 100] = 0xFF                  # layer b's byte 100: in its third piece
+    with pytest.raises(SenderError, match="layer 'b': invalid code 0b11 at byte 100 ") as e:
+        run(bad)
+    assert e.value.sender == 0
+    bad = good.copy()
     bad[1, HDR:HDR + 4] = np.frombuffer(b"XXXX", np.uint8)
     with pytest.raises(SenderError, match="magic") as e:
         run(bad)

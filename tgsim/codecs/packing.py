@@ -166,6 +166,35 @@ def unpack_uint_reference(payload, n: int, width: int):
     return (bits.astype(xp.uint32) << xp.arange(width, dtype=xp.uint32)).sum(axis=1, dtype=xp.uint32)
 
 
+def pack_code_sums(intsum, n: int, width: int):
+    """The parameter server's downlink codes: pack_uint(Σ codes + n, width) of N = n workers' code sums
+    in [-n, n] (ValueError if one does not fit). NumPy with width <= 8: one Numba pass, same bits."""
+    xp = array_module(intsum)
+    if xp is np and width <= 8:
+        from tgsim.codecs import _numba_uint
+
+        return _numba_uint.pack_offset(intsum, n, width)
+    return pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
+
+
+def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out=None):
+    """Inverse of pack_code_sums, scaled: (float32 scale_integer_sum(Σ codes, scaler, n) of `count`
+    elements, the largest packed value) -- the caller rejects a largest value beyond 2n. `out`: a
+    contiguous float32 array of `count` elements to write into. NumPy with width <= 8: one Numba pass."""
+    xp = array_module(payload)
+    if xp is np and width <= 8:
+        from tgsim.codecs import _numba_uint
+
+        return _numba_uint.decode_scaled(payload, count, width, n, scaler, n, out=out)
+    raw = unpack_uint(payload, count, width)
+    top = int(raw.max()) if count else 0
+    flat = scale_integer_sum(raw.astype(xp.int32) - n, scaler, n)
+    if out is not None:
+        out[...] = flat
+        flat = out
+    return flat, top
+
+
 def scale_integer_sum(intsum, scaler: float, divide_by: int):
     """f32(f64(s) * Σcodes * (1/divide_by)): the same bits as weighted_sum with one shared scaler."""
     xp = array_module(intsum)

@@ -225,12 +225,7 @@ def ps_base_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool)
                 chunks.append(_f32_bytes(_ordered_sum_mean(parts, n, xp)))
                 continue
             intsum = kern.sum_codes(xp.stack(parts), spec.size, codec.packing, _code_dtype(n))
-            if xp is np and width <= 8:   # fused: offset + pack in one pass, same bits
-                from tgsim.codecs import _numba_uint
-
-                payload = _numba_uint.pack_offset(intsum, n, width)
-            else:
-                payload = packing.pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
+            payload = packing.pack_code_sums(intsum, n, width)
             chunks.append(np.float32(messages[0].scalers[i]).reshape(1).view(np.uint8))
             chunks.append(to_numpy(payload).astype(np.uint8, copy=False))
     return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
@@ -251,16 +246,9 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
         if not (np.isfinite(s) and s >= 0):
             raise ValueError(f"layer {spec.name!r}: invalid scaler {s} in the downlink")
         nb = -(-spec.size * width // 8)
-        if xp is np and width <= 8:   # fused: unpack + check + scale in one pass, same bits
-            from tgsim.codecs import _numba_uint
-
-            if buf.size < off + 4 + nb:
-                raise ValueError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
-            flat, top = _numba_uint.decode_scaled(buf[off + 4:off + 4 + nb], spec.size, width, n, s, n)
-        else:
-            raw = packing.unpack_uint(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width)
-            top = int(raw.max()) if spec.size else 0
-            flat = packing.scale_integer_sum(raw.astype(xp.int32) - n, s, n)
+        if buf.size < off + 4 + nb:
+            raise ValueError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
+        flat, top = packing.unpack_code_sums(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width, n, s)
         if top > 2 * n:
             raise ValueError(f"layer {spec.name!r}: downlink code sum {top - n} exceeds N = {n}")
         mean[spec.name] = flat.reshape(spec.shape)
@@ -473,14 +461,15 @@ class MPIExchange:
         msg = local_messages[0]
         if mode not in ("allreduce", "ps", "allgather"):
             raise ValueError(f"unknown exchange mode {mode!r}")
-        # pipelined: NumPy buffers and chunk >= 0 (CuPy buffers take the whole-message collectives)
-        host = self.chunk >= 0 and all(isinstance(p, np.ndarray) for p in msg.parts)
-        if mode == "ps" and host and shared and reternarize_key is None and self.ps_transport == "p2p":
+        # pipelined where defers_encode says so, for NumPy buffers (CuPy takes the whole-message path)
+        piped = self.defers_encode(mode, shared, reternarize_key is not None) and \
+            all(isinstance(p, np.ndarray) for p in msg.parts)
+        if mode == "ps" and piped:
             mean, nbytes = self._ps_pipelined(codec, msg)
         elif mode == "ps":
             mean, nbytes = self._ps(codec, msg, shared, reternarize_key)
         else:
-            if (mode == "allgather" or not shared) and host:
+            if piped:
                 mean, nbytes = self._allgather_pipelined(codec, msg, shared)
             elif mode == "allgather" or not shared:
                 mean, nbytes = self._allgather(codec, msg, shared)
@@ -607,10 +596,10 @@ class MPIExchange:
         return mean, nbytes
 
     def defers_encode(self, mode: str, shared: bool, reternarize: bool) -> bool:
-        """True where this exchange takes a NumPy message in pieces, so a `DeferredMessage`
-        (TernGrad.encode_many(deferred=True)) is encoded piece by piece while earlier pieces are on
-        the wire; elsewhere a deferred message is encoded whole on this thread, so the caller
-        should not ask for one."""
+        """True where this exchange takes a NumPy message in pieces (`terngrad` dispatches on it), so
+        a `DeferredMessage` (TernGrad.encode_many(deferred=True)) is encoded piece by piece while
+        earlier pieces are on the wire; elsewhere a deferred message is encoded whole on this
+        thread, so the caller should not ask for one."""
         if self.chunk < 0:
             return False
         if mode == "ps":
@@ -635,15 +624,14 @@ class MPIExchange:
         deferred = hasattr(msg, "write_range")          # encode each piece just before it is sent
         slot = np.empty(plan.slot_bytes, dtype=np.uint8) if deferred else self._slot(msg)
         got = np.empty(n * plan.slot_bytes, dtype=np.uint8)
+        blocks = [got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0]) for p in plan.pieces]
         peers = [r for r in range(n) if r != self.rank]
-        reqs, sends = [], []
-        for p in plan.pieces:
-            rows = got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0])
-            reqs.append([self.comm.Irecv([rows[r], MPI.BYTE], source=r, tag=_TAG_AG) for r in peers])
+        reqs = [[self.comm.Irecv([rows[r], MPI.BYTE], source=r, tag=_TAG_AG) for r in peers] for rows in blocks]
+        sends = []
         for k, p in enumerate(plan.pieces):
             if deferred:
                 plan.fill_slot(k, msg, slot)
-            got[n * p.up[0]:n * p.up[1]].reshape(n, -1)[self.rank] = slot[p.up[0]:p.up[1]]
+            blocks[k][self.rank] = slot[p.up[0]:p.up[1]]
             sends += [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=r, tag=_TAG_AG) for r in peers]
         flat = plan.empty_mean()
         scalers = np.zeros((len(msg.layout.layers), n), dtype=np.float32)
@@ -653,11 +641,10 @@ class MPIExchange:
             self._waitall(reqs[k])
             if error is not None:
                 continue
-            rows = got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0])
             try:
                 if k == 0:
-                    plan.check_headers(rows)
-                plan.aggregate(k, rows, p.up[0], scalers, flat, kern, msg.scalers if shared else None)
+                    plan.check_headers(blocks[0])
+                plan.aggregate(k, blocks[k], p.up[0], scalers, flat, kern, msg.scalers if shared else None)
             except SenderError as e:
                 error = PeerPayloadError(f"rank {self.rank} received a malformed payload from rank {e.sender}: {e}")
         self._waitall(sends)

@@ -182,11 +182,9 @@ class PiecePlan:
 
         Ternary layers: f32(shared scaler) then pack(Σ_w codes_w + N) at w bits; float layers: the
         ordered float64 mean (`mpi.ps_base_downlink`'s bytes). SenderError names a malformed slot."""
-        from tgsim.codecs import _numba_uint
         from tgsim.exchange._numba_mean import ordered_mean
 
         n, piece = self.n, self.pieces[k]
-        code_dtype = np.int8 if n <= 127 else np.int16
         seen = np.zeros((len(self.layout.layers), n), dtype=np.float32)
         for i, e0, e1, part in self._layer_parts(k, rows, base, seen, shared):
             at = self.down_pos(i, e0) - piece.down[0]
@@ -197,13 +195,10 @@ class PiecePlan:
                 out[at:at + 4] = np.float32(shared[i]).reshape(1).view(np.uint8)
                 at += 4
             try:
-                intsum = kern.sum_codes(part, e1 - e0, self.layout.packing, code_dtype)
+                intsum = kern.sum_codes(part, e1 - e0, self.layout.packing)   # int8 up to 127 ranks
             except ValueError as e:
                 raise self._blame(part, i, e0, e1, e) from e
-            if self.width <= 8:
-                payload = _numba_uint.pack_offset(intsum, n, self.width)
-            else:
-                payload = packing.pack_uint((intsum.astype(np.int32) + n).astype(np.uint32), self.width)
+            payload = packing.pack_code_sums(intsum, n, self.width)
             out[at:at + payload.size] = payload
 
     def aggregate(self, k: int, rows: np.ndarray, base: int, scalers: np.ndarray, flat: list[np.ndarray],
@@ -235,8 +230,6 @@ class PiecePlan:
     def decode(self, k: int, buf: np.ndarray, flat: list[np.ndarray], scalers: np.ndarray) -> None:
         """Fill flat[i][e0:e1] from piece k's downlink bytes `buf` (mpi.ps_decode_base's bits);
         `scalers[i]` is layer i's downlink scaler, read at its first piece. ValueError if malformed."""
-        from tgsim.codecs import _numba_uint
-
         n, piece = self.n, self.pieces[k]
         if buf.size != piece.down[1] - piece.down[0]:
             raise ValueError(f"downlink piece {k} is {buf.size} bytes, the plan needs {piece.down[1] - piece.down[0]}")
@@ -253,13 +246,8 @@ class PiecePlan:
                 scalers[i] = s
                 at += 4
             nb = -(-(e1 - e0) * self.width // 8)
-            if self.width <= 8:
-                _, top = _numba_uint.decode_scaled(buf[at:at + nb], e1 - e0, self.width, n, float(scalers[i]), n,
-                                                   out=flat[i][e0:e1])
-            else:
-                raw = packing.unpack_uint(buf[at:at + nb], e1 - e0, self.width)
-                top = int(raw.max()) if e1 > e0 else 0
-                flat[i][e0:e1] = packing.scale_integer_sum(raw.astype(np.int32) - n, float(scalers[i]), n)
+            _, top = packing.unpack_code_sums(buf[at:at + nb], e1 - e0, self.width, n, float(scalers[i]),
+                                              out=flat[i][e0:e1])
             if top > 2 * n:
                 raise ValueError(f"layer {spec.name!r}: downlink code sum {top - n} exceeds N = {n}")
 
