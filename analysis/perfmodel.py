@@ -43,7 +43,10 @@ Two uses, one set of byte formulas:
    `predict_components` predicts one bench row (topology, rate, N, P, mode), each component as
    the bench measures it (o = max(1, (N + L) / cores): N busy-polling ranks plus L other runnable
    tasks, the bench's `ext_load`, on `cores` cores):
-       t_step    = t_encode + t_scalers + wire + t_decode   (wire: the step's critical path)
+       t_step    = t_encode + log2(N) x round latency + wire + t_decode   (wire: the step's
+                   critical path; the bench's components are maxima over ranks, and its t_scalers
+                   also holds the wait for the slowest rank's encode, which t_encode already has,
+                   so on the step's path the scaler all-reduce costs its rounds alone)
        wire      = sum over the step's collectives of the bytes MPICH really moves
                    (`mpich_collective_bytes`: Rabenseifner all-reduce, binomial Gather, binomial or
                    scatter+allgather Bcast by MPICH's thresholds, ring Allgather, pairwise
@@ -56,17 +59,23 @@ Two uses, one set of byte formulas:
                    Allgatherv pay q_exact x bytes x (o - 1) more.
        t_scalers = log2(N) (alpha + beta_sc (o - 1))   (the scaler all-reduce: recursive doubling,
                    each round waits for the partner's time slice; nothing overlaps that wait)
-       t_encode, t_decode = cost per element (at that P) x P x shape(N) x o ** gamma(cost);
+       t_encode, t_decode = cost per element (at that P) x P x shape(N) x o ** gamma(cost)
+                   (gamma(cost, P) where the calibration rows hold P at two or more N);
                    shape(N): in-process one-core timings of the ps server, ps decode and allgather
-                   aggregate (`SHAPE_SOURCE`), 1 for the others.
+                   aggregate (`SHAPE_SOURCE`), 1 for the others. The pipelined modes encode their
+                   codes inside the exchange, so their t_encode is pass 1 alone (its own cost,
+                   c_pass1).
        pipelined modes (tg_ps, tg_allgather: K = ceil(P / 2^18) pieces): wire, sums and decode
                    overlap, so exchange = max(W, C) + (1 - overlap) min(W, C) + (W + C) / K (one
                    piece through the pipeline; overlap, fitted, is the share of the shorter one
                    hidden), C = the CPU of t_decode (which there includes encoding the codes,
-                   piece by piece), t_wire = exchange - C; for the server W =
-                   max(up, down) + duplex x min(up, down) on the switch (full-duplex links; duplex,
-                   fitted, is what TCP's acks and the shared CPU take back) and up + down on the
-                   shared medium. tg_allgather_whole: the additive form below.
+                   piece by piece) plus, for the server, the time its one process spends moving
+                   its link's bytes (link bytes x o ** nu / cap_root: the process that sums is the
+                   one that sends, so that part cannot hide behind the sums), t_wire = exchange -
+                   the CPU of t_decode; W is the links' part: for the server max(up, down) +
+                   duplex x min(up, down) on the switch (full-duplex links; duplex, fitted, is what
+                   TCP's acks and the shared CPU take back) and up + down on the shared medium.
+                   tg_allgather_whole: the additive form below.
                    tg_ps_whole / tg_ps_collective (one piece): wire = all slots in + all downlinks
                    out, and the server's sum (in t_decode) lies between them; the bench's t_wire
                    (minimum over ranks) is the first worker's (slots, sum, its downlink) or the
@@ -74,8 +83,15 @@ Two uses, one set of byte formulas:
    `calibrate` fits every free parameter, per topology, on a SEPARATE set of rows -- by default
    every N = 2 row plus the smallest size at the largest N (N = 2 alone cannot tell how CPU time
    grows with the rank count) -- and `validate` reports every other row (N = 4; N = 8 at the
-   larger sizes) against them. The N x P interaction of the CPU costs (16M arrays at N = 8 cost
-   more per element than the fair-share o-fold) is not visible in those rows and is not modelled.
+   larger sizes) against them. On a machine with fewer cores than 4 those rows are all
+   oversubscribed (`oversubscribed`: the ranks share cores, which no cluster does); the
+   `size-ends` calibration also holds out the middle size at N = 2 (one rank per core),
+   predicted from the smallest and largest; the `rank-ends` calibration fits every row at the
+   smallest and largest N (each size then gets its own contention exponents) and predicts the
+   middle N. Several sweeps of the same grid can be given: their
+   per-row medians are validated and `sweep_spread` says how far the sweeps differ per row. With
+   the default rows the N x P interaction of the CPU costs (16M arrays at N = 8 cost more per
+   element than the fair-share o-fold) is not visible and not modelled.
 """
 
 from __future__ import annotations
@@ -482,6 +498,7 @@ class EmuParams:
     overlap: float = 0.5              # ... and the share of min(wire, CPU) hidden behind the other
     q_exact: float = 1e-9             # s per byte per unit of (o - 1): fp32_exact's Alltoallv + ring Allgatherv
     c_encode: float = 2.5e-9          # codec.scaling + encode, per element
+    c_pass1: float = 1e-9             # codec.scaling + the input checks alone: the pipelined modes' t_encode
     c_fp32_native: float = 1.5e-8     # flatten + float64 scaling of the native path, per element
     c_fp32_exact: float = 1.5e-8      # flatten + ordered float64 sums, per element
     c_ar_decode: float = 8e-9         # int8 unpack + float64 scaling, per element
@@ -523,9 +540,11 @@ class EmuParams:
         load = 0.0 if ext_load != ext_load else max(0.0, float(ext_load))
         return max(1.0, (n + load) / self.cores)
 
-    def contention(self, n: int, ext_load: float = 0.0, attr: str | None = None) -> float:
-        """Slow-down of CPU work with n busy-polling ranks and `ext_load` other runnable tasks."""
-        return self.oversub(n, ext_load) ** self.gammas.get(attr, self.gamma)
+    def contention(self, n: int, ext_load: float = 0.0, attr: str | None = None, params: int | None = None) -> float:
+        """Slow-down of CPU work with n busy-polling ranks and `ext_load` other runnable tasks: o ** gamma,
+        gamma of cost `attr` at size `params` where fitted there, else of `attr`, else the common one."""
+        g = self.gammas.get((attr, params), self.gammas.get(attr, self.gamma))
+        return self.oversub(n, ext_load) ** g
 
     def round_latency(self, n: int, ext_load: float = 0.0) -> float:
         """Seconds per collective round: alpha, plus waiting for the peer's turn on an oversubscribed CPU."""
@@ -589,14 +608,24 @@ _CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_a
              "tg_allgather_whole": "c_ag_decode"}
 
 
+def _encode_attr(mode: str) -> str:
+    """The CPU cost of a TernGrad mode's t_encode: the pipelined modes encode their codes piece by
+    piece inside the exchange (a `DeferredMessage`), so their t_encode is pass 1 alone."""
+    return "c_pass1" if mode in PIPELINED else "c_encode"
+
+
 def tbf_burst(rate_bits: float) -> float:
     """The tbf bucket of mpi_runs/netem.sh: max(256 KiB, 1 ms at the rate) bytes."""
     return max(262144.0, rate_bits / 8.0 * 1e-3) if rate_bits < float("inf") else 0.0
 
 
-def _wire_parts(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
-                ext_load: float = 0.0) -> list[float]:
-    """Seconds of each exchange collective of the step (scalers excluded), in order."""
+def _wire_terms(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
+                ext_load: float = 0.0) -> list[tuple[float, float, float]]:
+    """Per exchange collective of the step (scalers excluded), in order: (link, root, latency)
+    seconds. link: the bytes through the shaped link(s) and the CPU-bound TCP stack of all ranks;
+    root: where one process moves every byte of its link (the server's Send/Recv, a tree's root),
+    link bytes x o ** nu / cap_root -- CPU time of that one process, else 0; latency: rounds x
+    the per-round latency."""
     bits = _rate_bits(rate)
     R = p.eta * bits / 8.0
     burst = tbf_burst(bits)         # the bucket refills between collectives: its bytes pass at once
@@ -610,12 +639,20 @@ def _wire_parts(mode: str, params: int, n: int, rate: str, topology: str, p: Emu
             t = max(max(0.0, total - burst) / R, total / cap)
         else:                                   # n links in parallel, but the CPUs move all their bytes
             t = max(max(0.0, crit - burst) / R, total / cap)
-        if coll in ("p2p", "gather") or (coll == "bcast" and (n < 8 or b < 12288)):
-            t = max(t, crit * o ** p.nu / p.cap_root)   # one process (the root) moves every byte of its link
         if coll == "alltoall_ag":               # the exact path: every pair at once, under oversubscription
             t += total * p.q_exact * (o - 1.0)
-        out.append(t + rounds * a)
+        root = 0.0
+        if coll in ("p2p", "gather") or (coll == "bcast" and (n < 8 or b < 12288)):
+            root = crit * o ** p.nu / p.cap_root
+        out.append((t, root, rounds * a))
     return out
+
+
+def _wire_parts(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
+                ext_load: float = 0.0) -> list[float]:
+    """Seconds of each exchange collective of the step (scalers excluded), in order: the slower of
+    its link and its root, plus its latency."""
+    return [max(t, root) + lat for t, root, lat in _wire_terms(mode, params, n, rate, topology, p, ext_load)]
 
 
 def predict_wire(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
@@ -637,27 +674,37 @@ def predict_components(mode: str, params: int, n: int, rate: str, topology: str,
                        ext_load: float = 0.0) -> dict:
     """Predicted components (seconds) of one bench row, each as the bench reports it.
 
-    t_step = t_encode + t_scalers + wire + t_decode, where wire is the step's critical path through
-    the collectives. For the whole-message parameter server that path is: every slot into the
+    t_step = t_encode + log2(N) rounds + wire + t_decode, where wire is the step's critical path
+    through the collectives (t_scalers, predicted as the bench reports it, also holds a wait the
+    step's path does not have: see the module docstring). For the whole-message parameter server that path is: every slot into the
     server, the server's sum (S, inside t_decode), every downlink out, the last worker's decode. The
     bench's t_wire is the minimum over ranks: for the point-to-point server that is the first
     worker's (all slots, S, its own downlink) or the server's (all slots, all downlinks), whichever
     is shorter. The pipelined server (tg_ps) overlaps them: see the module docstring."""
     tg = mode.startswith("tg_")
-    enc = p.cost("c_encode", params) * params * p.contention(n, ext_load, "c_encode") if tg else 0.0
+    ea = _encode_attr(mode)
+    enc = p.cost(ea, params) * params * p.contention(n, ext_load, ea, params) if tg else 0.0
     sc = scalers_seconds(n, p, ext_load) if tg else 0.0
+    # on the step's path the scaler all-reduce costs its rounds alone: the bench's t_scalers (maximum
+    # over ranks) also holds the wait for the slowest rank's encode, which t_encode (maximum) has
+    sc_path = _log2(n) * p.round_latency(n, ext_load) if tg else 0.0
     parts = _wire_parts(mode, params, n, rate, topology, p, ext_load)
     wire = sum(parts)
-    c = p.cost(_CPU_ATTR[mode], params) * params * p.contention(n, ext_load, _CPU_ATTR[mode])
+    c = p.cost(_CPU_ATTR[mode], params) * params * p.contention(n, ext_load, _CPU_ATTR[mode], params)
     if mode in PIPELINED:                # pieces overlap the wire, the sums and the decode
         cpu = c * _cpu_shape(mode, n)
+        terms = _wire_terms(mode, params, n, rate, topology, p, ext_load)
+        link = [t + lat for t, _, lat in terms]
         if mode == "tg_ps":
-            up, down = parts
-            wire = max(up, down) + p.duplex * min(up, down) if topology == "switch" else up + down
-        k = pieces(params)
-        exch = max(wire, cpu) + (1.0 - p.overlap) * min(wire, cpu) + (wire + cpu) / k   # + one piece
-        return {"t_wire": max(exch - cpu, 0.0), "t_wire_path": wire, "t_encode": enc, "t_scalers": sc,
-                "t_decode": cpu, "t_exchange": exch, "t_step": enc + sc + exch}
+            up, down = link
+            link_path = max(up, down) + p.duplex * min(up, down) if topology == "switch" else up + down
+        else:
+            link_path = sum(link)
+        root = sum(r for _, r, _ in terms)   # the server moves its bytes on its own CPU, not beside it
+        busy = cpu + root
+        exch = max(link_path, busy) + (1.0 - p.overlap) * min(link_path, busy) + (link_path + busy) / pieces(params)
+        return {"t_wire": max(exch - cpu, 0.0), "t_wire_path": max(link_path, root), "t_encode": enc,
+                "t_scalers": sc, "t_decode": cpu, "t_exchange": exch, "t_step": enc + sc_path + exch}
     if mode.startswith("tg_ps"):
         srv, dec = c * _cpu_shape(mode, n, "server"), c * _cpu_shape(mode, n, "decode")
         cpu = srv + dec
@@ -667,15 +714,42 @@ def predict_components(mode: str, params: int, n: int, rate: str, topology: str,
         cpu = c * _cpu_shape(mode, n)
         seen = wire
     return {"t_wire": seen, "t_wire_path": wire, "t_encode": enc, "t_scalers": sc, "t_decode": cpu,
-            "t_exchange": wire + cpu, "t_step": enc + sc + wire + cpu}
+            "t_exchange": wire + cpu, "t_step": enc + sc_path + wire + cpu}
+
+
+KEY = ["topology", "rate", "ranks", "params", "mode"]
+
+
+def combine_sweeps(measured) -> "pd.DataFrame":
+    """One row per (topology, rate, N, P, mode) from several sweeps of `tgsim bench exchange` (paths
+    or DataFrames): the median over sweeps of every numeric column, `sweeps` = how many sweeps had
+    the row, and `sweep_spread` = max / min - 1 of its t_step over the sweeps (0 for one sweep):
+    the run-to-run noise of that point on this machine, beside which a model error is judged."""
+    import pandas as pd
+
+    frames = [m.copy() if isinstance(m, pd.DataFrame) else pd.read_csv(m) for m in measured]
+    for i, f in enumerate(frames):
+        f["_sweep"] = i
+    df = pd.concat(frames, ignore_index=True)
+    num = [c for c in df.columns if c not in KEY and c != "_sweep" and pd.api.types.is_numeric_dtype(df[c])]
+    g = df.groupby(KEY, sort=False)
+    out = g[num].median()
+    out["sweeps"] = g["_sweep"].nunique()
+    out["sweep_spread"] = g["t_step"].max() / g["t_step"].min() - 1.0
+    return out.reset_index()
 
 
 def _load(measured):
     import pandas as pd
 
-    df = measured.copy() if isinstance(measured, pd.DataFrame) else pd.read_csv(measured)
+    if isinstance(measured, (list, tuple)):
+        df = combine_sweeps(measured) if len(measured) > 1 else _load(measured[0])
+    else:
+        df = measured.copy() if isinstance(measured, pd.DataFrame) else pd.read_csv(measured)
     if "ext_load" not in df:
         df["ext_load"] = 0.0
+    if "sweeps" not in df:
+        df["sweeps"], df["sweep_spread"] = 1, 0.0
     return df
 
 
@@ -685,6 +759,29 @@ def _to_x(name: str, v: float) -> float:
 
 def _from_x(name: str, x: float) -> float:
     return float(x) if name in _LINEAR else float(math.exp(x))
+
+
+def _fit_contention(rows, p: EmuParams) -> tuple[float, dict]:
+    """(gamma, {P: cost per element}) of one CPU cost over its rows (attr, P, seconds, P x shape, n,
+    ext_load): gamma on a grid from GAMMA_MIN to 3 where the rows span two or more N (else p.gamma),
+    the cost per size the median of seconds / (P x shape x o ** gamma), gamma minimizing the squared
+    log error."""
+    import numpy as np
+
+    best = None
+    for gamma in (np.linspace(GAMMA_MIN, 3.0, 121) if len({c[4] for c in rows}) > 1 else [p.gamma]):
+        q = replace(p, gamma=float(gamma), gammas={})
+        cont = np.array([q.contention(n, L) for *_, n, L in rows])
+        costs = {}
+        for P in {c[1] for c in rows}:
+            idx = [i for i, c in enumerate(rows) if c[1] == P]
+            costs[P] = float(np.median([rows[i][2] / (rows[i][3] * cont[i]) for i in idx]))
+        pred = np.array([costs[c[1]] * c[3] * cont[i] for i, c in enumerate(rows)])
+        meas = np.array([c[2] for c in rows])
+        loss = float(np.sum(np.log(pred / meas) ** 2))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, float(gamma), costs)
+    return best[1], best[2]
 
 
 def calibrate(measured, base: EmuParams | None = None, robust: float = 0.15) -> EmuParams:
@@ -718,31 +815,24 @@ def calibrate(measured, base: EmuParams | None = None, robust: float = 0.15) -> 
     for r in rows:
         n, P = int(r.ranks), int(r.params)
         if r.mode.startswith("tg_") and "t_encode" in cols:
-            comps.append(("c_encode", P, r.t_encode, float(P), n, r.ext_load))
+            comps.append((_encode_attr(r.mode), P, r.t_encode, float(P), n, r.ext_load))
         if "t_decode" in cols:
             comps.append((_CPU_ATTR[r.mode], P, r.t_decode, float(P) * _cpu_shape(r.mode, n), n, r.ext_load))
     comps = [c for c in comps if c[2] > 0]
     p.cpu, p.gammas = {}, {}
     for attr in sorted({c[0] for c in comps}):
         mine = [c for c in comps if c[0] == attr]
-        best = None
-        for gamma in (np.linspace(GAMMA_MIN, 3.0, 121) if len({c[4] for c in mine}) > 1 else [p.gamma]):
-            q = replace(p, gamma=float(gamma), gammas={})
-            cont = np.array([q.contention(n, L) for *_, n, L in mine])
-            costs = {}
-            for P in {c[1] for c in mine}:
-                idx = [i for i, c in enumerate(mine) if c[1] == P]
-                costs[P] = float(np.median([mine[i][2] / (mine[i][3] * cont[i]) for i in idx]))
-            pred = np.array([costs[c[1]] * c[3] * cont[i] for i, c in enumerate(mine)])
-            meas = np.array([c[2] for c in mine])
-            loss = float(np.sum(np.log(pred / meas) ** 2))
-            if best is None or loss < best[0] - 1e-12:
-                best = (loss, float(gamma), costs)
-        p.gammas[attr] = best[1]
-        p.cpu.update({(attr, P): v for P, v in best[2].items()})
-        setattr(p, attr, float(np.median(list(best[2].values()))))
+        gamma, costs = _fit_contention(mine, p)
+        p.gammas[attr] = gamma
+        p.cpu.update({(attr, P): v for P, v in costs.items()})
+        setattr(p, attr, float(np.median(list(costs.values()))))
+        for P in sorted(costs):         # a size measured at two or more N: its own exponent (N x P interaction)
+            at = [c for c in mine if c[1] == P]
+            if len({c[4] for c in at}) > 1 and len({c[1] for c in mine}) > 1:
+                p.gammas[(attr, P)], cP = _fit_contention(at, p)
+                p.cpu[(attr, P)] = cP[P]
     if p.gammas:
-        p.gamma = float(np.median(list(p.gammas.values())))
+        p.gamma = float(np.median([g for k, g in p.gammas.items() if isinstance(k, str)]))
     # 2. network (with the CPU costs of step 1 in place: the server's sum is part of its t_wire)
     wrows = []
     for r in rows:
@@ -797,14 +887,33 @@ def default_calibration_rows(df):
     return (df["ranks"] == df["ranks"].min()) | (big & (df["params"] == df["params"].min()))
 
 
+def size_ends_calibration_rows(df):
+    """The default set without its middle sizes at N = 2: those rows -- one rank per core, like a
+    cluster -- are then predicted from the smallest and largest size (a held-out interpolation)."""
+    ends = df["params"].isin([df["params"].min(), df["params"].max()])
+    return default_calibration_rows(df) & (ends | (df["ranks"] != df["ranks"].min()))
+
+
+def rank_ends_calibration_rows(df):
+    """Every row at the smallest and the largest N: the middle N is then predicted (interpolated in
+    N; each size's CPU costs get their own contention exponent from its two N)."""
+    return df["ranks"].isin([df["ranks"].min(), df["ranks"].max()])
+
+
+CALIBRATIONS = {"default": default_calibration_rows, "size-ends": size_ends_calibration_rows,
+                "rank-ends": rank_ends_calibration_rows}
+
+
 def validate(measured_csv, calibration=default_calibration_rows, tolerance: float = 0.20,
              min_params: int = 1_000_000):
     """Predicted against measured per-step times, every row; free parameters fitted per topology
     on the rows `calibration(df)` selects (default: N = 2, plus N = max at the smallest size) and
     marked split = "calibration"; every other row is split = "validation".
 
-    Columns: keys, measured and predicted t_step (rel_error = predicted / measured - 1, within =
-    |rel_error| <= tolerance) -- the headline: the bench's speedups are ratios of t_step; the same
+    `measured_csv`: one bench CSV (path or DataFrame), or a list of sweeps of the same grid, whose
+    per-row medians are then used (`combine_sweeps`; `sweep_spread` = their max / min - 1).
+    Columns: keys, oversubscribed (N > cores: the ranks share cores, unlike on a cluster), measured
+    and predicted t_step (rel_error = predicted / measured - 1, within = |rel_error| <= tolerance) -- the headline: the bench's speedups are ratios of t_step; the same
     for t_exchange (exchange_rel_error, exchange_within) and t_wire alone (wire_rel_error,
     wire_within), the CPU components, predicted and measured speedup over fp32_native, and the
     MPICH byte model against the interface counters (wire_bytes_error).
@@ -841,7 +950,9 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
     out["speedup"] = base["t_step"].reindex(idx).to_numpy() / out["t_step"]
     out["pred_speedup"] = base["pred_t_step"].reindex(idx).to_numpy() / out["pred_t_step"]
     out["wire_bytes_error"] = out["pred_wire_bytes"] / out["wire_bytes"] - 1.0
-    cols = key + ["mode", "split", "t_step", "pred_t_step", "rel_error", "within", "t_exchange", "pred_t_exchange",
+    out["oversubscribed"] = out["ranks"] > out["cores"] if "cores" in out else False
+    cols = key + ["mode", "split", "oversubscribed", "sweeps", "sweep_spread", "t_step", "pred_t_step", "rel_error",
+                  "within", "t_exchange", "pred_t_exchange",
                   "exchange_rel_error", "exchange_within", "t_wire", "pred_t_wire", "wire_rel_error", "wire_within",
                   "t_encode", "pred_t_encode", "t_scalers", "pred_t_scalers", "t_decode", "pred_t_decode",
                   "ext_load", "speedup", "pred_speedup", "wire_bytes", "pred_wire_bytes", "wire_bytes_error"]
@@ -850,10 +961,10 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
     return out
 
 
-def validation_summary(table):
-    """Share of validation rows within tolerance, per topology, rate and mode (step, exchange, wire)."""
+def validation_summary(table, by=("topology", "rate", "mode")):
+    """Share of validation rows within tolerance, per `by` (step, exchange, wire)."""
     v = table[table["split"] == "validation"]
-    return v.groupby(["topology", "rate", "mode"]).agg(rows=("within", "size"), step_within=("within", "mean"),
+    return v.groupby(list(by)).agg(rows=("within", "size"), step_within=("within", "mean"),
                                                        exchange_within=("exchange_within", "mean"),
                                                        wire_within=("wire_within", "mean"),
                                                        median_abs_error=("rel_error", lambda x: x.abs().median()))
@@ -867,7 +978,8 @@ def describe_params(p: EmuParams, name: str = "") -> str:
            f"beta_sc {p.beta_sc * 1e3:.2f} ms x (o-1), q_exact {p.q_exact * 1e12:.1f} ps/B x (o-1), cores {p.cores:g}")
     cpu = []
     for attr in sorted({a for a, _ in p.cpu}):
-        sizes = ", ".join(f"{P / 1e6:g}M {v * 1e9:.2f}" for (a, P), v in sorted(p.cpu.items()) if a == attr)
+        sizes = ", ".join(f"{P / 1e6:g}M {v * 1e9:.2f}" + (f" (gamma {p.gammas[(a, P)]:.2f})" if (a, P) in p.gammas else "")
+                          for (a, P), v in sorted(p.cpu.items()) if a == attr)
         cpu.append(f"    {attr:14s} gamma {p.gammas.get(attr, p.gamma):.3f}  ns/element: {sizes}")
     return "\n".join([f"{name}: {net}"] + cpu)
 
@@ -891,9 +1003,10 @@ def register_cli(sub) -> None:
     f.set_defaults(func=lambda a: main(["fig5", "--out", a.out, "--pattern", a.pattern, "--servers", str(a.servers),
                                         "--downlink", a.downlink]))
     v = sub.add_parser("perfmodel-validate", help="performance model vs `tgsim bench exchange` measurements (CSV)")
-    v.add_argument("csv", nargs="?", default="results/bench_exchange.csv")
+    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"])
+    v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS))
     v.add_argument("--out", default="results/perfmodel_validation.csv")
-    v.set_defaults(func=lambda a: main(["validate", a.csv, "--out", a.out]))
+    v.set_defaults(func=lambda a: main(["validate", *a.csv, "--calibration", a.calibration, "--out", a.out]))
 
 
 def main(argv=None) -> int:
@@ -911,7 +1024,11 @@ def main(argv=None) -> int:
     f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
     f.add_argument("--nets", default=",".join(FIG5_NETS))
     v = sub.add_parser("validate", help="predicted vs measured exchange times of `tgsim bench exchange`")
-    v.add_argument("csv", nargs="?", default="results/bench_exchange.csv")
+    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"],
+                   help="one bench CSV, or several sweeps of the same grid (their per-row medians are used)")
+    v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS),
+                   help="rows to fit on: default = N = 2 + the smallest size at the largest N; size-ends = the "
+                        "same without the middle sizes at N = 2, which are then predicted")
     v.add_argument("--out", default="results/perfmodel_validation.csv")
     args = ap.parse_args(argv)
     from pathlib import Path
@@ -924,7 +1041,7 @@ def main(argv=None) -> int:
             print(g.pivot_table(index=["cluster", "net"], columns="gpus", values="gain").round(2))
         out = df.merge(g[["net", "cluster", "gpus", "gain"]], on=["net", "cluster", "gpus"])
     else:
-        out = validate(args.csv)
+        out = validate(args.csv, calibration=CALIBRATIONS[args.calibration])
         for topo, p in out.attrs["params"].items():
             print(describe_params(p, topo))
         with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_columns", 30):
@@ -934,6 +1051,14 @@ def main(argv=None) -> int:
                   f"t_exchange {v['exchange_within'].mean():.0%}, t_wire {v['wire_within'].mean():.0%}; "
                   f"calibration rows (t_step): {out.loc[out['split'] == 'calibration', 'within'].mean():.0%}")
             print(v.groupby(["topology", "rate"])["within"].mean().round(2).to_string())
+            for flag, part in v.groupby("oversubscribed"):
+                print(f"  {'oversubscribed (N > cores)' if flag else 'one rank per core'}: t_step within 20% "
+                      f"in {int(part['within'].sum())}/{len(part)} rows")
+            if int(out["sweeps"].max()) > 1:
+                noisy = v["sweep_spread"] > 0.20
+                print(f"  medians of {int(out['sweeps'].max())} sweeps; {int(noisy.sum())}/{len(v)} validation rows "
+                      f"differ by > 20% between sweeps; of the rows that do not, "
+                      f"{int(v.loc[~noisy, 'within'].sum())}/{int((~noisy).sum())} are within 20%")
             print("worst validation rows:")
             print(worst_rows(out).round(4).to_string(index=False))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -948,7 +1073,7 @@ __all__ = ["CLUSTERS", "FIG5_NETS", "claim_gain_grows_as_bandwidth_falls", "clai
            "fig5", "gain_table", "iteration", "layer_bytes", "message_header_bytes", "message_seconds",
            "mode_collectives", "mode_payloads", "mpich_collective_bytes", "predict_components", "predict_emulation",
            "predict_wire", "throughput_table", "uint_width", "validate", "validation_summary", "wire_bytes_model",
-           "default_calibration_rows", "describe_params", "main", "register_cli", "worst_rows"]
+           "default_calibration_rows", "size_ends_calibration_rows", "CALIBRATIONS", "combine_sweeps", "describe_params", "main", "register_cli", "worst_rows"]
 
 
 if __name__ == "__main__":

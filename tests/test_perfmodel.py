@@ -225,7 +225,7 @@ def test_claim_gain_grows_with_fc_weights():
 # -- the emulation model: calibrate on N = 2, validate on the rest --------------------------------
 
 TRUE = pm.EmuParams(eta=0.95, cap=9e8, kappa=0.3, alpha=3e-4, alpha_os=4e-3, gamma=1.2, q_exact=2e-9,
-                    c_encode=3e-9, c_fp32_native=2e-8, c_fp32_exact=1.5e-8, c_ar_decode=9e-9, c_ps=6e-9,
+                    c_encode=3e-9, c_pass1=1.3e-9, c_fp32_native=2e-8, c_fp32_exact=1.5e-8, c_ar_decode=9e-9, c_ps=6e-9,
                     c_ag_decode=2.5e-9, cores=2.0)
 
 
@@ -259,6 +259,8 @@ def test_calibration_recovers_parameters_and_validation_passes():
         assert p.eta == pytest.approx(TRUE.eta, rel=0.05)
         assert p.gamma == pytest.approx(TRUE.gamma, abs=0.1)
         assert p.c_ps == pytest.approx(TRUE.c_ps, rel=0.1)
+        assert p.c_encode == pytest.approx(TRUE.c_encode, rel=0.1)      # the unpipelined modes' t_encode
+        assert p.c_pass1 == pytest.approx(TRUE.c_pass1, rel=0.1)        # ... and the pipelined modes' pass 1
     val = table[table["split"] == "validation"]
     cal = table[table["split"] == "calibration"]
     assert set(cal["ranks"]) == {2, 8} and set(cal.loc[cal["ranks"] == 8, "params"]) == {1_000_000}
@@ -286,3 +288,96 @@ def test_validate_on_the_measured_csv_if_present():
     table = pm.validate(path)
     assert {"rel_error", "within", "split"} <= set(table.columns)
     assert (table["split"] == "validation").any()
+
+
+def test_pipelined_modes_time_only_pass_one_before_the_exchange():
+    """tg_ps / tg_allgather encode their codes piece by piece inside the exchange (DeferredMessage):
+    their t_encode is pass 1 (c_pass1); every other TernGrad mode's is the whole encode."""
+    p = replace(TRUE, c_encode=3e-9, c_pass1=1e-9)
+    P = 4_000_000
+    for mode in ("tg_ps", "tg_allgather", "tg_ps_whole", "tg_allgather_whole", "tg_allreduce", "tg_ps_collective"):
+        c = pm.predict_components(mode, P, 2, "1gbit", "switch", p)     # N = 2 on 2 cores: no contention
+        assert c["t_encode"] == pytest.approx((1e-9 if mode in pm.PIPELINED else 3e-9) * P), mode
+
+
+def test_the_pipelined_server_cannot_hide_its_own_transfers_behind_its_sums():
+    """The server's one process sums and moves its link's bytes: even with full overlap of links and
+    CPU, its exchange takes at least its CPU plus its own transfer time."""
+    p = replace(TRUE, cap_root=2e8, nu=1.0, overlap=1.0)
+    P, n = 16_000_000, 8
+    c = pm.predict_components("tg_ps", P, n, "10gbit", "switch", p)
+    root = sum(t[1] for t in pm._wire_terms("tg_ps", P, n, "10gbit", "switch", p))
+    assert root > 0.2 * c["t_decode"]
+    assert c["t_exchange"] >= c["t_decode"] + root
+    ag = pm.predict_components("tg_allgather", P, n, "10gbit", "switch", p)    # no root: links and CPU overlap
+    assert ag["t_exchange"] < ag["t_decode"] + ag["t_wire_path"]
+
+
+def test_sweeps_combine_to_their_median_and_spread():
+    a = _synthetic(TRUE, noise=0.03, seed=1)
+    b, c = a.copy(), a.copy()
+    b["t_step"] *= 1.5
+    c["t_step"] *= 1.1
+    m = pm.combine_sweeps([a, b, c])
+    assert len(m) == len(a) and (m["sweeps"] == 3).all()
+    assert np.allclose(m["t_step"], 1.1 * a["t_step"])
+    assert np.allclose(m["sweep_spread"], 0.5)
+    assert np.allclose(m["t_wire"], a["t_wire"])
+    table = pm.validate([a, a.copy()])
+    assert (table["sweeps"] == 2).all() and (table["sweep_spread"] == 0).all()
+
+
+def test_size_ends_calibration_predicts_the_middle_size_at_one_rank_per_core():
+    df = _synthetic(TRUE, noise=0.03)
+    table = pm.validate(df, calibration=pm.size_ends_calibration_rows)
+    v = table[table["split"] == "validation"]
+    held = v[~v["oversubscribed"]]
+    assert set(held["ranks"]) == {2} and set(held["params"]) == {4_000_000}
+    assert len(held) == 2 * 2 * len(pm.MODES)
+    assert held["within"].all(), held.loc[~held["within"], ["mode", "rel_error"]]
+    assert v.loc[v["ranks"] > 2, "oversubscribed"].all()
+    # positive control: a middle size that costs 1.5x what the two ends imply must be caught
+    bad = df.copy()
+    mid = bad["params"] == 4_000_000
+    for col in ("t_step", "t_exchange", "t_wire", "t_encode", "t_scalers", "t_decode"):
+        bad.loc[mid, col] *= 1.5
+    held = pm.validate(bad, calibration=pm.size_ends_calibration_rows)
+    held = held[(held["split"] == "validation") & ~held["oversubscribed"]]
+    assert not held["within"].any()
+
+
+def test_the_step_path_pays_the_scaler_rounds_not_the_wait_for_the_slowest_encoder():
+    """The bench's t_scalers (maximum over ranks) holds the wait for the slowest rank's pass 1, which
+    its t_encode (maximum) already has: a large beta_sc (that wait) must raise the predicted
+    t_scalers and leave t_step alone."""
+    P, n = 4_000_000, 8
+    lo = pm.predict_components("tg_allreduce", P, n, "1gbit", "switch", replace(TRUE, beta_sc=1e-4))
+    hi = pm.predict_components("tg_allreduce", P, n, "1gbit", "switch", replace(TRUE, beta_sc=1e-1))
+    assert hi["t_scalers"] > lo["t_scalers"] + 0.1
+    assert hi["t_step"] == pytest.approx(lo["t_step"])
+    rounds = 3 * TRUE.round_latency(n)
+    assert lo["t_step"] == pytest.approx(lo["t_encode"] + rounds + lo["t_exchange"])
+
+
+def test_rank_ends_calibration_fits_a_contention_exponent_per_size():
+    """Measurements whose CPU slows down with N more steeply at the larger sizes (as 16M arrays do
+    on a shared machine): one exponent per cost cannot follow them, one per (cost, size) from the
+    smallest and largest N predicts the middle N."""
+    P_gamma = {1_000_000: 1.0, 4_000_000: 1.5, 16_000_000: 2.0}
+    rows = []
+    for P, g in P_gamma.items():
+        part = _synthetic(replace(TRUE, gamma=g), noise=0.02, seed=int(g * 10))
+        rows.append(part[part["params"] == P])
+    df = pd.concat(rows, ignore_index=True)
+    table = pm.validate(df, calibration=pm.rank_ends_calibration_rows)
+    v = table[table["split"] == "validation"]
+    assert set(v["ranks"]) == {4}
+    for p in table.attrs["params"].values():
+        for P, g in P_gamma.items():
+            assert p.gammas[("c_ps", P)] == pytest.approx(g, abs=0.1)
+    assert v["within"].mean() > 0.95, v.loc[~v["within"], ["mode", "params", "rel_error"]]
+    # positive control: the default rows (N = 8 at the smallest size only) see one exponent, 1.0,
+    # and under-predict the larger sizes at N = 4 and 8
+    table = pm.validate(df)
+    v = table[table["split"] == "validation"]
+    assert v.loc[v["params"] == 16_000_000, "within"].mean() < 0.5
