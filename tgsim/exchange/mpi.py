@@ -64,6 +64,16 @@ GPU: CuPy arrays are handed to MPI as device buffers when the MPI library is CUD
 TGSIM_MPI_CUDA_AWARE=0|1), otherwise staged through pinned host buffers. Serialized messages
 (allgather, ps) are host bytes either way (Message.to_bytes); decoded results return to the device of
 the local message. Each rank selects GPU (node-local rank mod device count) when a GPU is present.
+
+Ranks outnumbering cores (measured on 2 cores): NumPy puts arrays of 4 MiB and more on transparent
+huge pages, and the exact fp32 path's fresh result buffer is first touched inside Allgatherv. At
+16M parameters, N = 4, switch 10 Gb/s, that step took 1034-1096 ms with NumPy's default and 425-437
+ms with NUMPY_MADVISE_HUGEPAGE=0 (two runs each), while fp32_native's decode went from 31-39 to
+83-84 ms. Receive buffers advised off huge pages (mmap + MADV_NOHUGEPAGE) were tried: in one full
+sweep, fp32_exact at 16M was 1.8-2.8x faster at N = 4 and 8, but 16-23 % slower at N = 2, 10 Gb/s,
+and the TernGrad modes 5-15 % slower at 16M, so they were not kept. At 16M and 10 Gb/s fp32_exact
+took 1.2-1.4x fp32_native's step time at N = 2 (one rank per core) and 2.5-4.0x at N = 4 (medians
+of three sweeps).
 """
 
 from __future__ import annotations
@@ -307,6 +317,7 @@ class MPIExchange:
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
         self._pending = CommBytes()      # scaler sharing, added to the next terngrad() result
         self._pinned: dict[str, tuple] = {}
+        self._host_scratch: dict[str, np.ndarray] = {}
 
     # -- control ---------------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -414,7 +425,7 @@ class MPIExchange:
             displs = bounds[:-1]
             own = counts[r]
             send = self._wire(seg, "a2a-send")
-            recv = self._landing(n * own, seg.dtype, xp, "a2a-recv")
+            recv = self._scratch(n * own, seg.dtype, xp, "a2a-recv")   # consumed by the sums below
             self._sync(xp)
             self.comm.Alltoallv([send, (counts, displs), mtype],
                                 [recv, ([own] * n, [own * w for w in range(n)]), mtype])
@@ -425,11 +436,13 @@ class MPIExchange:
                 mine = ordered_mean(recv.reshape(n, own), n)
             else:
                 mine = _ordered_sum_mean([recv[w * own:(w + 1) * own] for w in range(n)], n, xp)
-            res = self._landing(m, np.float32, xp, "ag-recv")
+            dest = out[start:start + m]
+            res = dest if xp is np else self._landing(m, np.float32, xp, "ag-recv")   # NumPy: straight into out
             send = self._wire(mine, "ag-send")
             self._sync(xp)
             self.comm.Allgatherv([send, MPI.FLOAT], [res, (counts, displs), MPI.FLOAT])
-            out[start:start + m] = self._back(res, xp)
+            if res is not dest:
+                dest[...] = self._back(res, xp)
             isz = seg.dtype.itemsize
             nbytes += CommBytes(isz * (m - own) + 4 * own * (n - 1), isz * own * (n - 1) + 4 * (m - own))
         return out, nbytes
@@ -774,7 +787,7 @@ class MPIExchange:
         tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
         flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
         total = sum(layers[i].size for i in tern)
-        codes = xp.empty(total, dtype=dtype)
+        codes = self._scratch(total, dtype, xp, "code-sums")     # consumed by the decode below
         off = 0
         for i in tern:
             size = layers[i].size
@@ -847,6 +860,19 @@ class MPIExchange:
         arr.get(out=host)
         self._sync(xp)
         return host
+
+    def _scratch(self, count: int, dtype, xp, key: str):
+        """A receive buffer the caller has consumed before it asks for `key` again: for NumPy one
+        host buffer per key, kept and reused across steps instead of a fresh array (16 k page
+        faults per 64 MB) each step; else `_landing`."""
+        if xp is not np:
+            return self._landing(count, dtype, xp, key)
+        dtype = np.dtype(dtype)
+        nbytes = max(1, count * dtype.itemsize)
+        have = self._host_scratch.get(key)
+        if have is None or have.nbytes < nbytes:
+            have = self._host_scratch[key] = np.empty(nbytes, dtype=np.uint8)
+        return have[:count * dtype.itemsize].view(dtype)
 
     def _landing(self, count: int, dtype, xp, key: str):
         """A receive buffer: host for NumPy, device with CUDA-aware MPI, else pinned host memory."""
