@@ -648,17 +648,16 @@ def _wire_terms(mode: str, params: int, n: int, rate: str, topology: str, p: Emu
     return out
 
 
-def _wire_parts(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
-                ext_load: float = 0.0) -> list[float]:
-    """Seconds of each exchange collective of the step (scalers excluded), in order: the slower of
-    its link and its root, plus its latency."""
-    return [max(t, root) + lat for t, root, lat in _wire_terms(mode, params, n, rate, topology, p, ext_load)]
+def _collective_seconds(terms) -> list[float]:
+    """Seconds of each collective from its `_wire_terms`: the slower of its link and its root, plus
+    its latency."""
+    return [max(t, root) + lat for t, root, lat in terms]
 
 
 def predict_wire(mode: str, params: int, n: int, rate: str, topology: str, p: EmuParams,
                  ext_load: float = 0.0) -> float:
     """Seconds inside the step's exchange collectives, on the critical path (scalers excluded)."""
-    return sum(_wire_parts(mode, params, n, rate, topology, p, ext_load))
+    return sum(_collective_seconds(_wire_terms(mode, params, n, rate, topology, p, ext_load)))
 
 
 def scalers_seconds(n: int, p: EmuParams, ext_load: float = 0.0) -> float:
@@ -676,11 +675,12 @@ def predict_components(mode: str, params: int, n: int, rate: str, topology: str,
 
     t_step = t_encode + log2(N) rounds + wire + t_decode, where wire is the step's critical path
     through the collectives (t_scalers, predicted as the bench reports it, also holds a wait the
-    step's path does not have: see the module docstring). For the whole-message parameter server that path is: every slot into the
-    server, the server's sum (S, inside t_decode), every downlink out, the last worker's decode. The
-    bench's t_wire is the minimum over ranks: for the point-to-point server that is the first
-    worker's (all slots, S, its own downlink) or the server's (all slots, all downlinks), whichever
-    is shorter. The pipelined server (tg_ps) overlaps them: see the module docstring."""
+    step's path does not have: see the module docstring). For the whole-message parameter server
+    that path is: every slot into the server, the server's sum (S, inside t_decode), every downlink
+    out, the last worker's decode. The bench's t_wire is the minimum over ranks: for the
+    point-to-point server that is the first worker's (all slots, S, its own downlink) or the
+    server's (all slots, all downlinks), whichever is shorter. The pipelined server (tg_ps)
+    overlaps them: see the module docstring."""
     tg = mode.startswith("tg_")
     ea = _encode_attr(mode)
     enc = p.cost(ea, params) * params * p.contention(n, ext_load, ea, params) if tg else 0.0
@@ -688,12 +688,12 @@ def predict_components(mode: str, params: int, n: int, rate: str, topology: str,
     # on the step's path the scaler all-reduce costs its rounds alone: the bench's t_scalers (maximum
     # over ranks) also holds the wait for the slowest rank's encode, which t_encode (maximum) has
     sc_path = _log2(n) * p.round_latency(n, ext_load) if tg else 0.0
-    parts = _wire_parts(mode, params, n, rate, topology, p, ext_load)
+    terms = _wire_terms(mode, params, n, rate, topology, p, ext_load)
+    parts = _collective_seconds(terms)
     wire = sum(parts)
     c = p.cost(_CPU_ATTR[mode], params) * params * p.contention(n, ext_load, _CPU_ATTR[mode], params)
     if mode in PIPELINED:                # pieces overlap the wire, the sums and the decode
         cpu = c * _cpu_shape(mode, n)
-        terms = _wire_terms(mode, params, n, rate, topology, p, ext_load)
         link = [t + lat for t, _, lat in terms]
         if mode == "tg_ps":
             up, down = link
@@ -826,9 +826,9 @@ def calibrate(measured, base: EmuParams | None = None, robust: float = 0.15) -> 
         p.gammas[attr] = gamma
         p.cpu.update({(attr, P): v for P, v in costs.items()})
         setattr(p, attr, float(np.median(list(costs.values()))))
-        for P in sorted(costs):         # a size measured at two or more N: its own exponent (N x P interaction)
-            at = [c for c in mine if c[1] == P]
-            if len({c[4] for c in at}) > 1 and len({c[1] for c in mine}) > 1:
+        for P in sorted(costs) if len(costs) > 1 else ():   # a size measured at two or more N: its own
+            at = [c for c in mine if c[1] == P]                # exponent (the N x P interaction)
+            if len({c[4] for c in at}) > 1:
                 p.gammas[(attr, P)], cP = _fit_contention(at, p)
                 p.cpu[(attr, P)] = cP[P]
     if p.gammas:
@@ -912,8 +912,9 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
 
     `measured_csv`: one bench CSV (path or DataFrame), or a list of sweeps of the same grid, whose
     per-row medians are then used (`combine_sweeps`; `sweep_spread` = their max / min - 1).
-    Columns: keys, oversubscribed (N > cores: the ranks share cores, unlike on a cluster), measured
-    and predicted t_step (rel_error = predicted / measured - 1, within = |rel_error| <= tolerance) -- the headline: the bench's speedups are ratios of t_step; the same
+    Columns: keys, oversubscribed (N > cores: the ranks share cores, unlike on a cluster), sweeps,
+    sweep_spread, measured and predicted t_step (rel_error = predicted / measured - 1, within =
+    |rel_error| <= tolerance) -- the headline: the bench's speedups are ratios of t_step; the same
     for t_exchange (exchange_rel_error, exchange_within) and t_wire alone (wire_rel_error,
     wire_within), the CPU components, predicted and measured speedup over fp32_native, and the
     MPICH byte model against the interface counters (wire_bytes_error).
@@ -961,10 +962,10 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
     return out
 
 
-def validation_summary(table, by=("topology", "rate", "mode")):
-    """Share of validation rows within tolerance, per `by` (step, exchange, wire)."""
+def validation_summary(table):
+    """Share of validation rows within tolerance, per topology, rate and mode (step, exchange, wire)."""
     v = table[table["split"] == "validation"]
-    return v.groupby(list(by)).agg(rows=("within", "size"), step_within=("within", "mean"),
+    return v.groupby(["topology", "rate", "mode"]).agg(rows=("within", "size"), step_within=("within", "mean"),
                                                        exchange_within=("exchange_within", "mean"),
                                                        wire_within=("wire_within", "mean"),
                                                        median_abs_error=("rel_error", lambda x: x.abs().median()))
@@ -978,7 +979,8 @@ def describe_params(p: EmuParams, name: str = "") -> str:
            f"beta_sc {p.beta_sc * 1e3:.2f} ms x (o-1), q_exact {p.q_exact * 1e12:.1f} ps/B x (o-1), cores {p.cores:g}")
     cpu = []
     for attr in sorted({a for a, _ in p.cpu}):
-        sizes = ", ".join(f"{P / 1e6:g}M {v * 1e9:.2f}" + (f" (gamma {p.gammas[(a, P)]:.2f})" if (a, P) in p.gammas else "")
+        sizes = ", ".join(f"{P / 1e6:g}M {v * 1e9:.2f}"
+                          + (f" (gamma {p.gammas[(a, P)]:.2f})" if (a, P) in p.gammas else "")
                           for (a, P), v in sorted(p.cpu.items()) if a == attr)
         cpu.append(f"    {attr:14s} gamma {p.gammas.get(attr, p.gamma):.3f}  ns/element: {sizes}")
     return "\n".join([f"{name}: {net}"] + cpu)
@@ -992,6 +994,17 @@ def worst_rows(table, k: int = 10, split: str = "validation"):
                       "t_wire", "pred_t_wire", "t_decode", "pred_t_decode"]]
 
 
+def _validate_arguments(v) -> None:
+    """The arguments of `validate` (python -m ... validate, tgsim analyze perfmodel-validate)."""
+    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"],
+                   help="one bench CSV, or several sweeps of the same grid (their per-row medians are used)")
+    v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS),
+                   help="rows to fit on: default = N = 2 + the smallest size at the largest N; size-ends = the "
+                        "same without the middle sizes at N = 2; rank-ends = every row at the smallest and "
+                        "largest N (the rows left out are predicted)")
+    v.add_argument("--out", default="results/perfmodel_validation.csv")
+
+
 def register_cli(sub) -> None:
     """Add `perfmodel-fig5` and `perfmodel-validate` to an argparse subparsers object (for
     analysis/cli.py: `register_cli(sub)` inside `add_subcommands`); both call `main`."""
@@ -1003,9 +1016,7 @@ def register_cli(sub) -> None:
     f.set_defaults(func=lambda a: main(["fig5", "--out", a.out, "--pattern", a.pattern, "--servers", str(a.servers),
                                         "--downlink", a.downlink]))
     v = sub.add_parser("perfmodel-validate", help="performance model vs `tgsim bench exchange` measurements (CSV)")
-    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"])
-    v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS))
-    v.add_argument("--out", default="results/perfmodel_validation.csv")
+    _validate_arguments(v)
     v.set_defaults(func=lambda a: main(["validate", *a.csv, "--calibration", a.calibration, "--out", a.out]))
 
 
@@ -1024,12 +1035,7 @@ def main(argv=None) -> int:
     f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
     f.add_argument("--nets", default=",".join(FIG5_NETS))
     v = sub.add_parser("validate", help="predicted vs measured exchange times of `tgsim bench exchange`")
-    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"],
-                   help="one bench CSV, or several sweeps of the same grid (their per-row medians are used)")
-    v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS),
-                   help="rows to fit on: default = N = 2 + the smallest size at the largest N; size-ends = the "
-                        "same without the middle sizes at N = 2, which are then predicted")
-    v.add_argument("--out", default="results/perfmodel_validation.csv")
+    _validate_arguments(v)
     args = ap.parse_args(argv)
     from pathlib import Path
 
@@ -1073,7 +1079,8 @@ __all__ = ["CLUSTERS", "FIG5_NETS", "claim_gain_grows_as_bandwidth_falls", "clai
            "fig5", "gain_table", "iteration", "layer_bytes", "message_header_bytes", "message_seconds",
            "mode_collectives", "mode_payloads", "mpich_collective_bytes", "predict_components", "predict_emulation",
            "predict_wire", "throughput_table", "uint_width", "validate", "validation_summary", "wire_bytes_model",
-           "default_calibration_rows", "size_ends_calibration_rows", "CALIBRATIONS", "combine_sweeps", "describe_params", "main", "register_cli", "worst_rows"]
+           "default_calibration_rows", "size_ends_calibration_rows", "rank_ends_calibration_rows", "CALIBRATIONS",
+           "combine_sweeps", "describe_params", "main", "register_cli", "worst_rows"]
 
 
 if __name__ == "__main__":
