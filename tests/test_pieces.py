@@ -5,7 +5,7 @@ sums TernGrad.aggregate's bits."""
 import numpy as np
 import pytest
 
-from tgsim.codecs import TernGrad
+from tgsim.codecs import TernGrad, packing
 from tgsim.exchange import InProcessExchange
 from tgsim.exchange.mpi import ps_decode_base, ps_downlink
 from tgsim.exchange.pieces import ALIGN, HDR, PiecePlan, SenderError
@@ -133,6 +133,18 @@ def test_a_corrupt_downlink_piece_raises():
     down[plan.down_pos(c, 0) + 4 + 14] = 0xFF                  # 3-bit values of 7 > 2N = 4
     with pytest.raises(ValueError, match="layer 'c': downlink code sum 5 exceeds N = 2"):
         plan.decode(k, down[p.down[0]:p.down[1]], flat, scalers)
+    with pytest.raises(ValueError, match="layer 'c': downlink code sum 5 exceeds N = 2"):   # the whole message
+        ps_decode_base(msgs[0].layout, down, 2, shared=True)
+
+
+@pytest.mark.parametrize("n", [2, 200])          # 3-bit values (the Numba pass), 9-bit values (the array path)
+def test_unpack_code_sums_rejects_a_sum_beyond_n(n):
+    width = packing.uint_width(n)
+    ok = packing.pack_uint(np.array([0, n, 2 * n, n], dtype=np.uint32), width)
+    assert np.array_equal(packing.unpack_code_sums(ok, 4, width, n, 1.0), np.array([-1, 0, 1, 0], np.float32))
+    bad = packing.pack_uint(np.array([0, n, 2 * n + 1, n], dtype=np.uint32), width)
+    with pytest.raises(ValueError, match=f"layer 'w': downlink code sum {n + 1} exceeds N = {n}"):
+        packing.unpack_code_sums(bad, 4, width, n, 1.0, name="w")
 
 
 def _aggregate_in_pieces(plan, slots, codec, shared):

@@ -177,22 +177,26 @@ def pack_code_sums(intsum, n: int, width: int):
     return pack_uint((intsum.astype(xp.int32) + n).astype(xp.uint32), width)
 
 
-def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out=None):
-    """Inverse of pack_code_sums, scaled: (float32 scale_integer_sum(Σ codes, scaler, n) of `count`
-    elements, the largest packed value) -- the caller rejects a largest value beyond 2n. `out`: a
-    contiguous float32 array of `count` elements to write into. NumPy with width <= 8: one Numba pass."""
+def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out=None, name: str = ""):
+    """Inverse of pack_code_sums, scaled: float32 scale_integer_sum(Σ codes, scaler, n) of `count`
+    elements; ValueError (naming layer `name`) if a packed value lies beyond 2n, i.e. a code sum
+    beyond N. `out`: a contiguous float32 array of `count` elements to write into. NumPy with
+    width <= 8: one Numba pass."""
     xp = array_module(payload)
     if xp is np and width <= 8:
         from tgsim.codecs import _numba_uint
 
-        return _numba_uint.decode_scaled(payload, count, width, n, scaler, n, out=out)
-    raw = unpack_uint(payload, count, width)
-    top = int(raw.max()) if count else 0
-    flat = scale_integer_sum(raw.astype(xp.int32) - n, scaler, n)
-    if out is not None:
-        out[...] = flat
-        flat = out
-    return flat, top
+        flat, top = _numba_uint.decode_scaled(payload, count, width, n, scaler, n, out=out)
+    else:
+        raw = unpack_uint(payload, count, width)
+        top = int(raw.max()) if count else 0
+        flat = scale_integer_sum(raw.astype(xp.int32) - n, scaler, n)
+        if out is not None:
+            out[...] = flat
+            flat = out
+    if top > 2 * n:
+        raise ValueError(f"layer {name!r}: downlink code sum {top - n} exceeds N = {n}")
+    return flat
 
 
 def scale_integer_sum(intsum, scaler: float, divide_by: int):

@@ -38,14 +38,15 @@ Phases and wire formats
                server and each worker -- exactly N-1 payloads each way cross the network. With
                shared scalers and no re-ternarization (NumPy buffers) the exchange is pipelined
                (`pieces`): slot and downlink are cut into pieces of `chunk` elements
-               (default 2^18; 0 = one piece; < 0 = not pipelined); each worker Isends its pieces, the server sums and
-               Isends piece k as soon as piece k has arrived from every worker, every rank decodes
-               piece k while later pieces are on the wire, and each downlink piece carries its
-               own u64 status. So a full-duplex link carries uplink and downlink at once instead
-               of one after the other. Otherwise: N-1 Recv of the whole slots and N-1 Send of the
-               whole downlink on the server. "collective": MPI Gather + Bcast, whose binomial
-               trees forward slots through inner ranks (1.36x the payload bytes on a shared medium
-               at N = 8) but spread the downlink over more links on a switch.
+               (default 2^18; 0 = one piece; < 0 = not pipelined); each worker Isends its pieces,
+               the server sums and Isends piece k as soon as piece k has arrived from every
+               worker, every rank decodes piece k while later pieces are on the wire, and each
+               downlink piece carries its own u64 status. So a full-duplex link carries uplink and
+               downlink at once instead of one after the other. Otherwise: N-1 Recv of the whole
+               slots and N-1 Send of the whole downlink on the server. "collective": MPI Gather +
+               Bcast, whose binomial trees forward slots through inner ranks (1.36x the payload
+               bytes on a shared medium at N = 8) but spread the downlink over more links on a
+               switch.
 
 Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
 sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
@@ -89,11 +90,11 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
 from tgsim.codecs.terngrad import TernGrad
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
-from tgsim.exchange.pieces import PiecePlan, SenderError
+from tgsim.exchange.pieces import HDR, PiecePlan, SenderError
 from tgsim.train.config import ConfigError
 
 _U64 = np.dtype("<u8")
-_HDR = 8          # slot prefix / downlink status: one little-endian u64
+_HDR = HDR        # slot prefix / downlink status: one little-endian u64
 _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
 _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
 _TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
@@ -258,9 +259,7 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
         nb = -(-spec.size * width // 8)
         if buf.size < off + 4 + nb:
             raise ValueError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
-        flat, top = packing.unpack_code_sums(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width, n, s)
-        if top > 2 * n:
-            raise ValueError(f"layer {spec.name!r}: downlink code sum {top - n} exceeds N = {n}")
+        flat = packing.unpack_code_sums(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width, n, s, name=spec.name)
         mean[spec.name] = flat.reshape(spec.shape)
         off += 4 + nb
     if off != buf.size:
@@ -317,7 +316,6 @@ class MPIExchange:
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
         self._pending = CommBytes()      # scaler sharing, added to the next terngrad() result
         self._pinned: dict[str, tuple] = {}
-        self._host_scratch: dict[str, np.ndarray] = {}
 
     # -- control ---------------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -425,7 +423,7 @@ class MPIExchange:
             displs = bounds[:-1]
             own = counts[r]
             send = self._wire(seg, "a2a-send")
-            recv = self._scratch(n * own, seg.dtype, xp, "a2a-recv")   # consumed by the sums below
+            recv = self._landing(n * own, seg.dtype, xp, "a2a-recv")
             self._sync(xp)
             self.comm.Alltoallv([send, (counts, displs), mtype],
                                 [recv, ([own] * n, [own * w for w in range(n)]), mtype])
@@ -697,8 +695,7 @@ class MPIExchange:
                     try:
                         plan.fill_slot(k, msg, slots[root])
                     except Exception as e:  # noqa: BLE001  (reported below, like any server failure)
-                        error, status_seen = f"the parameter server (rank 0) failed: {type(e).__name__}: {e}", \
-                            _STATUS_SERVER
+                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
                 self._waitall(ups[k])
                 status = status_seen
                 if error is None:
@@ -711,8 +708,7 @@ class MPIExchange:
                         error, status_seen = (f"{where} received a malformed payload from rank {e.sender}: {e}",
                                               _STATUS_PAYLOAD)
                     except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
-                        error = f"the parameter server (rank 0) failed: {type(e).__name__}: {e}"
-                        status_seen = _STATUS_SERVER
+                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
                     status = status_seen
                 wire[at[k]:at[k] + _HDR] = np.array([status], dtype=_U64).view(np.uint8)
                 sends += [self.comm.Isend([wire[at[k]:ends[k]], MPI.BYTE], dest=r, tag=_TAG_PS_DOWN)
@@ -787,7 +783,7 @@ class MPIExchange:
         tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
         flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
         total = sum(layers[i].size for i in tern)
-        codes = self._scratch(total, dtype, xp, "code-sums")     # consumed by the decode below
+        codes = xp.empty(total, dtype=dtype)
         off = 0
         for i in tern:
             size = layers[i].size
@@ -860,19 +856,6 @@ class MPIExchange:
         arr.get(out=host)
         self._sync(xp)
         return host
-
-    def _scratch(self, count: int, dtype, xp, key: str):
-        """A receive buffer the caller has consumed before it asks for `key` again: for NumPy one
-        host buffer per key, kept and reused across steps instead of a fresh array (16 k page
-        faults per 64 MB) each step; else `_landing`."""
-        if xp is not np:
-            return self._landing(count, dtype, xp, key)
-        dtype = np.dtype(dtype)
-        nbytes = max(1, count * dtype.itemsize)
-        have = self._host_scratch.get(key)
-        if have is None or have.nbytes < nbytes:
-            have = self._host_scratch[key] = np.empty(nbytes, dtype=np.uint8)
-        return have[:count * dtype.itemsize].view(dtype)
 
     def _landing(self, count: int, dtype, xp, key: str):
         """A receive buffer: host for NumPy, device with CUDA-aware MPI, else pinned host memory."""
