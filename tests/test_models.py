@@ -116,8 +116,9 @@ def _assert_batched_equals_single(model, params, x, y):
 
 
 BITWISE_CASES = [(k, n, b) for k in REALISTIC for (n, b) in [(1, 8), (3, 7), (8, 64)]]
-# long reductions (input dim 500, batch 300 > K_CHUNK) exercise the chunked-matmul path; mlp_wide's
-# 520x520 weight is above TRANSPOSE_MAX, so its input gradient keeps the NT gemm form
+# long reductions (input dim 500, batch 300): gemms whose K is long enough for a multi-threaded
+# OpenBLAS to split it; mlp_wide's 520x520 weight is above TRANSPOSE_MAX, so its input gradient
+# keeps the NT gemm form
 LONG = {"mlp_long": MLP(dim=500, hidden=(32,), classes=10), "ls_long": LeastSquares(dim=500, l2=0.1),
         "mlp_wide": MLP(dim=40, hidden=(520, 520), classes=10, l2=0.01)}
 
@@ -136,35 +137,49 @@ def test_batched_equals_single_worker_bitwise(key, n, b):
 @pytest.mark.skipif(threadpool_limits is None, reason="threadpoolctl not installed")
 @pytest.mark.parametrize("key", list(REALISTIC) + list(LONG))
 def test_bits_independent_of_blas_threads(key):
+    """The process's BLAS limit (1, 2 or 4 threads, set on every BLAS library) does not change a bit.
+    Without tgsim.blas's pin this fails on OpenBLAS's Haswell kernel (OPENBLAS_CORETYPE=Haswell)."""
     model = REALISTIC.get(key) or LONG[key]
     params = model.init(7)
     b = 300 if key in LONG else 64
     x, y = make_data(model, 3, b, seed=9)
     results = {}
-    for threads in (1, 2):
+    for threads in (1, 2, 4):
         with threadpool_limits(limits=threads, user_api="blas"):
             results[threads] = _assert_batched_equals_single(model, params, x, y)
-    (l1, g1), (l2, g2) = results[1], results[2]
-    assert np.array_equal(l1, l2)
-    for k in g1:
-        assert np.array_equal(g1[k], g2[k]), f"{key}: {k} changes with the BLAS thread count"
+    l1, g1 = results[1]
+    for threads in (2, 4):
+        lt, gt = results[threads]
+        assert np.array_equal(l1, lt), f"{key}: the loss changes with {threads} BLAS threads"
+        for k in g1:
+            assert np.array_equal(g1[k], gt[k]), f"{key}: {k} changes with {threads} BLAS threads"
 
 
-def test_bmm_chunk_accumulation_is_the_ordered_sum():
-    """The reused temporary changes nothing: out = ((p_0 + p_1) + p_2) + ..., p_c one chunk's product
-    (by the route bmm takes for NumPy float arrays, matmul_workers)."""
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((3, 6, 3 * mbase.K_CHUNK + 40)).astype(np.float32)
-    b = rng.standard_normal((3, a.shape[-1], 5)).astype(np.float32)
-    k = mbase.K_CHUNK
-    want = matmul_workers(a[..., :k], b[:, :k])
-    for s in range(k, a.shape[-1], k):
-        want = want + matmul_workers(a[..., s:s + k], b[:, s:s + k])
-    assert np.array_equal(mbase.bmm(np, a, b).view(np.uint32), want.view(np.uint32))
+@pytest.mark.skipif(threadpool_limits is None, reason="threadpoolctl not installed")
+def test_gemms_run_single_threaded_and_the_limit_is_restored(monkeypatch):
+    """The models' BLAS library is found (so the pin is not silently a no-op on this install), runs
+    every product at one thread, and is back at the process's limit afterwards."""
+    from tgsim import blas
+    from tgsim.models import _numba_bmm
+
+    ctl = blas.gemm_controller()
+    assert ctl is not None, f"the models' BLAS library is not controllable: {blas.describe()}"
+    seen = []
+    real = _numba_bmm._products_serial
+
+    def spy(*args):
+        seen.append(ctl.get_num_threads())
+        return real(*args)
+
+    monkeypatch.setattr(_numba_bmm, "_products_serial", spy)
+    with threadpool_limits(limits=2, user_api="blas"):
+        matmul_workers(np.ones((1, 4, 5), np.float32), np.ones((5, 3), np.float32))
+        assert ctl.get_num_threads() == 2
+    assert seen == [1]
 
 
 # operand layouts of the models' products: C rows, a swapaxes view (the weight gradient h^T d), a
-# transposed weight (w.T above TRANSPOSE_MAX), a strided slice (a K_CHUNK piece), a shared b
+# transposed weight (w.T above TRANSPOSE_MAX), a strided slice, a shared b
 def _layouts(rng, n, m, k, p, dtype):
     h = rng.standard_normal((n, k, m)).astype(dtype)
     yield "C @ shared", rng.standard_normal((n, m, k)).astype(dtype), rng.standard_normal((k, p)).astype(dtype)
@@ -276,13 +291,13 @@ def test_numba_relu_and_backward_are_the_numpy_forms_bit_for_bit(dtype):
                           np.where(z[:, :1] > 0, d, dtype(0)).view(ut))
 
 
-def test_bmm_chunking_matches_matmul_closely():
+def test_bmm_matches_matmul_closely():
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((2, 5, 3 * mbase.K_CHUNK + 17)).astype(np.float64)
+    a = rng.standard_normal((2, 5, 3 * 256 + 17)).astype(np.float64)
     b = rng.standard_normal((a.shape[-1], 4))
     np.testing.assert_allclose(mbase.bmm(np, a, b), np.matmul(a, b), rtol=1e-12, atol=1e-12)
     # the transposed (weight-gradient) form: a swapaxes view with a long reduction, per-worker b
-    h = rng.standard_normal((2, 2 * mbase.K_CHUNK + 5, 7)).astype(np.float32)
+    h = rng.standard_normal((2, 2 * 256 + 5, 7)).astype(np.float32)
     d = rng.standard_normal((2, h.shape[1], 3)).astype(np.float32)
     got = mbase.bmm(np, np.swapaxes(h, 1, 2), d)
     want = np.einsum("nbi,nbo->nio", h.astype(np.float64), d.astype(np.float64))

@@ -141,6 +141,9 @@ def test_results_directory(tmp_path):
 
     man = json.loads((out / "manifest.json").read_text())
     assert man["seed"] == 3 and "numpy" in man["versions"] and man["git_commit"]
+    assert isinstance(man["cpu"], str) and man["cpu"]
+    gemm = [lib for lib in man["blas"]["libraries"] if lib["models_gemm"]]
+    assert len(gemm) == 1 and gemm[0]["internal_api"] and gemm[0]["architecture"], man["blas"]
     m = pd.read_csv(out / "metrics.csv")
     layer_rows = m[m.layer != "model"]
     assert set(layer_rows.layer) == set(build(cfg_with()).model.layer_shapes())

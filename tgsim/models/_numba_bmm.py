@@ -14,18 +14,20 @@ with that worker alone: what the simulator and the MPI ranks rely on. Operands a
 C-contiguous arrays with a transpose flag (a swapaxes view of a C array is its base, transposed),
 so Numba hands them to BLAS without a copy; anything else is made contiguous first.
 
-SciPy's BLAS (the library Numba calls) is set to one thread when this module is imported, for the
-whole process: the parallelism is over workers, and an OpenBLAS pool of its own would only compete
-for the cores with Numba's threads and NumPy's OpenBLAS pool (its threads spin-wait after each
-call). One-thread and two-thread OpenBLAS take the same time on these products (8x256x256: 11.0 vs
-11.0 us), and the bits do not depend on the BLAS thread count (`bmm`'s K_CHUNK). NumPy's own BLAS
-is left alone.
+Every call runs with the BLAS library Numba calls at one thread (tgsim.blas.pin_one_thread: set for
+the call, restored after; SciPy's private bundled copy is set to one thread at import, so the check
+costs one query), whatever the process set, so a product's bits do not depend on the BLAS
+thread count: the parallelism is over workers, and a multi-threaded gemm may split a product
+differently and round it differently. One-thread and two-thread OpenBLAS take the same time on
+these products (8x256x256: 11.0 vs 11.0 us).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from tgsim import blas
 
 # Work (N * M * K * P multiply-adds) below which the workers run in a serial loop on this thread:
 # a parallel region costs ~10-20 us to start (2-core machine), more than small products take.
@@ -57,24 +59,6 @@ def _products_parallel(a, b, out, ta, tb):
     step = 0 if b.shape[0] == 1 else 1
     for w in prange(out.shape[0]):
         _product(a, b, out, w, w * step, ta, tb)
-
-
-def limit_scipy_blas() -> None:
-    """One thread for the OpenBLAS that ships with SciPy (threadpoolctl; a no-op if SciPy uses
-    another BLAS or threadpoolctl is missing). Run once, when this module is imported."""
-    try:
-        import os
-
-        import scipy
-        import scipy.linalg.cython_blas  # noqa: F401  (loads the library Numba's np.dot calls)
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(scipy.__file__)))
-    scipy_libs = (os.path.join(root, "scipy.libs"), os.path.join(root, "scipy", ".libs"))
-    for lib in ThreadpoolController().lib_controllers:
-        if lib.user_api == "blas" and os.path.abspath(lib.filepath).startswith(scipy_libs):
-            lib.set_num_threads(1)
 
 
 def _operand(x: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -127,11 +111,15 @@ def products(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.
         return out
     av, ta = _operand(a)
     bv, tb = _operand(bb)
-    if n * m * k * p < SERIAL_WORK or n == 1:
-        _products_serial(av, bv, out, ta, tb)
-    else:
-        _products_parallel(av, bv, out, ta, tb)
+    before = blas.pin_one_thread()
+    try:
+        if n * m * k * p < SERIAL_WORK or n == 1:
+            _products_serial(av, bv, out, ta, tb)
+        else:
+            _products_parallel(av, bv, out, ta, tb)
+    finally:
+        blas.restore(before)
     return out
 
 
-limit_scipy_blas()
+blas.pin_private_copy()

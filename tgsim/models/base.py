@@ -27,8 +27,9 @@ result of a call with x[i:i+1], y[i:i+1]: every product keeps the worker axis (`
 per worker, the same call whatever N is; on NumPy the workers' gemms run on the Numba threads,
 tgsim.models._numba_bmm), reductions run along the batch axis of one
 worker, and no code path depends on N. tests/test_models.py checks this for N = 1, 3, 8.
-Long BLAS reductions are chunked (`bmm`, K_CHUNK) so that, with OpenBLAS, the bits also do not
-depend on the BLAS thread count (checked for 1 vs 2 threads); other BLAS libraries are not covered.
+Every gemm runs with its BLAS library at one thread (tgsim.blas), so the bits do not depend on the
+BLAS thread count either (checked for 1, 2 and 4 threads). Across CPU families they may differ:
+tgsim.blas says what is bitwise where.
 """
 
 from __future__ import annotations
@@ -127,41 +128,15 @@ def prepare_batch(model, params: Mapping, x, y):
 # building blocks (all keep the worker axis: arrays are (N, B, ...))
 
 
-# Longest reduction handed to one BLAS call. Measured with OpenBLAS 0.3.31 (SkylakeX, sgemm): a gemm
-# whose reduction length K is >= 449 can round differently at 1 and at 2 threads (NN, TN and NT
-# forms alike; K <= 448 never did), consistent with the single- and multi-threaded drivers cutting
-# K into GEMM_Q-sized panels differently. Reductions up to K_CHUNK are one call; longer ones are summed chunk by chunk in
-# a fixed order, which makes the results independent of the BLAS thread count (tested for 1 vs 2).
-K_CHUNK = 256
-
-
-def _matmul(xp, a, b, out=None):
-    """One product a @ b with the worker axis kept: NumPy float32/float64 operands of the shapes the
-    models use go through `matmul_workers` (one gemm per worker, the workers over the Numba
-    threads), anything else (CuPy, other dtypes) through xp.matmul. The route depends on the backend,
-    dtype and operand pattern, never on N, so a worker's bits are those of a call with that worker
-    alone."""
-    if xp is np and _numba_bmm.supported(a, b):
-        return _numba_bmm.products(a, b, out)
-    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
-
-
 def bmm(xp, a, b):
-    """a @ b with the worker axis kept, the reduction split in K_CHUNK pieces summed in order.
-
-    a: (N, M, K) (any strides, e.g. a swapaxes view), b: (K, P) or (N, K, P).
-    The chunks' products go through one reused temporary (out=), so a long reduction costs one
-    extra result-sized array, not one per chunk.
-    """
-    k = a.shape[-1]
-    if k <= K_CHUNK:
-        return _matmul(xp, a, b)
-    out = _matmul(xp, a[..., 0:K_CHUNK], b[..., 0:K_CHUNK, :])
-    tmp = xp.empty_like(out)
-    for s in range(K_CHUNK, k, K_CHUNK):
-        _matmul(xp, a[..., s:s + K_CHUNK], b[..., s:s + K_CHUNK, :], out=tmp)
-        out += tmp
-    return out
+    """a @ b with the worker axis kept: a (N, M, K) (any strides, e.g. a swapaxes view), b (K, P) or
+    (N, K, P). NumPy float32/float64 operands go through `_numba_bmm.products` (one single-threaded
+    gemm per worker, the workers over the Numba threads), anything else (CuPy, other dtypes) through
+    xp.matmul. The route depends on the backend, dtype and operand pattern, never on N, so a
+    worker's bits are those of a call with that worker alone."""
+    if xp is np and _numba_bmm.supported(a, b):
+        return _numba_bmm.products(a, b)
+    return xp.matmul(a, b)
 
 
 # Weights up to this many elements are transposed into a contiguous copy for the input gradient

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
+from tgsim import blas
 from tgsim.train.config import Config, config_hash, to_dict
 
 METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "dist_opt", "bits_up", "bits_down", "lr",
@@ -79,8 +80,9 @@ def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
         "config_sha256": config_hash(cfg),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": blas.cpu_model(),
         "cpu_count": os.cpu_count(),
+        "blas": blas.describe(),
         "command": sys.argv,
         "written_at": datetime.now(timezone.utc).isoformat(),
         **extra,
