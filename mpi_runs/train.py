@@ -51,6 +51,25 @@ def load_config(args):
     return config_mod.load(args.config, args.set)
 
 
+def per_worker_bits(totals: list[dict], mode: str, start_step: int = 0) -> str:
+    """The summary's bits, comparable with the simulator's bits per worker: the mean over the worker
+    ranks of each rank's counted bytes x 8. In ps mode rank 0 is also the parameter server (it sends
+    the downlink to every other rank), so the workers are ranks 1..N-1 and the server is reported on
+    its own. MPI's counts include the 8-byte status word that leads every slot and downlink (the
+    simulator counts payloads only). Counts start at `start_step` for a resumed run (this process's
+    exchange)."""
+    workers = totals[1:] if mode == "ps" and len(totals) > 1 else totals
+    up = 8 * sum(t["sent"] for t in workers) / len(workers)
+    down = 8 * sum(t["received"] for t in workers) / len(workers)
+    text = f"bits/worker up {up:.3e} down {down:.3e}"
+    if len(workers) < len(totals):
+        text += f" (ranks 1..{len(totals) - 1}; rank 0 as server up {8 * totals[0]['sent']:.3e} " \
+                f"down {8 * totals[0]['received']:.3e})"
+    if start_step:
+        text += f" since the resume at step {start_step}"
+    return text
+
+
 def _say(line: str) -> None:
     """One line to stderr in a single write, so mpiexec does not interleave it with other ranks'."""
     sys.stderr.flush()
@@ -104,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             tmp = Path(out) / "comm_bytes_by_rank.tmp"
             tmp.write_text(json.dumps(totals, indent=2))
             os.replace(tmp, Path(out) / "comm_bytes_by_rank.json")
+            if args.resume and res.start_step >= res.steps:
+                print(f"the run in {out} was already complete ({res.steps} steps): nothing to do")
             print(f"test loss {res.test_loss:.4f}  accuracy {res.test_accuracy:.4f}  "
-                  f"bits rank 0 up {res.bits_up:.3e} down {res.bits_down:.3e}  skipped steps {res.skipped}  "
+                  f"{per_worker_bits(totals, cfg.exchange.mode, res.start_step)}  skipped steps {res.skipped}  "
                   f"({ex.size} ranks)")
             print(f"results: {out}", flush=True)
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -16,14 +17,22 @@ def builtin_config(name: str) -> Path:
 
 
 def _load_config(args):
+    """The run's config: CONFIG.toml, or with --resume and no config the one saved in --out DIR.
+    Raises ConfigError (one line for the user) when the file is not there."""
     from tgsim.train import config as config_mod
+    from tgsim.train.config import ConfigError
 
     if args.resume and args.config is None:
         if args.out is None:
-            raise SystemExit("tgsim run --resume needs --out DIR (the run to continue) or a config")
-        return config_mod.load(Path(args.out) / "config.toml", args.set)
+            raise ConfigError("--resume needs --out DIR (the run to continue) or a config")
+        path = Path(args.out) / "config.toml"
+        if not path.is_file():
+            raise ConfigError(f"no run to resume in {args.out}: {path} does not exist")
+        return config_mod.load(path, args.set)
     if args.config is None:
-        raise SystemExit("tgsim run needs a CONFIG.toml (or --resume --out DIR)")
+        raise ConfigError("tgsim run needs a CONFIG.toml (or --resume --out DIR)")
+    if not Path(args.config).is_file():
+        raise ConfigError(f"config file {args.config} does not exist")
     return config_mod.load(args.config, args.set)
 
 
@@ -37,8 +46,12 @@ def _cmd_run(args) -> int:
     except (ConfigError, FileExistsError) as e:
         print(f"tgsim run: {e}", file=sys.stderr)
         return 2
+    if args.resume and res.start_step >= res.steps:
+        print(f"the run in {res.out} was already complete ({res.steps} steps): nothing to do")
+    elif args.resume:
+        print(f"resumed at step {res.start_step} of {res.steps}")
     print(f"test loss {res.test_loss:.4f}  accuracy {res.test_accuracy:.4f}  "
-          f"bits/worker up {res.bits_up:.3e} down {res.bits_down:.3e}  skipped steps {res.skipped}")
+          f"bits/worker up {res.bits_up:.3e} down {res.bits_down:.3e} (whole run)  skipped steps {res.skipped}")
     print(f"results: {res.out}")
     return 0
 
@@ -66,17 +79,29 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_bench_codec(args) -> int:
+    import numba
+
     from tgsim import bench_codec
 
-    bench_codec.print_table(bench_codec.run(n_elements=args.elements, workers=args.workers, repeats=args.repeats))
+    n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 16_777_216)
+    repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
+    print(f"n_elements={n} ({n * 4 / 2**20:.0f} MiB float32), numba threads={numba.get_num_threads()}")
+    print(bench_codec.format_rows(bench_codec.run(n_elements=n, workers=args.workers, repeats=repeats)))
     return 0
 
 
 def _cmd_bench_sim(args) -> int:
     from tgsim import bench_sim
 
-    bench_sim.print_report(bench_sim.run(repeats=args.repeats))
+    quick = BENCH_SIM_QUICK if args.quick else {}
+    repeats = args.repeats or quick.get("repeats", 15)
+    bench_sim.print_report(bench_sim.run(workers=quick.get("workers", (1, 8, 32, 128)), repeats=repeats))
     return 0
+
+
+# `--quick`: the same rows on small sizes, a smoke test of the code paths (numbers not for reporting)
+BENCH_CODEC_QUICK = {"elements": 1 << 18, "repeats": 2}
+BENCH_SIM_QUICK = {"workers": (1, 8), "repeats": 3}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,12 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     bsub = b.add_subparsers(dest="what", required=True)
     bc = bsub.add_parser("codec", help="fused kernels against the array reference and the memory bandwidth")
-    bc.add_argument("--elements", type=int, default=16_777_216, help="gradient size (default 64 MiB of float32)")
+    bc.add_argument("--elements", type=int, help="gradient size (default 16,777,216 = 64 MiB of float32)")
     bc.add_argument("--workers", type=int, default=8, help="payloads summed in the decode benchmark")
-    bc.add_argument("--repeats", type=int, default=5)
+    bc.add_argument("--repeats", type=int, help="timed calls per row (default 5)")
+    bc.add_argument("--quick", action="store_true", help="2^18 elements, 2 repeats: a smoke test, not a measurement")
     bc.set_defaults(func=_cmd_bench_codec)
     bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop; peak memory")
-    bs.add_argument("--repeats", type=int, default=15, help="interleaved rounds per N")
+    bs.add_argument("--repeats", type=int, help="interleaved rounds per N (default 15)")
+    bs.add_argument("--quick", action="store_true", help="N = 1, 8, 3 rounds: a smoke test, not a measurement")
     bs.set_defaults(func=_cmd_bench_sim)
     from tgsim import bench_exchange
 
@@ -122,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # the reader of stdout went away (`tgsim ... | head`): stop quietly, as other Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

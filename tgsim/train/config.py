@@ -31,7 +31,7 @@ class RunConfig:
     steps: int = 1000
     eval_every: int = 100        # test-set evaluation period (steps); 0 = only at the end
     log_every: int = 10          # per-layer statistics period (steps)
-    checkpoint_every: int = 0    # 0 = no checkpoints
+    checkpoint_every: int = 0    # 0 = no checkpoints; else every k steps and at the last step
     keep_checkpoints: int = 3
     on_nonfinite: str = "raise"  # "raise" | "skip" (skip the step, count it)
 

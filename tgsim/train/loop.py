@@ -209,6 +209,7 @@ class RunResult:
     skipped: int
     dist_opt: float = float("nan")
     eval_split: str = "test"      # "validation" when data.options.validation > 0: test_* are validation numbers
+    start_step: int = 0           # the step a resumed run continued from (steps: the run was already complete)
 
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
@@ -226,12 +227,18 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if writer:
         results.prepare(out, cfg, resume)
     start, params, opt_state = 0, None, None
+    bits_up = bits_down = 0.0
+    skipped = 0
     ckpt_dir = out / "checkpoints"
     if resume:
         found = checkpoint.latest_good(ckpt_dir)
         if found is not None:
             start, state = found
             params, opt_state = state["params"], state.get("opt", {})
+            totals = state.get("totals", {})     # counts of steps 1..start (older checkpoints: none, 0)
+            bits_up = float(totals.get("bits_up", 0.0))
+            bits_down = float(totals.get("bits_down", 0.0))
+            skipped = int(totals.get("skipped", 0))
     if params is None:
         params = setup.model.init(cfg.run.seed)
         opt_state = setup.optimizer.init(params)
@@ -247,8 +254,6 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         bar = tqdm(total=cfg.run.steps, initial=start, desc=cfg.run.name, unit="step", file=sys.stderr,
                    dynamic_ncols=True)
     t0 = time.perf_counter()
-    bits_up = bits_down = 0.0
-    skipped = 0
     test = (float("nan"), float("nan"))
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
@@ -269,11 +274,14 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
             if metrics is not None:
                 metrics.write(step=done, split=setup.dataset.eval_split, layer="model", loss=float(test[0]), accuracy=float(test[1]))
-        if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
+        if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
             if metrics is not None:
                 metrics.flush()
             if writer:
-                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state}, cfg.run.keep_checkpoints)
+                totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
+                          "skipped": np.int64(skipped)}
+                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals},
+                                cfg.run.keep_checkpoints)
             if hasattr(ex, "barrier"):
                 ex.barrier()
         if bar is not None:
@@ -288,4 +296,4 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if start >= cfg.run.steps and math.isnan(test[0]):
         test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
-                     bits_up, bits_down, skipped, setup.distance_to_optimum(params), setup.dataset.eval_split)
+                     bits_up, bits_down, skipped, setup.distance_to_optimum(params), setup.dataset.eval_split, start)
