@@ -4,12 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+LOCK   := constraints.txt
 
-$(STAMP): pyproject.toml
+.PHONY: demo test bench venv lock clean
+
+# The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(LOCK)
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -22,6 +25,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/tgsim bench codec
+
+# Upgrade: resolve the newest versions pyproject.toml allows in a scratch venv and write them to
+# constraints.txt; then `make test` (the venv follows the new lock) and commit both.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '1,2p' $(LOCK); .lock-venv/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^setuptools==' -e '^tgsim'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK) && rm -rf .lock-venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
