@@ -1,4 +1,5 @@
-"""`tgsim analyze <check>`: one subcommand per check; each writes a tidy CSV and prints a summary."""
+"""`tgsim analyze <check>`: one subcommand per check; each writes tidy CSVs to --out DIR (default
+results/analysis) and prints a summary; --quick runs it on small parameters in a few seconds."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Add every check (the seven theory checks, perfmodel-fig5, perfmodel-validate) under `parser`."""
     sub = parser.add_subparsers(dest="check", required=True)
     # Checks register here: sub.add_parser(name, help=...).set_defaults(func=callable(args) -> int)
     from tgsim.analysis.checks_cli import register as _register_theory_checks  # light imports only

@@ -994,83 +994,162 @@ def worst_rows(table, k: int = 10, split: str = "validation"):
                       "t_wire", "pred_t_wire", "t_decode", "pred_t_decode"]]
 
 
+CLI_OUT = "results/analysis"              # = tgsim.analysis.common.DEFAULT_OUT, as every `tgsim analyze` check
+BENCH_CSV = "results/bench_exchange.csv"  # `tgsim bench exchange`'s default --out
+FIG5_NAME, VALIDATION_NAME = "perfmodel_fig5", "perfmodel_validation"
+FIG5_QUICK_NETS = "alexnet"
+
+
+def _out_arguments(p, name: str, quick_help: str) -> None:
+    """--out DIR (name.csv is written inside it) and --quick, as every `tgsim analyze` check has them."""
+    p.add_argument("--out", default=CLI_OUT, help=f"directory for {name}.csv (default %(default)s)")
+    p.add_argument("--quick", action="store_true", help=quick_help)
+
+
+def _fig5_arguments(f) -> None:
+    """The arguments of `fig5` (python -m ... fig5, tgsim analyze perfmodel-fig5)."""
+    _out_arguments(f, FIG5_NAME, f"small parameters: --nets {FIG5_QUICK_NETS}")
+    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
+    f.add_argument("--servers", type=int, default=1)
+    f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
+    f.add_argument("--nets", default=None,
+                   help=f"comma list (default {','.join(FIG5_NETS)}; --quick {FIG5_QUICK_NETS})")
+    f.set_defaults(func=_run_fig5, prog=f.prog)
+
+
 def _validate_arguments(v) -> None:
     """The arguments of `validate` (python -m ... validate, tgsim analyze perfmodel-validate)."""
-    v.add_argument("csv", nargs="*", default=["results/bench_exchange.csv"],
+    v.add_argument("csv", nargs="*", default=[BENCH_CSV],
                    help="one bench CSV, or several sweeps of the same grid (their per-row medians are used)")
     v.add_argument("--calibration", default="default", choices=sorted(CALIBRATIONS),
                    help="rows to fit on: default = N = 2 + the smallest size at the largest N; size-ends = the "
                         "same without the middle sizes at N = 2; rank-ends = every row at the smallest and "
                         "largest N (the rows left out are predicted)")
-    v.add_argument("--out", default="results/perfmodel_validation.csv")
+    _out_arguments(v, VALIDATION_NAME, "the same run: its time is set by the CSV (the grid of `tgsim bench exchange "
+                                      "--quick`, N = 2, 4 and 1M, 4M, takes about a second; the default "
+                                      "calibration fits N = 2 and 1M at N = 4 and validates 4M at N = 4)")
+    v.set_defaults(func=_run_validate, prog=v.prog)
+
+
+def _bad_out(args, name: str) -> bool:
+    """True (after one line on stderr) when --out names a .csv file instead of a directory."""
+    import sys
+
+    if not str(args.out).lower().endswith(".csv"):
+        return False
+    print(f"{args.prog}: --out takes a directory ({name}.csv is written inside it), got {args.out}", file=sys.stderr)
+    return True
+
+
+def _write(df, out: str, name: str, t0: float) -> None:
+    """df -> out/name.csv (directory created), and the line that says so."""
+    import time
+    from pathlib import Path
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    df.to_csv(Path(out) / f"{name}.csv", index=False)
+    print(f"\nwrote {name}.csv to {out}/ ({time.perf_counter() - t0:.1f} s)")
+
+
+def _run_fig5(args) -> int:
+    """Throughput vs GPUs, fp32 vs TernGrad, both clusters: print the gains, write perfmodel_fig5.csv."""
+    import time
+
+    import pandas as pd
+
+    if _bad_out(args, FIG5_NAME):
+        return 2
+    t0 = time.perf_counter()
+    nets = args.nets or (FIG5_QUICK_NETS if args.quick else ",".join(FIG5_NETS))
+    df = fig5(tuple(nets.split(",")), Exchange(args.pattern, servers=args.servers, downlink=args.downlink))
+    g = gain_table(df)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(g.pivot_table(index=["cluster", "net"], columns="gpus", values="gain").round(2))
+    _write(df.merge(g[["net", "cluster", "gpus", "gain"]], on=["net", "cluster", "gpus"]), args.out, FIG5_NAME, t0)
+    return 0
+
+
+def _missing_measurements(args) -> bool:
+    """True (after one line on stderr naming the missing file and the command that makes it) when a
+    measurement CSV does not exist."""
+    import sys
+    from pathlib import Path
+
+    missing = [c for c in args.csv if not Path(c).is_file()]
+    if not missing:
+        return False
+    make = " ".join(["tgsim bench exchange"] + ([] if missing[0] == BENCH_CSV else ["--out", missing[0]]))
+    print(f"{args.prog}: no measurements at {', '.join(missing)}: make them with `{make}` "
+          f"(needs root; --quick: about a minute)", file=sys.stderr)
+    return True
+
+
+def _print_validation(out) -> None:
+    """The fitted parameters, the share of rows within 20% (per topology, rate, mode) and the worst rows."""
+    import pandas as pd
+
+    for topo, p in out.attrs["params"].items():
+        print(describe_params(p, topo))
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_columns", 30):
+        print(validation_summary(out).round(2))
+        v = out[out["split"] == "validation"]
+        print(f"validation rows within 20%: t_step {v['within'].mean():.0%} ({int(v['within'].sum())}/{len(v)}), "
+              f"t_exchange {v['exchange_within'].mean():.0%}, t_wire {v['wire_within'].mean():.0%}; "
+              f"calibration rows (t_step): {out.loc[out['split'] == 'calibration', 'within'].mean():.0%}")
+        print(v.groupby(["topology", "rate"])["within"].mean().round(2).to_string())
+        for flag, part in v.groupby("oversubscribed"):
+            print(f"  {'oversubscribed (N > cores)' if flag else 'one rank per core'}: t_step within 20% "
+                  f"in {int(part['within'].sum())}/{len(part)} rows")
+        if int(out["sweeps"].max()) > 1:
+            noisy = v["sweep_spread"] > 0.20
+            print(f"  medians of {int(out['sweeps'].max())} sweeps; {int(noisy.sum())}/{len(v)} validation rows "
+                  f"differ by > 20% between sweeps; of the rows that do not, "
+                  f"{int(v.loc[~noisy, 'within'].sum())}/{int((~noisy).sum())} are within 20%")
+        print("worst validation rows:")
+        print(worst_rows(out).round(4).to_string(index=False))
+
+
+def _run_validate(args) -> int:
+    """Calibrate on the measurements, print the validation, write perfmodel_validation.csv; exit 2
+    (one line on stderr) when the CSV is missing or the calibration leaves no row to validate."""
+    import sys
+    import time
+
+    if _bad_out(args, VALIDATION_NAME) or _missing_measurements(args):
+        return 2
+    t0 = time.perf_counter()
+    out = validate(args.csv, calibration=CALIBRATIONS[args.calibration])
+    if not (out["split"] == "validation").any():
+        print(f"{args.prog}: calibration {args.calibration!r} fits every row of this grid (N = "
+              f"{', '.join(str(n) for n in sorted(set(out['ranks'])))}): nothing is left to validate; "
+              f"use --calibration default", file=sys.stderr)
+        return 2
+    _print_validation(out)
+    _write(out, args.out, VALIDATION_NAME, t0)
+    return 0
 
 
 def register_cli(sub) -> None:
     """Add `perfmodel-fig5` and `perfmodel-validate` to an argparse subparsers object (for
-    analysis/cli.py: `register_cli(sub)` inside `add_subcommands`); both call `main`."""
-    f = sub.add_parser("perfmodel-fig5", help="TernGrad Fig. 5: throughput vs GPUs, fp32 vs TernGrad (CSV)")
-    f.add_argument("--out", default="results/perfmodel_fig5.csv")
-    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
-    f.add_argument("--servers", type=int, default=1)
-    f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
-    f.set_defaults(func=lambda a: main(["fig5", "--out", a.out, "--pattern", a.pattern, "--servers", str(a.servers),
-                                        "--downlink", a.downlink]))
-    v = sub.add_parser("perfmodel-validate", help="performance model vs `tgsim bench exchange` measurements (CSV)")
-    _validate_arguments(v)
-    v.set_defaults(func=lambda a: main(["validate", *a.csv, "--calibration", a.calibration, "--out", a.out]))
+    analysis/cli.py: `register_cli(sub)` inside `add_subcommands`); they run what `main`'s fig5 and
+    validate run."""
+    _fig5_arguments(sub.add_parser("perfmodel-fig5", help="TernGrad Fig. 5: throughput vs GPUs, fp32 vs TernGrad "
+                                                         "(perfmodel_fig5.csv)"))
+    _validate_arguments(sub.add_parser("perfmodel-validate", help="performance model vs `tgsim bench exchange` "
+                                                                  "measurements (perfmodel_validation.csv)"))
 
 
 def main(argv=None) -> int:
-    """python -m tgsim.analysis.perfmodel fig5 [--out CSV] | validate [CSV] [--out CSV]"""
+    """python -m tgsim.analysis.perfmodel fig5 [--out DIR] [--quick] | validate [CSV ...] [--out DIR] [--quick]"""
     import argparse
-
-    import pandas as pd
 
     ap = argparse.ArgumentParser(prog="python -m tgsim.analysis.perfmodel", description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fig5", help="throughput vs GPUs, fp32 vs TernGrad, both clusters (tidy CSV)")
-    f.add_argument("--out", default="results/perfmodel_fig5.csv")
-    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
-    f.add_argument("--servers", type=int, default=1)
-    f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
-    f.add_argument("--nets", default=",".join(FIG5_NETS))
-    v = sub.add_parser("validate", help="predicted vs measured exchange times of `tgsim bench exchange`")
-    _validate_arguments(v)
+    _fig5_arguments(sub.add_parser("fig5", help="throughput vs GPUs, fp32 vs TernGrad, both clusters (tidy CSV)"))
+    _validate_arguments(sub.add_parser("validate", help="predicted vs measured exchange times of `tgsim bench "
+                                                        "exchange`"))
     args = ap.parse_args(argv)
-    from pathlib import Path
-
-    if args.cmd == "fig5":
-        ex = Exchange(args.pattern, servers=args.servers, downlink=args.downlink)
-        df = fig5(tuple(args.nets.split(",")), ex)
-        g = gain_table(df)
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
-            print(g.pivot_table(index=["cluster", "net"], columns="gpus", values="gain").round(2))
-        out = df.merge(g[["net", "cluster", "gpus", "gain"]], on=["net", "cluster", "gpus"])
-    else:
-        out = validate(args.csv, calibration=CALIBRATIONS[args.calibration])
-        for topo, p in out.attrs["params"].items():
-            print(describe_params(p, topo))
-        with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_columns", 30):
-            print(validation_summary(out).round(2))
-            v = out[out["split"] == "validation"]
-            print(f"validation rows within 20%: t_step {v['within'].mean():.0%} ({int(v['within'].sum())}/{len(v)}), "
-                  f"t_exchange {v['exchange_within'].mean():.0%}, t_wire {v['wire_within'].mean():.0%}; "
-                  f"calibration rows (t_step): {out.loc[out['split'] == 'calibration', 'within'].mean():.0%}")
-            print(v.groupby(["topology", "rate"])["within"].mean().round(2).to_string())
-            for flag, part in v.groupby("oversubscribed"):
-                print(f"  {'oversubscribed (N > cores)' if flag else 'one rank per core'}: t_step within 20% "
-                      f"in {int(part['within'].sum())}/{len(part)} rows")
-            if int(out["sweeps"].max()) > 1:
-                noisy = v["sweep_spread"] > 0.20
-                print(f"  medians of {int(out['sweeps'].max())} sweeps; {int(noisy.sum())}/{len(v)} validation rows "
-                      f"differ by > 20% between sweeps; of the rows that do not, "
-                      f"{int(v.loc[~noisy, 'within'].sum())}/{int((~noisy).sum())} are within 20%")
-            print("worst validation rows:")
-            print(worst_rows(out).round(4).to_string(index=False))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(args.out, index=False)
-    print(f"rows: {args.out}")
-    return 0
+    return args.func(args)
 
 
 

@@ -409,3 +409,72 @@ def test_cli_registers_all_checks_and_writes_csv(tmp_path, capsys):
     assert main(["analyze", "assumption1", "--seeds", "1", "--steps", "20", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "assumption1.csv").is_file() and (tmp_path / "assumption1_summary.csv").is_file()
     assert "least_squares" in capsys.readouterr().out
+
+
+# the CSVs each check writes, and its `run` arguments at the full defaults (as they were before --quick)
+CHECK_CSVS = {"unbiasedness": ("unbiasedness", "unbiasedness_worst", "unbiasedness_power"),
+              "variance": ("variance", "variance_bounds"),
+              "bound": ("bound_points", "bound_fits", "bound_mlp", "bound_mlp_summary"),
+              "assumption1": ("assumption1", "assumption1_summary"),
+              "convergence": ("convergence_rm", "convergence_floor", "convergence_rm_runs", "convergence_floor_runs",
+                              "convergence_traces"),
+              "clipping": ("clipping", "clipping_summary"),
+              "sharing": ("sharing", "sharing_summary")}
+FULL_KWARGS = {"unbiasedness": dict(n=3000, R=2000, alpha=1e-3, seed=0),
+               "variance": dict(n=3000, R=1000, alpha=1e-3, seed=0),
+               "bound": dict(seeds=(0, 1, 2, 3), steps=800, mlp_steps=300),
+               "assumption1": dict(seeds=(0, 1, 2), steps=400),
+               "convergence": dict(seeds=20, floor_seeds=4, steps=2000, lr=0.5, tau=50.0),
+               "clipping": dict(seed=0, steps=300, every=5),
+               "sharing": dict(seed=0, R=200)}
+# per check: options given explicitly, the `run` arguments they set, and quick values of the others
+QUICK_OVERRIDES = {"unbiasedness": (["--R", "150"], dict(R=150), dict(n=300, recorded_steps=5)),
+                   "variance": (["--n", "500"], dict(n=500), dict(R=200, recorded_steps=5)),
+                   "bound": (["--steps", "50"], dict(steps=50), dict(seeds=(0,), mlp_steps=30)),
+                   "assumption1": (["--seeds", "2"], dict(seeds=(0, 1)), dict(steps=50, toy_steps=50)),
+                   "convergence": (["--steps", "300"], dict(steps=300), dict(seeds=3, floor_seeds=2, n=8192)),
+                   "clipping": (["--every", "4"], dict(every=4), dict(steps=30)),
+                   "sharing": (["--R", "70"], dict(R=70), dict(seed=0, at=(0, 20)))}
+
+
+@pytest.mark.parametrize("check", list(CHECK_CSVS))
+def test_quick_check_runs_end_to_end(check, tmp_path, capsys):
+    """`tgsim analyze <check> --quick --out DIR` through the real parser: exit 0, every CSV of the
+    check written into DIR with rows, the summary and the 'wrote ... to DIR/' line printed."""
+    from tgsim.cli import main
+
+    assert main(["analyze", check, "--quick", "--out", str(tmp_path)]) == 0
+    for name in CHECK_CSVS[check]:
+        assert len(pd.read_csv(tmp_path / f"{name}.csv")) > 0, name
+    out = capsys.readouterr().out
+    assert f"to {tmp_path}/" in out and "--quick" in out
+    assert len(out.splitlines()) > 3
+
+
+@pytest.fixture
+def run_calls(monkeypatch):
+    """Every check's `run` replaced by a recorder: the list of the keyword arguments it was called with."""
+    import importlib
+
+    from tgsim.analysis.checks_cli import CHECKS
+
+    calls = []
+    for c in CHECKS:
+        mod = importlib.import_module(f"tgsim.analysis.{c.module}")
+        monkeypatch.setattr(mod, "run", lambda out, **kw: calls.append(kw) or {})
+    return calls
+
+
+@pytest.mark.parametrize("check", list(CHECK_CSVS))
+def test_quick_values_yield_to_explicit_options_and_full_defaults_stay(check, run_calls, tmp_path):
+    """Without --quick `run` gets exactly the full defaults (plus the options given); with --quick its
+    small values, except an option given on the command line, which wins."""
+    from tgsim.cli import main
+
+    argv, explicit, quick = QUICK_OVERRIDES[check]
+    assert main(["analyze", check, "--out", str(tmp_path)]) == 0
+    assert run_calls[-1] == FULL_KWARGS[check]
+    assert main(["analyze", check, *argv, "--out", str(tmp_path)]) == 0
+    assert run_calls[-1] == {**FULL_KWARGS[check], **explicit}
+    assert main(["analyze", check, "--quick", *argv, "--out", str(tmp_path)]) == 0
+    assert {k: run_calls[-1].get(k) for k in {**explicit, **quick}} == {**explicit, **quick}
