@@ -87,3 +87,10 @@ def test_mpi_summary_reports_worker_ranks_and_the_server_apart():
     assert per_worker_bits(totals, "allgather").startswith("bits/worker up 8.800e+02 down 7.467e+02")
     assert per_worker_bits(totals[:1], "ps").startswith("bits/worker up 2.400e+03 down 1.600e+03")
     assert per_worker_bits(totals, "allreduce", start_step=30).endswith("since the resume at step 30")
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path):
+    """Logs and CI get the summary lines, not thousands of progress-bar redraws."""
+    proc = _tgsim("run", DEMO, "--out", str(tmp_path / "r"), *[a for a in TINY if a != "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    assert "step/s" not in proc.stderr and "%|" not in proc.stderr, proc.stderr[-2000:]

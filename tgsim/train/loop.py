@@ -252,7 +252,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.run.steps, initial=start, desc=cfg.run.name, unit="step", file=sys.stderr,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=None)     # None: no bar where stderr is not a terminal (logs, CI)
     t0 = time.perf_counter()
     test = (float("nan"), float("nan"))
     for step in range(start, cfg.run.steps):
