@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args):
     from tgsim.train import config as config_mod
-    from tgsim.train.config import ConfigError
+    from tgsim.errors import ConfigError
 
     if args.config is None:
         if not (args.resume and args.out):
@@ -78,8 +78,7 @@ def _say(line: str) -> None:
 
 def _fail(e: BaseException, comm, err_comm, rank: int) -> int:
     """Print `e` with the rank; exit together if every rank failed, else abort the job."""
-    from tgsim.exchange.mpi import CollectiveError
-    from tgsim.train.config import ConfigError
+    from tgsim.errors import CollectiveError, ConfigError
 
     collective = isinstance(e, CollectiveError)
     _say(f"[rank {rank}] {type(e).__name__}: {e}")

@@ -20,7 +20,7 @@ def _load_config(args):
     """The run's config: CONFIG.toml, or with --resume and no config the one saved in --out DIR.
     Raises ConfigError (one line for the user) when the file is not there."""
     from tgsim.train import config as config_mod
-    from tgsim.train.config import ConfigError
+    from tgsim.errors import ConfigError
 
     if args.resume and args.config is None:
         if args.out is None:
@@ -37,7 +37,7 @@ def _load_config(args):
 
 
 def _cmd_run(args) -> int:
-    from tgsim.train.config import ConfigError
+    from tgsim.errors import ConfigError
     from tgsim.train.loop import run
 
     try:

@@ -9,17 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
+from tgsim.errors import NonFiniteGradientError  # noqa: F401  (re-exported)
 from tgsim.rng import StreamKey
-
-
-class NonFiniteGradientError(ValueError):
-    """A gradient holds NaN or Inf; names the layer so the step can be skipped or the run stopped."""
-
-    def __init__(self, layer: str, count: int | None = None, where: str = ""):
-        self.layer, self.count = layer, count
-        what = f"{count} non-finite values" if count is not None else "non-finite values"
-        at = f" at {where}" if where else ""
-        super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf){at}; refusing to encode")
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tgsim.codecs.packing import FORMATS, packed_size
+from tgsim.errors import PayloadError
 
 MAGIC = b"TGM1"
 VERSION = 1
@@ -113,30 +114,30 @@ def parse_header(buf: bytes | memoryview) -> tuple[Layout | None, tuple, int]:
     """(fields, layer kinds/shapes, header length) of a serialized message; ValueError if malformed."""
     buf = memoryview(buf)
     if len(buf) < _FIXED.size + 4:
-        raise ValueError(f"message truncated: {len(buf)} bytes, shorter than the fixed header")
+        raise PayloadError(f"message truncated: {len(buf)} bytes, shorter than the fixed header")
     magic, version, codec, packing, sdtype, layout_id, n_layers, body = _FIXED.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise ValueError(f"not a tgsim message (magic {bytes(magic)!r})")
+        raise PayloadError(f"not a tgsim message (magic {bytes(magic)!r})")
     if version != VERSION:
-        raise ValueError(f"message version {version}, this tgsim reads version {VERSION}")
+        raise PayloadError(f"message version {version}, this tgsim reads version {VERSION}")
     if codec not in CODEC_IDS.values() or packing >= len(FORMATS) or sdtype != 1:
-        raise ValueError(f"unknown codec/packing/scaler dtype ids ({codec}, {packing}, {sdtype})")
+        raise PayloadError(f"unknown codec/packing/scaler dtype ids ({codec}, {packing}, {sdtype})")
     off = _FIXED.size
     specs = []
     for i in range(n_layers):
         if off + 2 > len(buf):
-            raise ValueError(f"message truncated in the header at layer {i}")
+            raise PayloadError(f"message truncated in the header at layer {i}")
         kind, ndim = struct.unpack_from("<BB", buf, off)
         if kind not in (KIND_TERNARY, KIND_FLOAT):
-            raise ValueError(f"header: layer {i} has unknown kind {kind}")
+            raise PayloadError(f"header: layer {i} has unknown kind {kind}")
         if off + 2 + 8 * ndim + 4 > len(buf):
-            raise ValueError(f"message truncated in the header at layer {i}")
+            raise PayloadError(f"message truncated in the header at layer {i}")
         shape = struct.unpack_from(f"<{ndim}Q", buf, off + 2)
         specs.append((kind, tuple(shape)))
         off += 2 + 8 * ndim
     (crc,) = struct.unpack_from("<I", buf, off)
     if crc != zlib.crc32(buf[:off]):
-        raise ValueError("header checksum mismatch (corrupt or truncated header)")
+        raise PayloadError("header checksum mismatch (corrupt or truncated header)")
     fields = dict(packing=FORMATS[packing], layout_id=layout_id, body=body)
     return fields, tuple(specs), off + 4
 
@@ -146,13 +147,13 @@ def check_header(buf: bytes | memoryview, layout: Layout, body: int | None = Non
     length; `body` is the number of bytes after the header (None: the rest of `buf`)."""
     fields, specs, off = parse_header(buf)
     if fields["packing"] != layout.packing:
-        raise ValueError(f"message packed as {fields['packing']}, receiver expects {layout.packing}")
+        raise PayloadError(f"message packed as {fields['packing']}, receiver expects {layout.packing}")
     mine = tuple((s.kind, s.shape) for s in layout.layers)
     if fields["layout_id"] != layout.layout_id or specs != mine:
-        raise ValueError("message layout (layer kinds/shapes/names) differs from the receiver's model")
+        raise PayloadError("message layout (layer kinds/shapes/names) differs from the receiver's model")
     body = len(buf) - off if body is None else body
     if body != fields["body"] or fields["body"] != layout.body_bytes():
-        raise ValueError(f"message body is {body} bytes, header says {fields['body']}, "
+        raise PayloadError(f"message body is {body} bytes, header says {fields['body']}, "
                          f"layout needs {layout.body_bytes()}")
     return off
 
@@ -167,7 +168,7 @@ def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
         if spec.kind == KIND_TERNARY:
             scalers[i] = data[pos:pos + 4].view(np.float32)[0]
             if not (np.isfinite(scalers[i]) and scalers[i] >= 0):
-                raise ValueError(f"layer {spec.name!r}: invalid scaler {scalers[i]}")
+                raise PayloadError(f"layer {spec.name!r}: invalid scaler {scalers[i]}")
             pos += 4
             nb = packed_size(spec.size, layout.packing)
             parts.append(data[pos:pos + nb])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tgsim.backend import array_module
+from tgsim.errors import PayloadError
 
 FORMATS = ("2bit", "base3")
 CODES_PER_BYTE = {"2bit": 4, "base3": 5}
@@ -62,21 +63,21 @@ def check_payload(payload, n: int, fmt: str, where: str = "payload", first: int 
     xp = array_module(payload)
     nb = packed_size(n, fmt)
     if payload.dtype != xp.uint8 or payload.ndim != 1:
-        raise ValueError(f"{where}: expected a 1-D uint8 payload, got {payload.dtype} {payload.shape}")
+        raise PayloadError(f"{where}: expected a 1-D uint8 payload, got {payload.dtype} {payload.shape}")
     if payload.size != nb:
-        raise ValueError(f"{where}: {payload.size} bytes for {n} elements in {fmt}, expected {nb}")
+        raise PayloadError(f"{where}: {payload.size} bytes for {n} elements in {fmt}, expected {nb}")
     codes, valid = LUT[fmt]
     ok = xp.asarray(valid)[payload]
     if not bool(ok.all()):
         i = int(xp.argmin(ok))
         kind = "code 0b11" if fmt == "2bit" else "byte > 242"
-        raise ValueError(f"{where}: invalid {kind} at byte {i + first // CODES_PER_BYTE[fmt]} "
+        raise PayloadError(f"{where}: invalid {kind} at byte {i + first // CODES_PER_BYTE[fmt]} "
                          f"(0x{int(payload[i]):02x})")
     k = CODES_PER_BYTE[fmt]
     if nb * k > n:
         tail = xp.asarray(codes)[payload[-1]][n - (nb - 1) * k:]
         if bool((tail != 0).any()):
-            raise ValueError(f"{where}: non-zero pad codes after element {first + n}")
+            raise PayloadError(f"{where}: non-zero pad codes after element {first + n}")
 
 
 def unpack(payload, n: int, fmt: str = "2bit", validate: bool = True):
@@ -151,7 +152,7 @@ def unpack_uint(payload, n: int, width: int):
     """Inverse of pack_uint (ValueError on a wrong length)."""
     xp = array_module(payload)
     if payload.size != -(-n * width // 8):
-        raise ValueError(f"{payload.size} bytes cannot hold {n} values of {width} bits")
+        raise PayloadError(f"{payload.size} bytes cannot hold {n} values of {width} bits")
     if xp is np and width <= 8:
         from tgsim.codecs import _numba_uint
 
@@ -195,7 +196,7 @@ def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out
             out[...] = flat
             flat = out
     if top > 2 * n:
-        raise ValueError(f"layer {name!r}: downlink code sum {top - n} exceeds N = {n}")
+        raise PayloadError(f"layer {name!r}: downlink code sum {top - n} exceeds N = {n}")
     return flat
 
 

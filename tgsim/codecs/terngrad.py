@@ -33,12 +33,12 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
-from tgsim.codecs.base import NonFiniteGradientError
 from tgsim.codecs.kernels import get_kernels
 from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message
 from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS, packed_size
 from tgsim.codecs.stats import layer_moments
 from tgsim.codecs.ternary import CLIP_MODES, LayerScaling, scaling_from_moments
+from tgsim.errors import NonFiniteGradientError
 from tgsim.rng import StreamKey
 
 _F32_MAX = float(np.finfo(np.float32).max)

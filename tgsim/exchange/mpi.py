@@ -91,7 +91,7 @@ from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layou
 from tgsim.codecs.terngrad import TernGrad
 from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
 from tgsim.exchange.pieces import HDR, PiecePlan, SenderError
-from tgsim.train.config import ConfigError
+from tgsim.errors import CollectiveError, PeerPayloadError, RankConfigMismatchError, ServerError
 
 _U64 = np.dtype("<u8")
 _HDR = HDR        # slot prefix / downlink status: one little-endian u64
@@ -100,22 +100,6 @@ _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messag
 _TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
 PS_TRANSPORTS = ("p2p", "collective")
 CHUNK = 1 << 18       # elements per piece of the pipelined ps and allgather (64 KiB of 2-bit codes)
-
-
-class CollectiveError(Exception):
-    """Marker: this error is raised with the same message on every rank (no rank is left waiting)."""
-
-
-class RankConfigMismatchError(ConfigError, CollectiveError):
-    """Ranks were started with different configs (or codec / library versions, or shard plans)."""
-
-
-class PeerPayloadError(ValueError, CollectiveError):
-    """A payload received from another rank is malformed; the message names the sender rank."""
-
-
-class ServerError(RuntimeError, CollectiveError):
-    """The parameter server (rank 0) failed for another reason; every rank raises it."""
 
 
 def _mpi():

@@ -31,12 +31,13 @@ import numpy as np
 
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, Layout, check_header
+from tgsim.errors import PayloadError
 
 ALIGN = 40            # lcm(4, 5, 8): element offsets where every packing starts on a byte
 HDR = 8               # the slot's u64 length word and the downlink's status word
 
 
-class SenderError(ValueError):
+class SenderError(PayloadError):
     """A worker's payload is malformed: `sender` is its rank."""
 
     def __init__(self, sender: int, text: str):

@@ -16,12 +16,11 @@ from typing import Any
 
 from tgsim.codecs.packing import FORMATS
 from tgsim.codecs.ternary import CLIP_MODES
+from tgsim.errors import ConfigError  # noqa: F401  (re-exported: tgsim.train.config.ConfigError)
 from tgsim.train.optim import OPTIMIZERS, OptimizerConfig
 from tgsim.train.schedules import SCHEDULES, ScheduleConfig
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; raised before any work starts."""
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tgsim.codecs import NonFiniteGradientError, TernGrad
+from tgsim.codecs import TernGrad
+from tgsim.errors import ConfigError, NonFiniteGradientError
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, results
-from tgsim.train.config import Config, ConfigError, config_hash
+from tgsim.train.config import Config, config_hash
 from tgsim.train.optim import make_optimizer
 from tgsim.train.schedules import learning_rate
 
