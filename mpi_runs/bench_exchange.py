@@ -222,7 +222,7 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
             msg = codec.encode(grads, StreamKey(1, step, rank), shared, sc,
                                deferred=ex.defers_encode(base, True, False))
             tc = time.perf_counter()
-            _, nb = ex.terngrad(codec, [msg], base, True)
+            _, nb = ex.aggregate(codec, [msg], base, True)
         finally:
             ex.ps_transport, ex.chunk = "p2p", chunk
         td = time.perf_counter()

@@ -124,7 +124,7 @@ def reference(case: dict, n: int) -> dict:
     ex = InProcessExchange(n)
     if case["kind"] == "fp32":
         return ex.mean_fp32(case["layers"])[0]
-    return ex.terngrad(case["codec"], case["messages"], case["mode"], case["shared"], case["rkey"])[0]
+    return ex.aggregate(case["codec"], case["messages"], case["mode"], case["shared"], case["rkey"])[0]
 
 
 def run_equality(ex, gpu: bool, failures: list, dump: dict, tag: str, deferred: bool = False) -> int:
@@ -161,7 +161,7 @@ def run_equality(ex, gpu: bool, failures: list, dump: dict, tag: str, deferred: 
                 mine = codec.encode(lay, StreamKey(SEED, case["step"], rank), scal, codec.scaling(lay), deferred=True)
             else:
                 codec, mine = case["codec"], case["messages"][rank]
-            got, b = ex.terngrad(codec, [mine], case["mode"], case["shared"], case["rkey"])
+            got, b = ex.aggregate(codec, [mine], case["mode"], case["shared"], case["rkey"])
         compare(name, ref, got, failures, rank)
         if n > 1 and not (b.sent > 0 and b.received > 0):
             failures.append(f"rank {rank} {name}: no bytes counted ({b})")
@@ -217,7 +217,7 @@ def run_faults(ex, failures: list) -> int:
         if rank == bad:
             ex._serialize = lambda m, c=corrupt, o=original: c(o(m))
         try:
-            ex.terngrad(codec, [msg], mode, True)
+            ex.aggregate(codec, [msg], mode, True)
             failures.append(f"rank {rank} fault {mode}/{corrupt.__name__}: no error raised")
         except PeerPayloadError as e:
             if f"from rank {bad}" not in str(e):
@@ -229,15 +229,15 @@ def run_faults(ex, failures: list) -> int:
     import dataclasses
 
     class CorruptSums(TernGrad):
-        def _kernels(self, xp):
-            kern = super()._kernels(xp)
+        def kernels_for(self, xp):
+            kern = super().kernels_for(xp)
             return type("CorruptKernels", (), {"__getattr__": lambda _, k: getattr(kern, k),
                                                "sum_codes": lambda _, *a, **k: kern.sum_codes(*a, **k) * 0 + 127})()
 
     sender = CorruptSums(**{f.name: getattr(codec, f.name) for f in dataclasses.fields(codec) if f.init}) \
         if rank == bad else codec
     try:
-        ex.terngrad(sender, [msg], "allreduce", True)
+        ex.aggregate(sender, [msg], "allreduce", True)
         failures.append(f"rank {rank} fault allreduce/code sum beyond N: no error raised")
     except PeerPayloadError as e:
         if "beyond" not in str(e):
@@ -256,7 +256,7 @@ def run_faults(ex, failures: list) -> int:
         texts.append(f"config: {e}")
     ex.check_same_config("same")
     # the communicator is still in step after all the errors
-    ex.terngrad(codec, [msg], "ps", True)
+    ex.aggregate(codec, [msg], "ps", True)
     if rank == 0:
         for t in texts:
             print(f"  fault ok: {t}")

@@ -357,7 +357,7 @@ def test_codec_input_errors():
 # -- the in-process exchange: chunked downlink and batch payloads ----------------------------------
 @pytest.mark.parametrize("mode", ["ps", "allreduce", "allgather"])
 def test_inprocess_exchange_matches_unchunked(mode):
-    """terngrad_mean on a layer longer than its chunk equals the whole-layer computation."""
+    """packed_code_mean on a layer longer than its chunk equals the whole-layer computation."""
     nw, n = 5, 3 * inprocess._CHUNK + 13
     codec = TernGrad(kernels="numba")
     rng = np.random.default_rng(0)
@@ -365,7 +365,7 @@ def test_inprocess_exchange_matches_unchunked(mode):
     sc = codec.scaling_many(layers)
     shared = codec.local_scalers_many(sc).max(axis=0)
     msgs = codec.encode_many(layers, 1, 2, range(nw), shared, sc)
-    mean, info = inprocess.terngrad_mean(codec, msgs, mode, True)
+    mean, info = inprocess.packed_code_mean(codec, msgs, mode, True)
     width = packing.uint_width(nw)
     down = 0
     for i, name in enumerate(layers):

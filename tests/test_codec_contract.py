@@ -30,3 +30,22 @@ class TestTernGradExplicitClip(CodecContract):
 
     def test_declares_biased(self, codec):
         assert codec.unbiased is False
+
+
+# -- the public contract (tgsim.testing) for every registered codec ------------------------------
+
+from tgsim.codecs import registry  # noqa: E402
+from tgsim.testing import CodecContract as PublicContract  # noqa: E402
+from tgsim.train.config import CodecConfig  # noqa: E402
+
+REGISTERED = [(name, {}) for name in registry.names()] + [("terngrad", {"clip": "none"}),
+                                                          ("terngrad", {"clip": "implicit", "packing": "base3"})]
+
+
+class TestEveryRegisteredCodec(PublicContract):
+    @pytest.fixture(params=REGISTERED, ids=lambda p: p[0] + "".join(f"-{k}={v}" for k, v in p[1].items()))
+    def codec(self, request):
+        import dataclasses
+
+        name, options = request.param
+        return registry.make_codec(dataclasses.replace(CodecConfig(), name=name, **options))

@@ -91,7 +91,7 @@ def codec_hashes(kernels: str) -> dict:
             modes = [("allgather", None), ("ps", None), ("ps", StreamKey(11, 3, WORKERS))]
             modes += [("allreduce", None)] if share else []
             for mode, rkey in modes:
-                mean, comm = ex.terngrad(codec, msgs, mode, share, rkey)
+                mean, comm = ex.aggregate(codec, msgs, mode, share, rkey)
                 name = f"{mode}{' reternarized' if rkey else ''} shared={share}"
                 rec[name] = _layers_sha(mean) + f" {comm.sent:.1f}/{comm.received:.1f}"
         out[tag] = rec

@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tgsim.codecs import registry
+from tgsim.train.config import from_dict
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 100
 if str(REPO) not in sys.path:          # `mpi_runs` is not installed; it is imported from the checkout
@@ -101,6 +104,11 @@ MODES = {
     "allgather": {"exchange": {"mode": "allgather"}},
     "ps-reternarize": {"exchange": {"mode": "ps", "reternarize_downlink": True}},
 }
+# every registered codec with its own wire format, in both modes that carry whole messages
+for _name in registry.names():
+    if registry.make_codec(from_dict({"codec": {"name": _name}}).codec).properties.wire == "own":
+        MODES[f"{_name}-ps"] = {"codec": {"name": _name}, "exchange": {"mode": "ps"}}
+        MODES[f"{_name}-allgather"] = {"codec": {"name": _name}, "exchange": {"mode": "allgather"}}
 
 
 def config_dict(model: str, mode: str, **sections) -> dict:

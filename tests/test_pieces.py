@@ -56,7 +56,7 @@ def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
     # the server's pieces == the whole downlink; the decoded pieces == the whole decode
     whole = ps_downlink(codec, msgs, shared=True)
     down = np.zeros(plan.down_bytes, dtype=np.uint8)
-    kern = codec._kernels(np)
+    kern = codec.kernels_for(np)
     plan.check_headers(slots)
     for k, p in enumerate(plan.pieces):
         plan.downlink(k, slots, 0, msgs[0].scalers, kern, down[p.down[0]:p.down[1]])
@@ -65,7 +65,7 @@ def test_pieces_give_the_whole_message_bytes_and_bits(fmt, n, chunk):
     for k, p in enumerate(plan.pieces):
         plan.decode(k, down[p.down[0]:p.down[1]], flat, scalers)
     ref = ps_decode_base(msgs[0].layout, whole, n, shared=True)
-    sim = InProcessExchange(n).terngrad(codec, msgs, "ps", True)[0]
+    sim = InProcessExchange(n).aggregate(codec, msgs, "ps", True)[0]
     for i, spec in enumerate(msgs[0].layout.layers):
         assert flat[i].tobytes() == ref[spec.name].tobytes() == sim[spec.name].tobytes(), spec.name
 
@@ -82,7 +82,7 @@ def test_a_corrupt_piece_names_its_sender():
     """Positive controls: a bad header, scaler or code in a late piece is found, naming the rank."""
     codec, msgs = _messages(3, "2bit")
     plan = PiecePlan(msgs[0].layout, 3, 40)
-    kern = codec._kernels(np)
+    kern = codec.kernels_for(np)
     down = np.zeros(plan.down_bytes, dtype=np.uint8)
 
     def run(slots):
@@ -155,7 +155,7 @@ def _aggregate_in_pieces(plan, slots, codec, shared):
         rows = np.ascontiguousarray(slots[:, p.up[0]:p.up[1]])
         if k == 0:
             plan.check_headers(rows)
-        plan.aggregate(k, rows, p.up[0], scalers, flat, codec._kernels(np), shared)
+        plan.aggregate(k, rows, p.up[0], scalers, flat, codec.kernels_for(np), shared)
     return flat
 
 

@@ -65,7 +65,7 @@ class _LoopedCodec:
     def __getattr__(self, name):
         return getattr(self.codec, name)
 
-    def scaling_many(self, layers):
+    def prepare_many(self, layers):
         nw = len(next(iter(layers.values())))
         per = [self.codec.scaling({k: v[w] for k, v in layers.items()}) for w in range(nw)]
         return [None if per[0][i] is None else

@@ -1,4 +1,4 @@
-"""Command line: `tgsim run | demo | bench` (analyze and figures arrive with their issues)."""
+"""Command line: `tgsim run | demo | codecs | analyze | bench`."""
 
 from __future__ import annotations
 
@@ -78,6 +78,21 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_codecs(args) -> int:
+    """One line per registered codec with its declared properties (tgsim.codecs.base.CodecProperties)."""
+    from tgsim.codecs import registry
+    from tgsim.train.config import CodecConfig
+
+    rows = registry.describe(CodecConfig())
+    cols = ["codec", "unbiased", "wire", "sums_exactly", "shared_stats", "server_reencodes", "stateful", "class"]
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(f"{c:<{width[c]}}" for c in cols).rstrip())
+    for r in rows:
+        print("  ".join(f"{str(r[c]):<{width[c]}}" for c in cols).rstrip())
+    print("(properties of each codec's default config; terngrad is unbiased with clip = 'none')")
+    return 0
+
+
 def _cmd_bench_codec(args) -> int:
     import numba
 
@@ -121,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--results", default="results", help="where results directories go")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_cmd_demo)
+
+    c = sub.add_parser("codecs", help="list the registered codecs and their declared properties")
+    c.set_defaults(func=_cmd_codecs)
 
     a = sub.add_parser("analyze", help="statistical checks of the codec and the theorem's assumptions (CSV out)")
     from tgsim.analysis import cli as analysis_cli  # light: imports nothing heavy until a check runs

@@ -1335,6 +1335,9 @@ def _is_uniform(scalers: np.ndarray, nw: int) -> bool:
     return bool((scalers == s).all())
 
 
+WEIGHTED_SUM_INTO_OUT = True     # weighted_sum takes out= (the pipelined all-gather writes in place)
+
+
 def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, divide_by: int,
                  *, out: np.ndarray | None = None) -> np.ndarray:
     """float32[n] equal to packing.weighted_sum(...), validating every byte in the same pass.

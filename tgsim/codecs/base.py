@@ -1,16 +1,61 @@
-"""The codec protocol: what every gradient codec in tgsim declares and provides.
+"""The codec protocol: what every gradient codec declares and provides to the trainer and exchange.
 
-Like tensor_encoding's stages, a codec states its properties, and one shared test base
-(tests/codec_contract.py) checks them for every codec: round trip, header validation,
-unbiasedness (or the declared bias), exact error against Monte Carlo, bits counted from the payload.
+One worker's step, for the W workers local to a process (layers carry a leading worker axis):
+
+    stats  = codec.prepare_many(layers)                      # checks (NaN/Inf, dtypes), local statistics
+    local  = codec.local_scalers_many(stats, W)              # (W, L) float32, where properties.shared_stats
+    shared = MAX over all workers of local                   # the exchange's max_scalers, if sharing
+    msgs   = codec.encode_many(layers, seed, step, workers, shared, stats)   # one message per worker
+    mean   = exchange.aggregate(codec, msgs, mode, shared is not None)      # the mean over all workers
+
+and per message: `msg.to_bytes()`, `codec.from_bytes(buf, like=msg)` (a PayloadError naming what
+is wrong for malformed bytes), `codec.decode(msg)`, `codec.aggregate(msgs, divide_by)`.
+
+Like tensor_encoding's stages, a codec declares its properties (`CodecProperties`), which the
+exchange, the config checks and the analysis read, and every registered codec passes one contract
+(tgsim.testing). Codecs register by name in tgsim.codecs.registry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from tgsim.errors import NonFiniteGradientError  # noqa: F401  (re-exported)
-from tgsim.rng import StreamKey
+
+WIRES = ("float32", "tgm1", "own")
+
+
+@dataclass(frozen=True)
+class CodecProperties:
+    """What a codec promises; the exchange picks its strategy from these, never from the codec's name.
+
+    unbiased:         E[decode(encode(g))] == g for every g (checked by the contract's exact test)
+    wire:             "float32": the messages are the float32 layers (the exchange's ordered fp32
+                      mean); "tgm1": tgsim's packed-code message format (tgsim.codecs.message: codes
+                      the exchange can sum from the bytes, pipelined over MPI); "own": the codec's
+                      own bytes, exchanged whole and combined by `codec.aggregate`
+    sums_exactly:     codes of workers that share statistics sum exactly (integer all-reduce: sum
+                      the codes, decode once with the number of summands)
+    shared_stats:     "max": per-layer statistics MAX-reduced over workers before encoding (scaler
+                      sharing) when the exchange asks for it; None: none
+    server_reencodes: the parameter server can encode the downlink again (exchange option
+                      reternarize_downlink)
+    stateful:         the codec keeps per-worker state across steps (checkpointed with the run)
+    """
+
+    unbiased: bool
+    wire: str = "own"
+    sums_exactly: bool = False
+    shared_stats: str | None = None
+    server_reencodes: bool = False
+    stateful: bool = False
+
+    def __post_init__(self):
+        if self.wire not in WIRES:
+            raise ValueError(f"wire must be one of {WIRES}, got {self.wire!r}")
+        if self.shared_stats not in (None, "max"):
+            raise ValueError(f"shared_stats must be None or 'max', got {self.shared_stats!r}")
 
 
 @runtime_checkable
@@ -18,17 +63,16 @@ class Codec(Protocol):
     name: str
 
     @property
-    def unbiased(self) -> bool: ...                 # E[decode(encode(g))] == g
+    def properties(self) -> CodecProperties: ...
 
-    @property
-    def allreduce_compatible(self) -> bool: ...     # codes of workers sum exactly (shared scaler)
+    def prepare_many(self, layers: Mapping): ...
 
-    def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None): ...
+    def local_scalers_many(self, stats, workers: int | None = None): ...
+
+    def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None): ...
+
+    def from_bytes(self, buf, like): ...
 
     def decode(self, message) -> dict: ...
 
     def aggregate(self, messages: Sequence, divide_by: int | None = None) -> dict: ...
-
-    def bits_per_element(self, n: int, workers: int) -> dict: ...
-
-    def exact_error(self, g) -> float: ...          # E||Q(g) - g||^2 where a formula exists

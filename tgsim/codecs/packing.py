@@ -200,6 +200,22 @@ def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out
     return flat
 
 
+def decode_code_sums(intsum, n: int, scaler: float):
+    """float32 scale_integer_sum(intsum, scaler, n) of N = n workers' integer code sums, after checking
+    |Σ codes| <= n (PayloadError otherwise). NumPy: one Numba pass; other arrays: the array form."""
+    xp = array_module(intsum)
+    if xp is np:
+        from tgsim.codecs import _numba_uint
+
+        flat, bad = _numba_uint.decode_codes(intsum, n, scaler)
+    else:
+        bad = bool(intsum.size) and int(xp.abs(intsum.astype(xp.int32)).max()) > n
+        flat = scale_integer_sum(intsum, scaler, n)
+    if bad:
+        raise PayloadError(f"an integer code sum lies beyond N = {n}")
+    return flat
+
+
 def scale_integer_sum(intsum, scaler: float, divide_by: int):
     """f32(f64(s) * Σcodes * (1/divide_by)): the same bits as weighted_sum with one shared scaler."""
     xp = array_module(intsum)

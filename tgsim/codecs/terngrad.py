@@ -33,8 +33,10 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
+from tgsim.codecs.base import CodecProperties
 from tgsim.codecs.kernels import get_kernels
-from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message
+from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch,  # noqa: F401
+                                  from_bytes, layer_payloads, stacked_payloads)
 from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS, packed_size
 from tgsim.codecs.stats import layer_moments
 from tgsim.codecs.ternary import CLIP_MODES, LayerScaling, scaling_from_moments
@@ -161,46 +163,6 @@ class DeferredMessage:
     wire_bytes = Message.wire_bytes
 
 
-class PayloadBatch:
-    """The per-layer batch arrays of one `encode_many` call (ternary layers: (W, nbytes) uint8, else
-    None) and their row views in worker order, which the messages' parts start out as. Messages
-    refer to it (Message.batch), so that `layer_payloads` can hand the batch array to the kernels
-    after identity checks (~0.1 us a row) instead of comparing every row's address."""
-
-    __slots__ = ("arrays", "rows")
-
-    def __init__(self, arrays, rows):
-        self.arrays = arrays
-        self.rows = rows
-
-
-def layer_payloads(messages, i: int, xp=np):
-    """(W, nbytes) payloads of ternary layer i of `messages`: without a copy when the messages are,
-    in order, those of one `encode_many` call with that layer's part unchanged; else
-    `stacked_payloads` of the parts."""
-    batch = getattr(messages[0], "batch", None)
-    if batch is not None and batch.arrays[i] is not None:
-        rows = batch.rows[i]
-        if len(rows) == len(messages) and all(m.parts[i] is r for m, r in zip(messages, rows)):
-            shape = batch.arrays[i].shape[1:]
-            if all(r.shape == shape for r in rows):     # a view's shape can be reassigned in place
-                return batch.arrays[i]
-    return stacked_payloads([m.parts[i] for m in messages], xp)
-
-
-def stacked_payloads(parts, xp=np):
-    """(W, nbytes) payloads: the batch array that `encode_many`'s messages are consecutive rows of,
-    else a stacked copy."""
-    base = getattr(parts[0], "base", None)
-    if xp is np and isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(parts) \
-            and base.dtype == np.uint8 and base.flags.c_contiguous:
-        start, row = base.ctypes.data, base.strides[0]
-        if all(isinstance(p, np.ndarray) and p.base is base and p.shape == base.shape[1:]
-               and p.ctypes.data == start + w * row for w, p in enumerate(parts)):
-            return base
-    return xp.stack(parts)
-
-
 @functools.lru_cache(maxsize=64)
 def _layout_cached(codec: "TernGrad", shapes: tuple) -> Layout:
     """The (immutable) Layout of `codec` for ((name, shape), ...): built once per model, not per step."""
@@ -235,6 +197,17 @@ class TernGrad:
         object.__setattr__(self, "float_layers", tuple(self.float_layers))
 
     # -- properties the shared test base checks ---------------------------------------------
+    @classmethod
+    def from_config(cls, cfg) -> "TernGrad":
+        """The codec of a [codec] config section (tgsim.train.config.CodecConfig)."""
+        return cls(clip=cfg.clip, clip_factor=cfg.clip_factor, packing=cfg.packing, min_size=cfg.min_size,
+                   float_layers=tuple(cfg.float_layers), kernels=cfg.kernels)
+
+    @property
+    def properties(self) -> CodecProperties:
+        return CodecProperties(unbiased=self.unbiased, wire="tgm1", sums_exactly=True, shared_stats="max",
+                               server_reencodes=True)
+
     @property
     def unbiased(self) -> bool:
         return self.clip == "none"
@@ -288,7 +261,8 @@ class TernGrad:
             shapes[name] = shape[1:]
         return self._layout_of(shapes), (0 if nw is None else nw)
 
-    def _kernels(self, xp):
+    def kernels_for(self, xp):
+        """The kernel set (reference, Numba or CUDA module) this codec runs on arrays of `xp`."""
         return get_kernels(self.kernels, xp)
 
     def scaling(self, layers: Mapping) -> list[LayerScaling | None]:
@@ -302,7 +276,7 @@ class TernGrad:
                     raise NonFiniteGradientError(spec.name, int((~xp.isfinite(flat)).sum()))
                 out.append(None)
                 continue
-            m = self._kernels(xp).moments(flat, self.clip != "none")
+            m = self.kernels_for(xp).moments(flat, self.clip != "none")
             if not m.finite:
                 raise NonFiniteGradientError(spec.name, int((~xp.isfinite(flat)).sum()))
             out.append(scaling_from_moments(m.absmax, m.sigma, self.clip, self.clip_factor))
@@ -347,7 +321,7 @@ class TernGrad:
                 ok = to_numpy(xp.isfinite(flat).all(axis=1)) if flat.shape[1] else np.ones(nw, dtype=bool)
                 scalings.append(None)
             else:
-                absmax, sigma, ok = self._kernels(xp).moments_many(flat, self.clip != "none")
+                absmax, sigma, ok = self.kernels_for(xp).moments_many(flat, self.clip != "none")
                 scalings.append(scaling_from_moments_many(absmax, sigma, self.clip, self.clip_factor)
                                 if ok.all() else None)
             if not ok.all():
@@ -357,6 +331,20 @@ class TernGrad:
         if events:
             raise events[min(events)]
         return flats, scalings
+
+    def prepare_many(self, layers: Mapping) -> list[ScalingBatch | None]:
+        """The protocol's pass 1 (tgsim.codecs.base): `scaling_many`."""
+        return self.scaling_many(layers)
+
+    def from_bytes(self, buf, like) -> Message:
+        """The message in `buf`, parsed against the layout of the receiver's message `like`."""
+        return from_bytes(buf, like.layout)
+
+    def downlink_codec(self) -> "TernGrad":
+        """The codec a parameter server re-ternarizes the mean with (reternarize_downlink): no
+        clipping (the mean is already clipped), this codec's packing and float layers."""
+        return TernGrad(clip="none", packing=self.packing, float_layers=self.float_layers,
+                        min_size=self.min_size, kernels=self.kernels)
 
     def scaling_many(self, layers: Mapping) -> list[ScalingBatch | None]:
         """`scaling` for W workers at once: layers (W, *shape) -> one ScalingBatch (arrays over the
@@ -430,7 +418,7 @@ class TernGrad:
             if spec.kind == KIND_FLOAT:
                 parts.append(flat)
                 continue
-            kern = self._kernels(array_module(flat))
+            kern = self.kernels_for(array_module(flat))
             parts.append(kern.encode_many(flat, scalers[:, i], sc.clip_bound, seed, step, workers, i,
                                           self.packing))
         rows = [tuple(p[w] for w in range(nw)) for p in parts]
@@ -468,7 +456,7 @@ class TernGrad:
             if spec.kind == KIND_FLOAT:
                 parts.append(flat)
                 continue
-            kern = self._kernels(array_module(flat))
+            kern = self.kernels_for(array_module(flat))
             parts.append(kern.encode(flat, float(scalers[i]), sc.clip_bound, key.with_layer(i), self.packing))
         return Message(layout, msg_scalers, parts)
 
@@ -476,7 +464,7 @@ class TernGrad:
         """Deferred encoding needs host arrays and the Numba kernels (`_numba.encode_range`)."""
         from tgsim.codecs import _numba
 
-        return all(isinstance(f, np.ndarray) for f in flats) and self._kernels(np) is _numba
+        return all(isinstance(f, np.ndarray) for f in flats) and self.kernels_for(np) is _numba
 
     def decode(self, message: Message) -> dict:
         """Float32 gradient s·codes of one message, shaped like the layers."""
@@ -507,6 +495,6 @@ class TernGrad:
             else:
                 payloads = layer_payloads(messages, i, xp)
                 scalers = xp.asarray(np.array([m.scalers[i] for m in messages], dtype=np.float32))
-                flat = self._kernels(xp).weighted_sum(payloads, scalers, spec.size, self.packing, divide_by)
+                flat = self.kernels_for(xp).weighted_sum(payloads, scalers, spec.size, self.packing, divide_by)
             out[spec.name] = flat.reshape(spec.shape)
         return out

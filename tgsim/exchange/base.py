@@ -35,6 +35,16 @@ class CommBytes:
         return self
 
 
+def own_wire_bytes(wire: int, mean: dict, mode: str, workers: int) -> "CommBytes":
+    """Bytes of one worker for a codec with its own messages (wire bytes each): all-gather sends and
+    receives N-1 messages; a parameter server takes one and returns the float32 mean."""
+    if mode == "allgather":
+        return CommBytes((workers - 1) * wire, (workers - 1) * wire)
+    if mode == "ps":
+        return CommBytes(wire, sum(4 * int(np.size(v)) for v in mean.values()))
+    raise ValueError(f"mode {mode!r} needs a codec whose codes sum exactly (its messages travel whole)")
+
+
 def ring_allreduce_bytes(nbytes: int, workers: int) -> float:
     """Bytes each worker sends (and receives) in a ring all-reduce: 2 (N-1)/N · size."""
     return 2.0 * (workers - 1) / workers * nbytes if workers > 1 else 0.0
@@ -50,9 +60,10 @@ class Exchange(Protocol):
     def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
         """Mean over all workers of float32 layers: f32(Σ_w f64(g_w), ascending w, · 1/N)."""
 
-    def terngrad(self, codec, local_messages: Sequence, mode: str, shared: bool,
-                 reternarize_key=None) -> tuple[dict, CommBytes]:
-        """Mean over all workers of the decoded messages, with `mode`'s wire format."""
+    def aggregate(self, codec, local_messages: Sequence, mode: str, shared: bool,
+                  reternarize_key=None) -> tuple[dict, CommBytes]:
+        """Mean over all workers of the decoded messages, by the strategy the codec's declared wire
+        and `mode` select (tgsim.codecs.base.CodecProperties)."""
 
     def any_true(self, flag: bool) -> bool:
         """True on every worker if `flag` is true on any worker (e.g. a non-finite gradient)."""

@@ -1,4 +1,9 @@
-"""In-process exchange for N virtual workers: every worker is local, the wire is counted, not sent."""
+"""In-process exchange for N virtual workers: every worker is local, the wire is counted, not sent.
+
+`aggregate` picks the strategy from the codec's declared wire (tgsim.codecs.base.CodecProperties):
+the ordered fp32 mean for "float32", the packed-code sums for "tgm1", and for "own" the codec's
+messages exchanged whole and combined by `codec.aggregate`.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,15 @@ from typing import Sequence
 import numpy as np
 
 from tgsim.codecs import packing
-from tgsim.codecs.message import KIND_TERNARY
-from tgsim.codecs.terngrad import TernGrad, layer_payloads
-from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
+from tgsim.codecs.message import KIND_TERNARY, layer_payloads
+from tgsim.codecs.ordered_mean import ordered_mean
+from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
 
 
 def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
-    """f32(Σ_w f64(g_w) · (1/N)), workers in list order: the one fp32 reduction every path uses."""
-    out = {}
-    for name in layers[0]:
-        acc = np.zeros(np.shape(layers[0][name]), dtype=np.float64)
-        for lay in layers:
-            acc += np.asarray(lay[name], dtype=np.float64)
-        out[name] = (acc * np.float64(1.0 / divide_by)).astype(np.float32)
-    return out
+    """f32(Σ_w f64(g_w) · (1/N)), workers in list order: the one fp32 reduction every path uses
+    (tgsim.codecs.ordered_mean)."""
+    return ordered_mean(layers, divide_by)
 
 
 # Elements per step of the integer-sum -> mean conversion of one layer: bounds its float64
@@ -28,9 +28,9 @@ def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
 _CHUNK = 1 << 16
 
 
-def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
+def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                   reternarize_key=None) -> tuple[dict, dict]:
-    """The aggregate of all N messages in `mode`, and the payloads of the downlink (server side).
+    """The aggregate of all N packed-code ("tgm1") messages in `mode`, and the downlink payload sizes.
 
     Returns (mean per layer, info) where info holds the real downlink payload sizes in bytes.
     """
@@ -52,7 +52,7 @@ def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
                 down += 4 * spec.size
                 continue
             s = float(messages[0].scalers[i])
-            kern = codec._kernels(np)
+            kern = codec.kernels_for(np)
             if hasattr(kern, "scaled_code_sum") and n <= 32767:
                 # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
                 out = kern.scaled_code_sum(layer_payloads(messages, i, np), spec.size, codec.packing, s, n)
@@ -73,8 +73,7 @@ def terngrad_mean(codec: TernGrad, messages: Sequence, mode: str, shared: bool,
             mean[spec.name] = out.reshape(spec.shape)
     info = {"down_payload": down}
     if reternarize_key is not None:
-        plain = TernGrad(clip="none", packing=codec.packing, float_layers=codec.float_layers,
-                         min_size=codec.min_size, kernels=codec.kernels)
+        plain = codec.downlink_codec()
         msg = plain.encode(mean, reternarize_key)
         mean = plain.decode(msg)
         info["down_payload"] = msg.wire_bytes
@@ -106,9 +105,19 @@ class InProcessExchange:
         b = ring_allreduce_bytes(nbytes, n)
         return mean_of_layers(local_layers, n), CommBytes(b, b)
 
-    def terngrad(self, codec, local_messages, mode, shared, reternarize_key=None):
+    def aggregate(self, codec, local_messages, mode, shared, reternarize_key=None):
+        """The mean over all workers of their messages, and the bytes one worker sent and received."""
+        wire = codec.properties.wire
+        if wire == "float32":
+            return self.mean_fp32(local_messages)
+        if wire == "own":
+            mean = codec.aggregate(local_messages, divide_by=self.n_workers)
+            return mean, own_wire_bytes(local_messages[0].wire_bytes, mean, mode, self.n_workers)
+        return self._packed_codes(codec, local_messages, mode, shared, reternarize_key)
+
+    def _packed_codes(self, codec, local_messages, mode, shared, reternarize_key=None):
         n = self.n_workers
-        mean, info = terngrad_mean(codec, local_messages, mode, shared, reternarize_key)
+        mean, info = packed_code_mean(codec, local_messages, mode, shared, reternarize_key)
         wire = local_messages[0].wire_bytes
         n_layers = len(local_messages[0].layout.layers)
         scal = ring_allreduce_bytes(4 * n_layers, n) if shared else 0.0

@@ -88,10 +88,9 @@ import numpy as np
 from tgsim.backend import array_module as _xp_of, get_xp, gpu_available, to_numpy
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
-from tgsim.codecs.terngrad import TernGrad
-from tgsim.exchange.base import CommBytes, ring_allreduce_bytes
+from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.pieces import HDR, PiecePlan, SenderError
-from tgsim.errors import CollectiveError, PeerPayloadError, RankConfigMismatchError, ServerError
+from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
 
 _U64 = np.dtype("<u8")
 _HDR = HDR        # slot prefix / downlink status: one little-endian u64
@@ -178,12 +177,6 @@ def _code_dtype(n: int):
     return np.int8 if n <= 127 else np.int16
 
 
-def _plain_codec(codec: TernGrad) -> TernGrad:
-    """The codec the server re-ternarizes with (as `inprocess.terngrad_mean`)."""
-    return TernGrad(clip="none", packing=codec.packing, float_layers=codec.float_layers,
-                    min_size=codec.min_size, kernels=codec.kernels)
-
-
 def _message_to(msg: Message, xp) -> Message:
     if xp is np:
         return msg
@@ -202,7 +195,7 @@ def ps_downlink_size(layout: Layout, n: int, shared: bool, reternarize: bool) ->
     return sum(4 + -(-s.size * width // 8) if s.kind == KIND_TERNARY else 4 * s.size for s in layout.layers)
 
 
-def ps_base_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool) -> np.ndarray:
+def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.ndarray:
     """The server's downlink bytes before any re-ternarization (mirrors inprocess.terngrad_mean, ps)."""
     n = len(messages)
     layout = messages[0].layout
@@ -212,7 +205,7 @@ def ps_base_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool)
         chunks = [_f32_bytes(mean[s.name]) for s in layout.layers]
     else:
         width = packing.uint_width(n)
-        kern = codec._kernels(xp)
+        kern = codec.kernels_for(xp)
         chunks = []
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
@@ -251,7 +244,7 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
     return mean
 
 
-def ps_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool, reternarize_key=None) -> np.ndarray:
+def ps_downlink(codec, messages: Sequence[Message], shared: bool, reternarize_key=None) -> np.ndarray:
     """The server's complete downlink bytes for `messages` (all N, in rank order)."""
     base = ps_base_downlink(codec, messages, shared)
     if reternarize_key is None:
@@ -259,17 +252,17 @@ def ps_downlink(codec: TernGrad, messages: Sequence[Message], shared: bool, rete
     layout = messages[0].layout
     xp = _xp_of(messages[0].parts[0]) if messages[0].parts else np
     mean = ps_decode_base(layout, base, len(messages), shared, xp)
-    msg = _plain_codec(codec).encode(mean, reternarize_key)
+    msg = codec.downlink_codec().encode(mean, reternarize_key)
     return np.frombuffer(msg.to_bytes(), dtype=np.uint8)
 
 
-def ps_decode(codec: TernGrad, layout: Layout, buf: np.ndarray, n: int, shared: bool, reternarize: bool,
+def ps_decode(codec, layout: Layout, buf: np.ndarray, n: int, shared: bool, reternarize: bool,
               xp=np) -> dict:
     """Mean per layer from the server's downlink (what every rank applies)."""
     if not reternarize:
         return ps_decode_base(layout, buf, n, shared, xp)
     msg = _message_to(from_bytes(memoryview(np.ascontiguousarray(buf, dtype=np.uint8)), layout), xp)
-    return _plain_codec(codec).decode(msg)
+    return codec.downlink_codec().decode(msg)
 
 
 # -- the exchange -------------------------------------------------------------------------------------
@@ -448,14 +441,77 @@ class MPIExchange:
         b = ring_allreduce_bytes(4 * flat.size, self.size)
         return flat, CommBytes(b, b)
 
-    # -- TernGrad ----------------------------------------------------------------------------------------
-    def terngrad(self, codec, local_messages: Sequence[Message], mode: str, shared: bool,
-                 reternarize_key=None) -> tuple[dict, CommBytes]:
+    # -- codecs ------------------------------------------------------------------------------------------
+    def aggregate(self, codec, local_messages: Sequence, mode: str, shared: bool,
+                  reternarize_key=None) -> tuple[dict, CommBytes]:
+        """The mean over all ranks of their messages, by the strategy the codec's declared wire
+        selects (tgsim.codecs.base.CodecProperties), with the simulator's bits."""
         if len(local_messages) != 1:
             raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_messages)} local messages")
-        msg = local_messages[0]
         if mode not in ("allreduce", "ps", "allgather"):
             raise ValueError(f"unknown exchange mode {mode!r}")
+        wire = codec.properties.wire
+        if wire == "float32":
+            return self.mean_fp32(local_messages)
+        if wire == "own":
+            mean, nbytes = self._own_messages(codec, local_messages[0], mode)
+        else:
+            mean, nbytes = self._packed_codes(codec, local_messages[0], mode, shared, reternarize_key)
+        nbytes += self._pending
+        self._pending = CommBytes()
+        self.totals += nbytes
+        return mean, nbytes
+
+    def _own_messages(self, codec, msg, mode: str) -> tuple[dict, CommBytes]:
+        """A codec's own messages, exchanged whole: all-gather (every rank parses every message and
+        aggregates) or a parameter server (rank 0 gathers, aggregates, broadcasts the float32 mean).
+        A malformed message raises PeerPayloadError naming its sender on every rank."""
+        n, root = self.size, 0
+        buf = np.frombuffer(msg.to_bytes(), dtype=np.uint8)
+        if mode == "allgather":
+            sizes = self.comm.allgather(int(buf.size))
+            recv = np.empty(sum(sizes), dtype=np.uint8)
+            self.comm.Allgatherv(buf, [recv, sizes])
+            mean = self._parse_and_aggregate(codec, msg, recv, sizes)
+        elif mode == "ps":
+            sizes = self.comm.gather(int(buf.size), root=root)
+            recv = np.empty(sum(sizes), dtype=np.uint8) if self.rank == root else None
+            self.comm.Gatherv(buf, [recv, sizes] if self.rank == root else None, root=root)
+            mean, error = None, None
+            if self.rank == root:
+                try:
+                    mean = self._parse_and_aggregate(codec, msg, recv, sizes)
+                except PeerPayloadError as e:
+                    error = str(e)
+            error = self.comm.bcast(error, root=root)
+            if error is not None:
+                raise PeerPayloadError(error)
+            like = codec.decode(msg)
+            flat = np.concatenate([mean[k].reshape(-1) for k in like]) if self.rank == root else \
+                np.empty(sum(int(v.size) for v in like.values()), dtype=np.float32)
+            self.comm.Bcast([flat, self.MPI.FLOAT], root=root)
+            mean, off = {}, 0
+            for k, v in like.items():
+                mean[k] = flat[off:off + v.size].reshape(v.shape)
+                off += v.size
+        else:
+            raise ValueError(f"mode {mode!r} needs a codec whose codes sum exactly ({codec.name} sends whole messages)")
+        return mean, own_wire_bytes(buf.size, mean, mode, n) if self.rank != root or mode == "allgather" else \
+            CommBytes((n - 1) * 4 * sum(int(np.size(v)) for v in mean.values()), sum(sizes) - buf.size)
+
+    def _parse_and_aggregate(self, codec, msg, recv: np.ndarray, sizes: Sequence[int]) -> dict:
+        """codec.aggregate of the messages in `recv` (rank order), each parsed against `msg`."""
+        msgs, off = [], 0
+        for sender, size in enumerate(sizes):
+            try:
+                msgs.append(codec.from_bytes(recv[off:off + size], msg))
+            except PayloadError as e:
+                raise PeerPayloadError(f"rank {self.rank} received a malformed message from rank {sender}: {e}") from e
+            off += size
+        return codec.aggregate(msgs, divide_by=self.size)
+
+    def _packed_codes(self, codec, msg: Message, mode: str, shared: bool, reternarize_key=None):
+        """tgsim's packed-code messages ("tgm1"): integer sums, the bit-packed downlink, pipelining."""
         # pipelined where defers_encode says so, for NumPy buffers (CuPy takes the whole-message path)
         piped = self.defers_encode(mode, shared, reternarize_key is not None) and \
             all(isinstance(p, np.ndarray) for p in msg.parts)
@@ -471,11 +527,8 @@ class MPIExchange:
             else:
                 mean, nbytes = self._allreduce_codes(codec, msg)
             if reternarize_key is not None:   # (the config allows it with ps only) as inprocess: every
-                plain = _plain_codec(codec)    # rank holds the same mean and ternarizes it the same way
+                plain = codec.downlink_codec()    # rank holds the same mean and ternarizes it the same way
                 mean = plain.decode(plain.encode(mean, reternarize_key))
-        nbytes += self._pending
-        self._pending = CommBytes()
-        self.totals += nbytes
         return mean, nbytes
 
     def _serialize(self, msg: Message) -> bytes:
@@ -592,7 +645,7 @@ class MPIExchange:
 
     def defers_encode(self, mode: str, shared: bool, reternarize: bool) -> bool:
         """True where this exchange takes a NumPy message in pieces (`terngrad` dispatches on it), so
-        a `DeferredMessage` (TernGrad.encode_many(deferred=True)) is encoded piece by piece while
+        a `DeferredMessage` (codec.encode_many(deferred=True)) is encoded piece by piece while
         earlier pieces are on the wire; elsewhere a deferred message is encoded whole on this
         thread, so the caller should not ask for one."""
         if self.chunk < 0:
@@ -611,7 +664,7 @@ class MPIExchange:
     def _allgather_pipelined(self, codec, msg: Message, shared: bool):
         """The all-gather in pieces (`pieces`): every piece of this rank's slot Isent to every other
         rank and Irecvs for theirs, all posted at once, into a piece-major buffer (piece k: N rows of
-        its bytes); every rank sums piece k (`PiecePlan.aggregate`, TernGrad.aggregate's bits) while
+        its bytes); every rank sums piece k (`PiecePlan.aggregate`, the codec's aggregate bits) while
         later pieces are on the wire. All ranks parse the same bytes, so a malformed payload raises
         the same error on every rank, after every piece has arrived."""
         MPI, n = self.MPI, self.size
@@ -630,7 +683,7 @@ class MPIExchange:
             sends += [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=r, tag=_TAG_AG) for r in peers]
         flat = plan.empty_mean()
         scalers = np.zeros((len(msg.layout.layers), n), dtype=np.float32)
-        kern = codec._kernels(np)
+        kern = codec.kernels_for(np)
         error = None
         for k, p in enumerate(plan.pieces):
             self._waitall(reqs[k])
@@ -673,7 +726,7 @@ class MPIExchange:
             ups = [[self.comm.Irecv([slots[r, p.up[0]:p.up[1]], MPI.BYTE], source=r, tag=_TAG_PS_UP)
                     for r in range(n) if r != root] for p in pieces]
             sends = []
-            kern = codec._kernels(np)
+            kern = codec.kernels_for(np)
             for k in range(len(pieces)):
                 if deferred and error is None:   # the server's own piece, while the workers' arrive
                     try:
@@ -762,7 +815,7 @@ class MPIExchange:
         dtype = _code_dtype(n)
         mtype = MPI.INT8_T if dtype == np.int8 else MPI.INT16_T
         xp = _xp_of(msg.parts[0]) if msg.parts else np
-        kern = codec._kernels(xp)
+        kern = codec.kernels_for(xp)
         layers = msg.layout.layers
         tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
         flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
@@ -781,9 +834,8 @@ class MPIExchange:
             codes[start:start + seg.size] = self._back(seg, xp)
         b = ring_allreduce_bytes(codes.nbytes, n)
         nbytes = CommBytes(b, b)
-        fused = xp is np      # NumPy: one Numba pass per layer checks the range and scales (same bits)
-        if total and not fused and int(xp.abs(codes.astype(xp.int32)).max()) > n:
-            raise self._beyond_n(n)
+        if total and xp is not np and int(xp.abs(codes.astype(xp.int32)).max()) > n:
+            raise self._beyond_n(n)     # before the collectives of the float layers' mean
         mean = {}
         if flt:
             fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
@@ -792,15 +844,10 @@ class MPIExchange:
         off, foff = 0, 0
         for i, spec in enumerate(layers):
             if spec.kind == KIND_TERNARY:
-                intsum = codes[off:off + spec.size]
-                if fused:
-                    from tgsim.codecs import _numba_uint
-
-                    flat, bad = _numba_uint.decode_codes(intsum, n, float(msg.scalers[i]))
-                    if bad:
-                        raise self._beyond_n(n)
-                else:
-                    flat = packing.scale_integer_sum(intsum, float(msg.scalers[i]), n)
+                try:    # checks |Σ codes| <= N and scales (NumPy: one Numba pass)
+                    flat = packing.decode_code_sums(codes[off:off + spec.size], n, float(msg.scalers[i]))
+                except PayloadError:
+                    raise self._beyond_n(n) from None
                 mean[spec.name] = flat.reshape(spec.shape)
                 off += spec.size
             else:

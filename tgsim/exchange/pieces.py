@@ -6,7 +6,7 @@ payload before it sends anything back keeps each worker's link busy for up + dow
 pieces, piece k is summed (and, at the server, sent back) while piece k+1 is still on the wire, so
 a full-duplex link (a switch port) is busy for about max(up, down) plus one piece. The bits are
 those of the whole-message exchange (`mpi.ps_downlink` / `mpi.ps_decode_base` with shared
-scalers; `TernGrad.aggregate` for the all-gather): the pieces are byte ranges of the same buffers.
+scalers; the codec's `aggregate` for the all-gather): the pieces are byte ranges of the same buffers.
 
     slot      [u64 length | message header | per layer: (f32 scaler | 2-bit/base-3 codes) or f32 values]
     downlink  per layer: (f32 scaler | (Σ codes + N) at w = ceil(log2(2N+1)) bits) or f32 mean
@@ -204,10 +204,9 @@ class PiecePlan:
 
     def aggregate(self, k: int, rows: np.ndarray, base: int, scalers: np.ndarray, flat: list[np.ndarray],
                   kern, shared=None) -> None:
-        """The all-gather: flat[i][e0:e1] <- (Σ_w s_w codes_w) / N of piece k (`TernGrad.aggregate`'s
+        """The all-gather: flat[i][e0:e1] <- (Σ_w s_w codes_w) / N of piece k (the codec's `aggregate`
         bits: float64 over the senders in rank order), float layers the ordered mean. scalers: (L, N),
         filled at each layer's first piece; shared: the scalers every sender must carry, or None."""
-        from tgsim.codecs import _numba
         from tgsim.exchange._numba_mean import ordered_mean
 
         n = self.n
@@ -216,7 +215,7 @@ class PiecePlan:
                 flat[i][e0:e1] = ordered_mean(part, n)
                 continue
             try:
-                if kern is _numba:       # straight into the output (no fresh array to fault in)
+                if getattr(kern, "WEIGHTED_SUM_INTO_OUT", False):   # straight into the output (no fresh array)
                     kern.weighted_sum(part, scalers[i], e1 - e0, self.layout.packing, n, out=flat[i][e0:e1])
                 else:
                     flat[i][e0:e1] = kern.weighted_sum(part, scalers[i], e1 - e0, self.layout.packing, n)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tgsim.codecs import registry
 from tgsim.codecs.packing import FORMATS
 from tgsim.codecs.ternary import CLIP_MODES
 from tgsim.errors import ConfigError  # noqa: F401  (re-exported: tgsim.train.config.ConfigError)
@@ -62,7 +63,7 @@ class WorkersConfig:
 
 @dataclass(frozen=True)
 class CodecConfig:
-    name: str = "terngrad"       # "fp32" | "terngrad"
+    name: str = "terngrad"       # a registered codec: tgsim.codecs.registry (`tgsim codecs` lists them)
     clip: str = "explicit"
     clip_factor: float = 2.5
     packing: str = "2bit"
@@ -172,8 +173,8 @@ def validate(cfg: Config) -> None:
     if not 0 <= r.seed < 2**63:
         raise ConfigError(f"[run] seed must be in [0, 2^63), got {r.seed}")
     c = cfg.codec
-    if c.name not in ("fp32", "terngrad"):
-        raise ConfigError(f"[codec] unknown codec {c.name!r}; expected 'fp32' or 'terngrad'")
+    if c.name not in registry.names():
+        raise ConfigError(f"[codec] unknown codec {c.name!r}; expected one of {', '.join(registry.names())}")
     if c.clip not in CLIP_MODES:
         raise ConfigError(f"[codec] clip must be one of {CLIP_MODES}, got {c.clip!r}")
     if c.packing not in FORMATS:
@@ -183,9 +184,18 @@ def validate(cfg: Config) -> None:
     e = cfg.exchange
     if e.mode not in EXCHANGE_MODES:
         raise ConfigError(f"[exchange] mode must be one of {EXCHANGE_MODES}, got {e.mode!r}")
-    if e.reternarize_downlink and (e.mode != "ps" or c.name != "terngrad"):
-        raise ConfigError("[exchange] reternarize_downlink needs mode = 'ps' and codec 'terngrad'")
-    if c.name == "terngrad" and e.mode == "allreduce" and not e.share_scalers:
+    try:
+        props = registry.make_codec(c).properties
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"[codec] {err}") from err
+    if e.reternarize_downlink and (e.mode != "ps" or not props.server_reencodes):
+        raise ConfigError(f"[exchange] reternarize_downlink needs mode = 'ps' and a codec whose server re-encodes "
+                          f"(codec {c.name!r} does not)" if e.mode == "ps" else
+                          "[exchange] reternarize_downlink needs mode = 'ps'")
+    if e.mode == "allreduce" and props.wire == "own":
+        raise ConfigError(f"[exchange] mode 'allreduce' needs a codec whose codes sum exactly; {c.name!r} sends "
+                          "whole messages: use 'ps' or 'allgather'")
+    if e.mode == "allreduce" and props.shared_stats == "max" and not e.share_scalers:
         raise ConfigError("[exchange] integer all-reduce of ternary codes needs share_scalers = true "
                           "(summing codes with different scalers is wrong)")
     if cfg.optimizer.name not in OPTIMIZERS:

@@ -1,9 +1,12 @@
 """Synchronous data-parallel training with a gradient codec, for any Exchange.
 
-One step (DESIGN.md "Data flow of one step"), for the workers local to this process:
+One step (docs/DESIGN.md "Data flow of one step"), for the workers local to this process:
     batches (counter-based: seed, step, worker) -> loss_and_grad (batched over the worker axis)
-    -> [fp32] mean | [terngrad] scaling -> MAX-shared scalers -> encode -> exchange -> mean
+    -> codec.prepare_many (checks, statistics) -> [shared statistics: MAX over workers]
+    -> codec.encode_many -> exchange.aggregate -> mean
     -> optimizer update on every replica (identical bits) -> metrics
+The codec comes from the registry (tgsim.codecs.registry) by its config name; the trainer reads
+only its declared properties (tgsim.codecs.base.CodecProperties).
 A killed run resumes from its newest good checkpoint and ends with the bits of an uninterrupted run:
 every random draw is a function of (seed, step, worker, layer), so the step number is all the
 state besides the parameters and the optimizer state.
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgsim.codecs import TernGrad
+from tgsim.codecs import registry
 from tgsim.errors import ConfigError, NonFiniteGradientError
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, results
@@ -34,7 +37,7 @@ class Setup:
     dataset: object
     shards: list
     model: object
-    codec: TernGrad | None
+    codec: object                 # a registered codec (tgsim.codecs.base.Codec)
     optimizer: object
     exchange: object
     optimum: dict | None = None   # w* of the full training objective, where the model can solve it
@@ -77,11 +80,7 @@ def build(cfg: Config, exchange=None) -> Setup:
     small = min(len(s) for s in shards)
     if b > small:
         raise ConfigError(f"per-worker batch {b} is larger than the smallest shard ({small} samples)")
-    codec = None
-    if cfg.codec.name == "terngrad":
-        c = cfg.codec
-        codec = TernGrad(clip=c.clip, clip_factor=c.clip_factor, packing=c.packing, min_size=c.min_size,
-                         float_layers=tuple(c.float_layers), kernels=c.kernels)
+    codec = registry.make_codec(cfg.codec)
     exchange = exchange or InProcessExchange(cfg.workers.n)
     if exchange.n_workers != cfg.workers.n:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
@@ -114,11 +113,11 @@ def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
 
     scaler: the shared scaler (else the mean of the workers' max|g|); inf_l1: E_w[max|g| ||g||_1];
     l2sq: E_w[||g||_2^2]; clip_fraction: E_w[fraction of |g| > clip bound] (ternary layers with
-    scalings, else nan). One pass per layer over all workers' rows (tgsim.codecs._numba.row_abs_stats:
+    scalings, else nan). One pass per layer over all workers' rows (tgsim.codecs.stats.row_abs_stats:
     float64 sums, no float64 copy of the gradients); max|g| from pass 1's moments where the codec
     computed them (the same float32 values).
     """
-    from tgsim.codecs._numba import row_abs_stats
+    from tgsim.codecs.stats import row_abs_stats
 
     rows = []
     for i, (name, g) in enumerate(grads.items()):
@@ -141,8 +140,8 @@ def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
 def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False):
     """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
 
-    The codec works on all local workers at once (TernGrad.scaling_many / encode_many: one kernel
-    call per layer for the W local workers), with the bits of per-worker calls.
+    The codec works on all local workers at once (prepare_many / encode_many: for TernGrad one
+    kernel call per layer for the W local workers), with the bits of per-worker calls.
     """
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     x, y = local_batch(setup, step)
@@ -150,20 +149,9 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     local = ex.local_workers
 
     bad = None
-    scalings = None
+    stats = None
     try:
-        if codec is None:   # the error the per-worker checks, in worker order, raise first
-            first = None
-            for name, g in grads.items():
-                ok = np.isfinite(g).reshape(g.shape[0], -1).all(axis=1)
-                if not ok.all() and (first is None or int(np.argmin(ok)) < first[0]):
-                    first = (int(np.argmin(ok)), name)
-            if first is not None:
-                w, name = first
-                bad = NonFiniteGradientError(name, int((~np.isfinite(grads[name][w])).sum()), f"worker {w}")
-                bad.worker = w
-        else:
-            scalings = codec.scaling_many(grads)
+        stats = codec.prepare_many(grads)
     except NonFiniteGradientError as e:
         bad = e
     if ex.any_true(bad is not None):
@@ -175,27 +163,23 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
             raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
-    shared = None
-    if codec is None:
-        mean, comm = ex.mean_fp32([{k: g[i] for k, g in grads.items()} for i in range(len(local))])
-    else:
-        local_s = codec.local_scalers_many(scalings, len(local))
-        shared = ex.max_scalers(local_s) if cfg.exchange.share_scalers else None
-        defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
-        deferred = bool(defers and defers(cfg.exchange.mode, cfg.exchange.share_scalers,
-                                          cfg.exchange.reternarize_downlink))
-        msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared,
-                                 scalings, **({"deferred": True} if deferred else {}))
-        if not with_stats:
-            del grads                   # the messages hold what the exchange needs
-        rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
-        mean, comm = ex.terngrad(codec, msgs, cfg.exchange.mode, cfg.exchange.share_scalers, rkey)
-        del msgs                        # the payloads, before the optimizer's temporaries
+    share = cfg.exchange.share_scalers and codec.properties.shared_stats == "max"
+    shared = ex.max_scalers(codec.local_scalers_many(stats, len(local))) if share else None
+    defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
+    deferred = bool(codec.properties.wire == "tgm1" and defers and
+                    defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
+    msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared, stats,
+                             **({"deferred": True} if deferred else {}))
+    if not with_stats:
+        del grads                   # the messages hold what the exchange needs
+    rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
+    mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, rkey)
+    del msgs                        # the payloads, before the optimizer's temporaries
     lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
-    stats = _layer_stats(grads, shared, scalings) if with_stats else []
+    layer_rows = _layer_stats(grads, shared, stats) if with_stats else []
     loss = ex.mean_scalar(float(np.sum(losses)))
-    return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, stats)
+    return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""The identity codec: float32 gradients as they are, the baseline every compressed codec is measured
+against. Its messages are the worker's float32 layers; the exchange combines them with its ordered
+fp32 mean f32(Σ_w f64(g_w) · (1/N)), workers in ascending order (`properties.wire = "float32"`)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tgsim.codecs.base import CodecProperties
+from tgsim.errors import NonFiniteGradientError, PayloadError
+
+
+def first_nonfinite(layers: Mapping) -> NonFiniteGradientError | None:
+    """The error for the first non-finite gradient, workers in order (then layers in order), or None;
+    `.worker` is the local worker's index. layers: name -> (W, *shape)."""
+    first = None
+    for name, g in layers.items():
+        ok = np.isfinite(g).reshape(g.shape[0], -1).all(axis=1)
+        if not ok.all() and (first is None or int(np.argmin(ok)) < first[0]):
+            first = (int(np.argmin(ok)), name)
+    if first is None:
+        return None
+    w, name = first
+    err = NonFiniteGradientError(name, int((~np.isfinite(layers[name][w])).sum()), f"worker {w}")
+    err.worker = w
+    return err
+
+
+class Float32Message(dict):
+    """One worker's float32 layers (a dict name -> array), with the protocol's bytes."""
+
+    def to_bytes(self) -> bytes:
+        return b"".join(np.ascontiguousarray(v, dtype="<f4").tobytes() for v in self.values())
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(4 * int(np.size(v)) for v in self.values())
+
+
+class Float32:
+    """fp32: no compression, 32 bits per element each way."""
+
+    name = "fp32"
+    properties = CodecProperties(unbiased=True, wire="float32")
+
+    @classmethod
+    def from_config(cls, cfg) -> "Float32":
+        return cls()
+
+    def prepare_many(self, layers: Mapping) -> None:
+        """Raise NonFiniteGradientError for the first worker with a NaN/Inf gradient; no statistics."""
+        err = first_nonfinite(layers)
+        if err is not None:
+            raise err
+        return None
+
+    def local_scalers_many(self, stats, workers: int | None = None):
+        raise TypeError("fp32 shares no statistics (properties.shared_stats is None)")
+
+    def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
+                    **_) -> list[Float32Message]:
+        """One message per local worker: its layers as float32 (views where they are float32 already)."""
+        return [Float32Message({k: np.asarray(g[i], dtype=np.float32) for k, g in layers.items()})
+                for i in range(len(workers))]
+
+    def from_bytes(self, buf, like: Float32Message) -> Float32Message:
+        """float32 layers shaped like `like` from their concatenated bytes (PayloadError on a wrong size)."""
+        buf = bytes(buf)
+        want = like.wire_bytes
+        if len(buf) != want:
+            raise PayloadError(f"fp32 message is {len(buf)} bytes, the layers need {want}")
+        data = np.frombuffer(buf, dtype="<f4")
+        out, off = Float32Message(), 0
+        for k, v in like.items():
+            out[k] = data[off:off + np.size(v)].reshape(np.shape(v)).astype(np.float32)
+            off += np.size(v)
+        return out
+
+    def decode(self, message: dict) -> dict:
+        return {k: np.asarray(v, dtype=np.float32) for k, v in message.items()}
+
+    def aggregate(self, messages: Sequence[dict], divide_by: int | None = None) -> dict:
+        from tgsim.codecs.ordered_mean import ordered_mean
+
+        return ordered_mean(messages, len(messages) if divide_by is None else divide_by)

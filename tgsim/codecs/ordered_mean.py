@@ -1,0 +1,23 @@
+"""The one fp32 reduction every path uses: f32(Σ_w f64(g_w) · (1/N)), workers in list order.
+
+Float64 accumulation of float32 values in a fixed order, then one multiplication by the float64
+1/N and one rounding to float32: the simulator, the MPI ranks and every codec that decodes to
+float32 and averages (fp32, fp16, TernGrad's float layers) get the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def ordered_mean(layers: Sequence[dict], divide_by: int) -> dict:
+    """{name: f32(Σ_w f64(layers[w][name]) · (1/divide_by))}, w in list order."""
+    out = {}
+    for name in layers[0]:
+        acc = np.zeros(np.shape(layers[0][name]), dtype=np.float64)
+        for lay in layers:
+            acc += np.asarray(lay[name], dtype=np.float64)
+        out[name] = (acc * np.float64(1.0 / divide_by)).astype(np.float32)
+    return out

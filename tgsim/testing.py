@@ -1,0 +1,155 @@
+"""The codec contract, public: every registered codec passes it, and a user's own codec can too.
+
+Like numpy.testing, this module is for tests. Subclass `CodecContract` in a pytest `Test*` class
+and give it a `codec` fixture; pytest then runs every check below on that codec:
+
+    from tgsim.testing import CodecContract
+
+    class TestMyCodec(CodecContract):
+        @pytest.fixture
+        def codec(self):
+            return MyCodec()
+
+Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a positive control):
+- properties: a CodecProperties instance, a `name`;
+- round trip: encode_many -> to_bytes -> from_bytes -> decode gives the bits of the in-memory decode;
+  the same keys give the same bytes; `wire_bytes` is the length of `to_bytes()`;
+- malformed bytes (truncated, extended, first byte flipped) raise PayloadError;
+- a NaN/Inf gradient raises NonFiniteGradientError naming the layer, before anything is encoded;
+- `aggregate(messages, N)` is, bit for bit, f32(Σ_w f64(decode_w) · (1/N)) in worker order;
+- declared unbiasedness is true: over R = 400 draws of a heavy-tailed vector, a codec that declares
+  itself unbiased passes the z-tests of E<Q(g), u> = <g, u> (u = g and sign(g)), one that declares
+  itself biased fails them (deterministic codecs: exactly Q(g) == g or not), and a copy of the codec
+  biased by 5 % is rejected (the test has the power to see a bias). For ternary codecs the exact
+  per-coordinate binomial test (tgsim.analysis.unbiasedness) is the sharper tool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.ordered_mean import ordered_mean
+from tgsim.errors import NonFiniteGradientError, PayloadError
+
+ALPHA = 1e-3
+WORKERS = 3
+
+
+def contract_layers(seed: int = 7, workers: int = WORKERS) -> dict:
+    """Layers (W, *shape) with a leading worker axis: heavy tails, a zero layer, odd sizes."""
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_t(3, (workers, 7, 13)).astype(np.float32),
+            "b": np.zeros((workers, 5), np.float32),
+            "t": (rng.standard_t(2, (workers, 1001)) * 1e-3).astype(np.float32)}
+
+
+def encode(codec, layers: dict, step: int = 0, seed: int = 2024) -> list:
+    """The protocol's encode for every worker of `layers`, shared statistics where the codec has them."""
+    workers = np.arange(next(iter(layers.values())).shape[0])
+    stats = codec.prepare_many(layers)
+    shared = None
+    if codec.properties.shared_stats == "max":
+        shared = codec.local_scalers_many(stats, len(workers)).max(axis=0)
+    return codec.encode_many(layers, seed, step, workers, shared, stats)
+
+
+def _same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        np.asarray(a[k]).shape == np.asarray(b[k]).shape
+        and np.array_equal(np.asarray(a[k], np.float32).view(np.uint32), np.asarray(b[k], np.float32).view(np.uint32))
+        for k in a)
+
+
+def unbiasedness_rejects(codec, g: np.ndarray, R: int = 400, seed: int = 99, scale: float = 1.0) -> bool:
+    """Does the test of E[Q(g)] = g reject, over R draws of layer g (keys: seed, steps 0..R-1)?
+
+    Deterministic codecs (three draws alike): exactly, Q(g) != g anywhere. Stochastic ones: two
+    projections, each a sum over all coordinates and so close to normal whatever one coordinate's
+    law: p_r = <Q_r(g), u> for u = g and u = sign(g), E p = <g, u> under unbiasedness; reject if
+    |mean(p) - <g, u>| / (sd(p) / sqrt(R)) exceeds the two-sided normal quantile at ALPHA / 2 each
+    (Bonferroni over the two). u = g weighs the large coordinates (where clipping bites), u = sign(g)
+    every coordinate alike. `scale` multiplies every decoded value (a biased copy of the codec: the
+    positive control)."""
+    from scipy.stats import norm
+
+    layers = {"g": g[None]}
+    target = g.reshape(-1).astype(np.float64)
+    directions = np.stack([target, np.sign(target)])
+    proj = []
+    first = None
+    for r in range(R):
+        v = codec.decode(encode(codec, layers, step=r, seed=seed)[0])["g"].reshape(-1).astype(np.float64) * scale
+        if first is None:
+            first = v
+        proj.append(directions @ v)
+        if r == 2 and all(np.array_equal(p, proj[0]) for p in proj) and np.array_equal(v, first):
+            return bool(np.any(first != target))        # a deterministic codec: exact comparison
+    proj = np.asarray(proj)
+    se = proj.std(axis=0, ddof=1) / np.sqrt(R)
+    z = np.abs(proj.mean(axis=0) - directions @ target) / np.where(se > 0, se, np.inf)
+    return bool(np.any(z > norm.ppf(1 - ALPHA / 4)))
+
+
+class CodecContract:
+    """Generic checks of the codec protocol (tgsim.codecs.base), run on the `codec` fixture."""
+
+    @pytest.fixture
+    def codec(self):  # pragma: no cover - provided by the subclass
+        raise NotImplementedError("subclasses provide the codec under test")
+
+    def test_declares_its_properties(self, codec):
+        assert isinstance(codec.properties, CodecProperties)
+        assert isinstance(codec.name, str) and codec.name
+
+    def test_round_trip_through_bytes(self, codec):
+        layers = contract_layers()
+        msgs = encode(codec, layers)
+        again = encode(codec, layers)
+        assert len(msgs) == WORKERS
+        for m, m2 in zip(msgs, again):
+            buf = m.to_bytes()
+            assert buf == m2.to_bytes(), "the same keys must give the same bytes"
+            assert m.wire_bytes == len(buf)
+            got = codec.decode(codec.from_bytes(buf, m))
+            want = codec.decode(m)
+            assert _same_bits(got, want)
+            assert {k: np.shape(v) for k, v in want.items()} == {k: v.shape[1:] for k, v in layers.items()}
+
+    @pytest.mark.parametrize("damage", ["truncated", "extended", "first byte"])
+    def test_malformed_bytes_raise_payload_error(self, codec, damage):
+        m = encode(codec, contract_layers())[0]
+        buf = bytearray(m.to_bytes())
+        if damage == "truncated":
+            buf = buf[:-1]
+        elif damage == "extended":
+            buf += b"\0"
+        else:
+            buf[0] ^= 0xFF
+        if damage == "first byte" and codec.properties.wire == "float32":
+            pytest.skip("raw float32 bytes have no header: any first byte is a valid value")
+        with pytest.raises(PayloadError):
+            codec.from_bytes(bytes(buf), m)
+
+    def test_nonfinite_gradient_is_refused_naming_the_layer(self, codec):
+        layers = contract_layers()
+        layers["t"][1, 17] = np.nan
+        with pytest.raises(NonFiniteGradientError, match="'t'"):
+            codec.prepare_many(layers)
+
+    def test_aggregate_is_the_ordered_mean_of_the_decodes(self, codec):
+        msgs = encode(codec, contract_layers())
+        want = ordered_mean([codec.decode(m) for m in msgs], WORKERS)
+        assert _same_bits(codec.aggregate(msgs, divide_by=WORKERS), want)
+
+    def test_declared_unbiasedness_is_true(self, codec):
+        """alpha = 1e-3 (two projections), seed 99, R = 400 draws of a Student-t(3) vector of 400."""
+        g = np.random.default_rng(5).standard_t(3, 400).astype(np.float32)
+        assert unbiasedness_rejects(codec, g) == (not codec.properties.unbiased), \
+            f"{codec.name} declares unbiased={codec.properties.unbiased}"
+
+    def test_a_biased_copy_is_rejected(self, codec):
+        """Positive control: the same codec with every decoded value 5 % too large is rejected."""
+        g = np.random.default_rng(6).standard_t(3, 400).astype(np.float32)
+        assert unbiasedness_rejects(codec, g, scale=1.05)
