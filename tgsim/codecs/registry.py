@@ -14,6 +14,7 @@ import importlib
 CODECS = {
     "fp32": "tgsim.codecs.fp32:Float32",
     "terngrad": "tgsim.codecs.terngrad:TernGrad",
+    "fp16": "tgsim.codecs.fp16:Float16",
 }
 
 

@@ -1,0 +1,116 @@
+"""fp16 cast: each element rounded to the nearest float16 (16 bits up), averaged in float64.
+
+    Q(g) = f16(g)  (round to nearest even; deterministic, so biased: E[Q(g)] = Q(g) != g in general)
+    mean = f32(Σ_w f64(Q(g_w)) · (1/N)), workers in order (tgsim.codecs.ordered_mean)
+
+The relative error per element is at most 2^-11 for |g| in float16's normal range [2^-14, 65504];
+smaller values lose precision (subnormals, then 0); larger ones would overflow and are refused.
+
+Wire: its own bytes, exchanged whole (properties.wire = "own"):
+    magic b"TGF1", version u8, n_layers u32, layout crc32 u32 (names and shapes), body_bytes u64,
+    then every layer's float16 values, little-endian.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.fp32 import first_nonfinite
+from tgsim.codecs.ordered_mean import ordered_mean
+from tgsim.errors import PayloadError
+
+_HEADER = struct.Struct("<4sBIIQ")
+_MAGIC, _VERSION = b"TGF1", 1
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def _layout_crc(shapes: Mapping) -> int:
+    text = ";".join(f"{k}:{'x'.join(map(str, s))}" for k, s in shapes.items())
+    return zlib.crc32(text.encode())
+
+
+@dataclass(frozen=True)
+class Float16Message:
+    layers: dict          # name -> float16 array, the worker's layer shapes
+
+    def to_bytes(self) -> bytes:
+        body = b"".join(np.ascontiguousarray(v, dtype="<f2").tobytes() for v in self.layers.values())
+        crc = _layout_crc({k: np.shape(v) for k, v in self.layers.items()})
+        return _HEADER.pack(_MAGIC, _VERSION, len(self.layers), crc, len(body)) + body
+
+    @property
+    def wire_bytes(self) -> int:
+        return _HEADER.size + 2 * sum(int(np.size(v)) for v in self.layers.values())
+
+
+class Float16:
+    """The fp16 cast codec (registered as "fp16")."""
+
+    name = "fp16"
+    properties = CodecProperties(unbiased=False, wire="own")
+
+    @classmethod
+    def from_config(cls, cfg) -> "Float16":
+        return cls()
+
+    def prepare_many(self, layers: Mapping) -> None:
+        """NonFiniteGradientError for a NaN/Inf gradient (first worker first); ValueError for a value
+        beyond float16's range (65504), naming the layer and the worker."""
+        err = first_nonfinite(layers)
+        if err is not None:
+            raise err
+        for name, g in layers.items():
+            big = np.abs(np.asarray(g)).reshape(np.shape(g)[0], -1).max(axis=1, initial=0.0)
+            if (big > _F16_MAX).any():
+                w = int(np.argmax(big > _F16_MAX))
+                raise ValueError(f"layer {name!r}: gradient value {float(big[w]):.4g} of worker {w} overflows "
+                                 f"float16 (max {_F16_MAX:g})")
+        return None
+
+    def local_scalers_many(self, stats, workers: int | None = None):
+        raise TypeError("fp16 shares no statistics (properties.shared_stats is None)")
+
+    def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
+                    **_) -> list[Float16Message]:
+        return [Float16Message({k: np.asarray(g[i]).astype(np.float16) for k, g in layers.items()})
+                for i in range(len(workers))]
+
+    def from_bytes(self, buf, like: Float16Message) -> Float16Message:
+        """The message in `buf`, checked against the receiver's layers `like` (PayloadError names what)."""
+        buf = bytes(buf)
+        if len(buf) < _HEADER.size:
+            raise PayloadError(f"fp16 message truncated: {len(buf)} bytes, shorter than its header")
+        magic, version, n_layers, crc, body = _HEADER.unpack_from(buf)
+        if magic != _MAGIC:
+            raise PayloadError(f"not an fp16 message (magic {magic!r})")
+        if version != _VERSION:
+            raise PayloadError(f"fp16 message version {version}, this tgsim reads version {_VERSION}")
+        shapes = {k: np.shape(v) for k, v in like.layers.items()}
+        if n_layers != len(shapes) or crc != _layout_crc(shapes):
+            raise PayloadError("fp16 message layout (layer names/shapes) differs from the receiver's model")
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
+        if body != 2 * sum(sizes) or len(buf) != _HEADER.size + body:
+            raise PayloadError(f"fp16 message body is {len(buf) - _HEADER.size} bytes, header says {body}, "
+                               f"the layers need {2 * sum(sizes)}")
+        values = np.frombuffer(buf, dtype="<f2", offset=_HEADER.size)
+        out, off = {}, 0
+        for (k, s), n in zip(shapes.items(), sizes):
+            out[k] = values[off:off + n].astype(np.float16).reshape(s)
+            off += n
+        return Float16Message(out)
+
+    def decode(self, message: Float16Message) -> dict:
+        return {k: v.astype(np.float32) for k, v in message.layers.items()}
+
+    def aggregate(self, messages: Sequence[Float16Message], divide_by: int | None = None) -> dict:
+        return ordered_mean([m.layers for m in messages], len(messages) if divide_by is None else divide_by)
+
+    def bits_per_element(self, n: int, workers: int) -> dict:
+        """Uplink 16 bits per element (+ the header); downlink: the float32 mean of the server."""
+        return {"up": 16 + 8 * _HEADER.size / n if n else 0.0, "down": 32}
