@@ -54,3 +54,17 @@ def test_every_registered_codec_trains_in_the_simulator(tmp_path, name, mode):
     assert np.isfinite(res.test_loss) and res.bits_up > 0 and res.bits_down > 0
     again = run(cfg, out=tmp_path / "again", quiet=True)
     assert all(np.array_equal(res.params[k], again.params[k]) for k in res.params)
+
+
+def test_fp16_sends_16_bits_per_element_up():
+    cfg = from_dict({**BASE, "codec": {"name": "fp16"}, "exchange": {"mode": "ps"}})
+    res = run(cfg, out=None, quiet=True, writer=False)
+    n_params = sum(int(np.prod(s)) for s in cfg_model_shapes(cfg).values())
+    per_step = res.bits_up / cfg.run.steps
+    assert 16 * n_params < per_step < 16 * n_params + 8 * 64      # + the 22-byte header
+
+
+def cfg_model_shapes(cfg):
+    from tgsim.train.loop import build
+
+    return build(cfg).model.layer_shapes()
