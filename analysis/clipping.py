@@ -14,7 +14,7 @@ codec's bound, ``common.terngrad_scaling``) and g_c = sign(g) min(|g|, b) = E[Q(
 
 Explicit and implicit clipping have the same E[Q(g)] (the bound c·σ; implicit uses s = c·σ and
 saturates |g_k| >= s), hence the same bias; they differ in variance (implicit keeps s = c·σ even when
-max|g| < c·σ). ``gaussian_reference`` gives the same numbers for an i.i.d. Gaussian vector (THEORY
+max|g| < c·σ). ``gaussian_reference`` gives the same numbers for an i.i.d. Gaussian vector (docs/THEORY.md
 §1: 1.24 % clipped, length -1.1 %, angle 2.75°).
 """
 

@@ -13,7 +13,7 @@ Trajectories
     that ``train_step`` uses at that step: batches are a pure function of (seed, step, worker) and
     the model is deterministic, so computing them twice gives the same bits.
 
-TernGrad moments (THEORY.md §1), vectorized over a leading axis
+TernGrad moments (docs/THEORY.md §1), vectorized over a leading axis
     ``terngrad_scaling(g, clip, c)`` -> (s, bound) per row, with the codec's own rule
     (``scaling_from_moments``); ``terngrad_second_moment`` = E||Q(g)||^2 = s Σ_k min(x_k, s),
     x_k = min(|g_k|, bound) (= s ||g||_1 without clipping); ``terngrad_error`` = E||Q(g) - g||^2.

@@ -1,4 +1,4 @@
-"""Peer quantizers of THEORY.md §2 as small pure functions, each with its exact error formula.
+"""Peer quantizers of docs/THEORY.md §2 as small pure functions, each with its exact error formula.
 
 Every quantizer maps a vector v (float64, 1-D) and a NumPy Generator to R draws, shape (R, n):
 
@@ -17,7 +17,7 @@ published bounds (``bounds(name, v, ...)`` -> {bound name: (quantity, value)}):
         The convex theorem uses min(...)·B as the *second-moment* bound of Q(g) ("printed"); the
         correct second-moment bound is (1 + min(...))·B ("corrected"). Since E||Q||^2 >= ||v||^2,
         the printed bound fails whenever min(n/s^2, sqrt(n)/s) < 1.
-    TernGrad (THEORY §1 ordering): E||Q||^2 = ||v||_inf ||v||_1 <= sqrt(n) ||v||^2,
+    TernGrad (docs/THEORY.md §1 ordering): E||Q||^2 = ||v||_inf ||v||_1 <= sqrt(n) ||v||^2,
         error <= (sqrt(n) - 1) ||v||^2.
     top-k (Stich et al. 2018, k-contraction): ||top_k(v) - v||^2 <= (1 - k/n) ||v||^2.
     stochastic binary (Suresh et al. 2017, Lemma 2 with one vector): error <= n/4 (max - min)^2
@@ -85,7 +85,7 @@ def scaled_sign(v, rng=None, R: int = 1) -> np.ndarray:
 
 def scaled_sign_error(v) -> float:
     """||c sign(v) - v||^2 with c = ||v||_1 / n and sign(0) = 0:
-    ||v||^2 - 2 c ||v||_1 + c^2 nnz(v), which is THEORY's ||v||^2 - ||v||_1^2 / n only when v has no
+    ||v||^2 - 2 c ||v||_1 + c^2 nnz(v), which is docs/THEORY.md's ||v||^2 - ||v||_1^2 / n only when v has no
     zero entries (sparse or ReLU gradients do)."""
     v = _vec(v)
     l1 = float(np.abs(v).sum())
@@ -261,7 +261,7 @@ def bounds(name: str, v, *, s: int = 4, k: float | None = None) -> dict[str, tup
 
 
 def bits_per_element(name: str, n: int, *, s: int = 4, k: float | None = None) -> float:
-    """Uplink bits per element (THEORY §2 table; 32-bit floats, ceil(log2 n)-bit indices)."""
+    """Uplink bits per element (docs/THEORY.md §2 table; 32-bit floats, ceil(log2 n)-bit indices)."""
     k = max(1, int(round(0.1 * n))) if k is None else k
     idx = math.ceil(math.log2(max(n, 2)))
     return {

@@ -20,7 +20,7 @@ Two uses, one set of byte formulas:
      ps         M dedicated server shards, each on its own NIC; every layer is split evenly across
                 them (servers=0: M = number of worker nodes, a PS that grows with the cluster). Uplink max(g*S_up, G*S_up/M) / (eta B) + a; downlink the same with S_down.
                 TernGrad: S_up = 2-bit codes + 4-byte scaler; S_down = ceil(log2(2G+1)) bits per
-                element + scaler (the server's exact sum, THEORY §1), or 2 bits with
+                element + scaler (the server's exact sum, docs/THEORY.md §1), or 2 bits with
                 downlink="reternarize"; fp32: 4 bytes per element both ways.
      ring       flat ring all-reduce over the G GPUs: 2(G-1)/G * S / (eta B) + 2(G-1) a, on the NIC when
                 the GPUs span nodes, on the intra-node link (PCIe / NVLink) when they fit in one node.
@@ -34,7 +34,7 @@ Two uses, one set of byte formulas:
    Ethernet, nodes of 4 GTX 1080 on a PCIe switch; "infiniband" = 100 Gb/s InfiniBand, nodes of 4
    P100 with NVLink. Latencies 50 us (TCP over Ethernet) and 2 us (IB verbs) per message, efficiency
    0.9 (protocol headers and flow control): ASSUMPTIONS, change them per call.
-   Default exchange: `Exchange("ps", servers=1)` -- THEORY §1's single parameter server; pass
+   Default exchange: `Exchange("ps", servers=1)` -- docs/THEORY.md §1's single parameter server; pass
    servers=M for a sharded one. The per-GPU compute time and batch come from `perfmodel_nets`.
 
 2. The emulated network of `tgsim bench exchange` (Part A), for validation

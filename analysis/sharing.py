@@ -1,6 +1,6 @@
 """`tgsim analyze sharing`: the variance added by scaler sharing when workers' gradients differ.
 
-With scaler sharing every worker ternarizes layer l with s = max_i s_i (THEORY §1). Each message
+With scaler sharing every worker ternarizes layer l with s = max_i s_i (docs/THEORY.md §1). Each message
 stays unbiased; worker i's variance becomes s ||g_i||_1 - ||g_i||^2 instead of
 s_i ||g_i||_1 - ||g_i||^2 (s_i = ||g_i||_inf its own scaler).
 

@@ -1,4 +1,4 @@
-"""Statistical tests of a codec's first and second moments (THEORY.md §4).
+"""Statistical tests of a codec's first and second moments (docs/THEORY.md §4).
 
 Three tests, each returning a small frozen result with the decision, the numbers behind it and the
 name of the test that was used:

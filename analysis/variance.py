@@ -6,7 +6,7 @@ For every gradient shape (synthetic and recorded per-layer MLP gradients) and ev
   explicit and implicit; formulas from ``tgsim.analysis.common.terngrad_error`` /
   ``terngrad_second_moment`` (= s||g||_1 - ||g||^2 and s||g||_1 without clipping; with clipping
   the error includes the clipping bias);
-* the peers of THEORY.md §2 (``tgsim.analysis.peers``): QSGD with several s, scaled sign, random
+* the peers of docs/THEORY.md §2 (``tgsim.analysis.peers``): QSGD with several s, scaled sign, random
   sparsification with variance-optimal p, top-k, stochastic binary.
 
 ``variance.csv``: one row per (shape, quantizer, quantity in {error, second_moment}) with the
@@ -18,7 +18,7 @@ top-k) are compared exactly (relative tolerance 1e-9) instead.
 value, ``exact_over_bound`` and the one-sided CLT test "E > bound" at level alpha
 (``exceeded``: the empirical mean is significantly above the bound). The QSGD printed
 second-moment bound min(n/s^2, sqrt(n)/s)||g||^2 is exceeded whenever min(...) < 1 (the corrected
-bound is (1 + min(...))||g||^2, THEORY §2 note).
+bound is (1 + min(...))||g||^2, docs/THEORY.md §2 note).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ every generic check below for that codec:
   ± the layer's scaler or 0 with the sign of g, zero where g == 0, identical bytes for the same key;
 - header validation: a flipped header byte, a truncated or extended message, another layout ->
   ValueError;
-- declared unbiasedness, checked with the exact binomial test (THEORY §4): if ``codec.unbiased`` the
+- declared unbiasedness, checked with the exact binomial test (docs/THEORY.md §4): if ``codec.unbiased`` the
   test must not reject on a Gaussian and a heavy-tailed vector; if not, it must reject on the
   heavy-tailed vector (the declaration is true, and the test has the power to see it);
 - ``exact_error(g)`` against the Monte-Carlo mean of ||Q(g) - g||^2 inside a CLT interval;

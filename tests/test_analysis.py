@@ -354,7 +354,7 @@ def test_decay_exponent_recovers_known_slopes():
 # 6. clipping
 # ---------------------------------------------------------------------------------------------
 def test_clipping_gaussian_reference_and_controls():
-    """Gaussian (n = 10^6, seed 0): 1.24 % clipped, length -1.1 %, angle 2.75° (THEORY §1), within
+    """Gaussian (n = 10^6, seed 0): 1.24 % clipped, length -1.1 %, angle 2.75° (docs/THEORY.md §1), within
     0.03 %, 0.05 % and 0.05°. Controls: a uniform vector (2.5σ > max) is never clipped (zero bias); a
     Student-t(2) vector loses more length than the Gaussian."""
     ref = clipping.gaussian_reference()

@@ -1,4 +1,4 @@
-"""Seeded statistical tests of TernGrad's claims (THEORY.md §1 and §4).
+"""Seeded statistical tests of TernGrad's claims (docs/THEORY.md §1 and §4).
 
 Every test states its level alpha and its seeds. Every must-pass test has a positive control: a
 biased or wrong variant that the *same* test, at the same alpha and number of draws, must reject.
@@ -453,7 +453,7 @@ def clip_vector():
 def test_clipping_gaussian_geometry():
     """Clipping at c·σ (c = 2.5, the codec's own bound f32(c·σ̂)) of n = 10^6 Gaussian values
     (seed 2017): clip fraction, length change and angle agree with the Gaussian values (1.242%,
-    1.13%, 2.75°; THEORY.md: 1.24%, 1.1%, 2.75°) within z_{1-α/2}·SE, α = 0.001 per metric, SE the
+    1.13%, 2.75°; docs/THEORY.md: 1.24%, 1.1%, 2.75°) within z_{1-α/2}·SE, α = 0.001 per metric, SE the
     delta-method standard error (estimated σ included). Positive control: the same tolerance
     rejects the paper's rough range ends (1% and 1.5% clipped, 2° and 3°)."""
     g = clip_vector()

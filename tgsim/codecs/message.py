@@ -95,6 +95,17 @@ class Message:
     # the PayloadBatch these parts are rows of (TernGrad.encode_many), else None; not on the wire
     batch: object = field(default=None, repr=False, compare=False)
 
+    def codes(self, layer) -> np.ndarray:
+        """The ternary codes {-1, 0, +1} (int8, shaped like the layer) of `layer` (its name or index);
+        the decoded values are codes * scaler (`codec.decode`). ValueError for a float32 layer."""
+        i = layer if isinstance(layer, int) else [s.name for s in self.layout.layers].index(layer)
+        spec = self.layout.layers[i]
+        if spec.kind != KIND_TERNARY:
+            raise ValueError(f"layer {spec.name!r} travels as float32: it has values, not codes")
+        from tgsim.codecs.packing import unpack
+
+        return unpack(self.parts[i], spec.size, self.layout.packing).reshape(spec.shape)
+
     def to_bytes(self) -> bytes:
         from tgsim.backend import to_numpy
 

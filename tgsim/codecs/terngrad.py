@@ -223,7 +223,7 @@ class TernGrad:
         return {"up": up, "down": math.ceil(math.log2(2 * workers + 1))}
 
     def exact_error(self, g) -> float:
-        """E||g~ - g||^2 of one layer with its own scaler (THEORY §1).
+        """E||g~ - g||^2 of one layer with its own scaler (docs/THEORY.md §1).
 
         Per element, with x = min(|g|, bound) and p = min(x/s, 1) (resolution bias neglected):
             E(g~ - g)^2 = p (s - |g|)^2 + (1 - p) g^2,

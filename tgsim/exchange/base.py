@@ -4,7 +4,7 @@ The trainer holds the gradients of its *local* workers (all N in the simulator, 
 and never knows which implementation it has. Every implementation returns, on every worker, the
 same aggregate bits for the same inputs; only the transport differs.
 
-Modes (THEORY §1, "Exchange in the paper"):
+Modes (docs/THEORY.md §1, "Exchange in the paper"):
   allreduce  fp32: ring all-reduce of the float gradients. terngrad: shared scaler, ring all-reduce
              of the integer codes (int8 for N <= 127, else int16), decoded s/N · Σ codes.
   ps         parameter server with parameter localization: workers push packed codes, the server
