@@ -58,6 +58,19 @@ class CodecProperties:
             raise ValueError(f"shared_stats must be None or 'max', got {self.shared_stats!r}")
 
 
+class PlainCodec:
+    """Base of codecs without config options and without shared statistics (fp32, fp16)."""
+
+    name = "plain"
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls()
+
+    def local_scalers_many(self, stats, workers: int | None = None):
+        raise TypeError(f"{self.name} shares no statistics (properties.shared_stats is None)")
+
+
 @runtime_checkable
 class Codec(Protocol):
     name: str

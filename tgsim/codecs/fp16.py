@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
@@ -49,15 +49,11 @@ class Float16Message:
         return _HEADER.size + 2 * sum(int(np.size(v)) for v in self.layers.values())
 
 
-class Float16:
+class Float16(PlainCodec):
     """The fp16 cast codec (registered as "fp16")."""
 
     name = "fp16"
     properties = CodecProperties(unbiased=False, wire="own")
-
-    @classmethod
-    def from_config(cls, cfg) -> "Float16":
-        return cls()
 
     def prepare_many(self, layers: Mapping) -> None:
         """NonFiniteGradientError for a NaN/Inf gradient (first worker first); ValueError for a value
@@ -72,9 +68,6 @@ class Float16:
                 raise ValueError(f"layer {name!r}: gradient value {float(big[w]):.4g} of worker {w} overflows "
                                  f"float16 (max {_F16_MAX:g})")
         return None
-
-    def local_scalers_many(self, stats, workers: int | None = None):
-        raise TypeError("fp16 shares no statistics (properties.shared_stats is None)")
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[Float16Message]:

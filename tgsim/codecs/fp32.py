@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.errors import NonFiniteGradientError, PayloadError
 
 
@@ -39,15 +39,11 @@ class Float32Message(dict):
         return sum(4 * int(np.size(v)) for v in self.values())
 
 
-class Float32:
+class Float32(PlainCodec):
     """fp32: no compression, 32 bits per element each way."""
 
     name = "fp32"
     properties = CodecProperties(unbiased=True, wire="float32")
-
-    @classmethod
-    def from_config(cls, cfg) -> "Float32":
-        return cls()
 
     def prepare_many(self, layers: Mapping) -> None:
         """Raise NonFiniteGradientError for the first worker with a NaN/Inf gradient; no statistics."""
@@ -55,9 +51,6 @@ class Float32:
         if err is not None:
             raise err
         return None
-
-    def local_scalers_many(self, stats, workers: int | None = None):
-        raise TypeError("fp32 shares no statistics (properties.shared_stats is None)")
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[Float32Message]:
