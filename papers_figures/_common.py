@@ -1,21 +1,52 @@
-"""Shared helpers for the figure scripts: where outputs go, and running configs with overrides.
+"""Shared helpers for the figure scripts: command line, where outputs go, running configs with overrides.
 
-`train(base, **sections)` runs one config; `train_many(jobs)` runs a list of (base, sections)
-pairs in `TGSIM_JOBS` worker processes (default: the number of cores), each limited to one
-BLAS / Numba thread. Results are bit-identical to serial runs: the simulator's bits do not depend
-on thread counts (tests/test_models.py, tests/test_numba_kernels.py).
+`command_line(description)` parses a script's flags (`--quick`) and returns where it writes: OUT
+(`TGSIM_FIGURES_OUT`, default papers_figures/out), or OUT/quick for the quick form, so a quick run never
+overwrites a full run's CSV and PNG. `train(base, **sections)` runs one config; `train_many(jobs)` runs a
+list of (base, sections) pairs in `TGSIM_JOBS` worker processes (default: the number of cores), each
+limited to one BLAS / Numba thread, with a progress bar on stderr. Results are bit-identical to serial
+runs: the simulator's bits do not depend on thread counts (tests/test_models.py,
+tests/test_numba_kernels.py). The bar is hidden when stderr is not a terminal or when the environment
+variable CI is set to a true-ish value (anything but "", "0", "false", "no", "off").
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
+import sys
+from collections.abc import Iterable
 from pathlib import Path
+
+from tqdm import tqdm
 
 from tgsim.train import config as config_mod
 from tgsim.train.loop import run
 
 OUT = Path(os.environ.get("TGSIM_FIGURES_OUT", Path(__file__).resolve().parent / "out"))
+QUICK_OUT = OUT / "quick"
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def command_line(description: str) -> tuple[bool, Path]:
+    """Parse the script's flags; return (quick, the folder its CSV and PNG go to, created if missing).
+
+    Inside a Jupyter kernel the kernel's own arguments are ignored (the full form runs).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the same code path, shortened to a smoke run; writes to {QUICK_OUT}")
+    args = parser.parse_args([] if "ipykernel" in sys.modules else None)
+    out = QUICK_OUT if args.quick else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    return args.quick, out
+
+
+def print_written(paths: Iterable[Path]) -> None:
+    """Print one `wrote PATH` line per output file."""
+    for p in paths:
+        print(f"wrote {p}")
 
 
 def _merged(base: dict, sections: dict) -> dict:
@@ -42,14 +73,40 @@ def _job(job):
     base, sections = job
     r = train(base, **sections)
     return {"test_accuracy": r.test_accuracy, "test_loss": r.test_loss, "eval_split": r.eval_split,
-            "bits_up": r.bits_up, "bits_down": r.bits_down, "skipped": r.skipped, "out": str(r.out)}
+            "bits_up": r.bits_up, "bits_down": r.bits_down, "skipped": r.skipped, "dist_opt": r.dist_opt,
+            "out": str(r.out)}
 
 
-def train_many(jobs: list[tuple[dict, dict]]) -> list[dict]:
-    """Run every (base, sections) job; returns one summary dict per job, in order."""
+def progress_disabled() -> bool | None:
+    """True when CI is set to a true-ish value; otherwise None (tqdm then shows the bar only on a terminal)."""
+    return True if os.environ.get("CI", "").strip().lower() not in _FALSE else None
+
+
+def progress(total: int, desc: str) -> tqdm:
+    """A progress bar over `total` runs on stderr, hidden under CI or when stderr is not a terminal."""
+    return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=progress_disabled(),
+                dynamic_ncols=True)
+
+
+def _collect(results: Iterable[dict], bar: tqdm) -> list[dict]:
+    """List `results` in the order they come, advancing `bar` by one per result."""
+    out = []
+    for r in results:
+        out.append(r)
+        bar.update()
+    return out
+
+
+def train_many(jobs: list[tuple[dict, dict]], desc: str = "runs") -> list[dict]:
+    """Run every (base, sections) job; returns one summary dict per job, in job order.
+
+    A progress bar labelled `desc` counts finished runs; with worker processes it advances as the
+    results arrive in job order (`Pool.imap`).
+    """
     procs = int(os.environ.get("TGSIM_JOBS", os.cpu_count() or 1))
-    if procs <= 1 or len(jobs) <= 1:
-        return [_job(j) for j in jobs]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(min(procs, len(jobs)), initializer=_one_thread) as pool:
-        return pool.map(_job, jobs, chunksize=1)
+    with progress(len(jobs), desc) as bar:
+        if procs <= 1 or len(jobs) <= 1:
+            return _collect(map(_job, jobs), bar)
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(min(procs, len(jobs)), initializer=_one_thread) as pool:
+            return _collect(pool.imap(_job, jobs, chunksize=1), bar)

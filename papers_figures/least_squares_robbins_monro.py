@@ -4,7 +4,16 @@
 # The TernGrad theorem's setting: a strongly convex cost with one minimum, step sizes
 # γ_t = γ0 / (1 + t/τ) (Σγ = ∞, Σγ² < ∞). Realizable data (noise 0), condition number 10, dim 32,
 # 16 samples per worker; N = 1, 4, 16 workers. Records the first logged step where the relative
-# distance to the exact optimum falls below 1e-3. Writes out/least_squares_robbins_monro.csv/.png.
+# distance to the exact optimum falls below 1e-3. Writes out/least_squares_robbins_monro.csv/.png and
+# prints the paths it wrote; a bar on stderr counts the finished runs (hidden under CI=1 or when stderr
+# is not a terminal).
+#
+# Timed with `time python papers_figures/least_squares_robbins_monro.py [--quick]` on an idle 2-core
+# machine (2026-11-24):
+# - full form, 6 runs of 2000 steps: `python papers_figures/least_squares_robbins_monro.py`, 4.2 s;
+# - quick form, the same code path at 500 steps (TernGrad still crosses 1e-3, near step 400), writing to
+#   out/quick/: `python papers_figures/least_squares_robbins_monro.py --quick`, 3.0 s.
+# TGSIM_JOBS sets the worker processes (default: the number of cores); TGSIM_FIGURES_OUT moves out/.
 
 # %%
 import sys
@@ -13,10 +22,12 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OUT, train  # noqa: E402
+from _common import command_line, print_written, train_many  # noqa: E402
 
+QUICK, OUT = command_line("Least squares with Robbins-Monro steps: steps until ||w - w*|| < 1e-3 ||w*||.")
+STEPS = 500 if QUICK else 2000
 BASE = {
-    "run": {"name": "lsq", "steps": 2000, "eval_every": 0, "log_every": 10},
+    "run": {"name": "lsq", "steps": STEPS, "eval_every": 0, "log_every": 10},
     "data": {"name": "least_squares", "options": {"n": 1024, "dim": 32, "noise": 0.0, "cond": 10.0}},
     "model": {"name": "least_squares"},
     "workers": {"n": 1, "batch": 16, "batch_mode": "per_worker"},
@@ -25,18 +36,18 @@ BASE = {
     "schedule": {"name": "robbins_monro", "lr": 0.2, "tau": 1000.0},
 }
 
+runs = [(n, codec) for n in (1, 4, 16) for codec in ("terngrad", "fp32")]
+res = train_many([(BASE, dict(workers={"n": n}, codec={"name": codec}, run={"name": f"lsq-{codec}-N{n}"}))
+                  for n, codec in runs], "least squares")
 rows, curves = [], []
-for n in (1, 4, 16):
-    for codec in ("terngrad", "fp32"):
-        r = train(BASE, workers={"n": n}, codec={"name": codec}, run={"name": f"lsq-{codec}-N{n}"})
-        m = pd.read_csv(r.out / "metrics.csv")
-        m = m[(m.layer == "model") & m.dist_opt.notna()][["step", "dist_opt"]].assign(workers=n, codec=codec)
-        curves.append(m)
-        below = m[m.dist_opt < 1e-3].step
-        rows.append({"workers": n, "codec": codec, "steps_to_1e-3": int(below.min()) if len(below) else None,
-                     "final_dist": r.dist_opt, "bits_up_per_worker": r.bits_up})
-        print(rows[-1])
-OUT.mkdir(parents=True, exist_ok=True)
+for (n, codec), r in zip(runs, res):
+    m = pd.read_csv(Path(r["out"]) / "metrics.csv")
+    m = m[(m.layer == "model") & m.dist_opt.notna()][["step", "dist_opt"]].assign(workers=n, codec=codec)
+    curves.append(m)
+    below = m[m.dist_opt < 1e-3].step
+    rows.append({"workers": n, "codec": codec, "steps_to_1e-3": int(below.min()) if len(below) else None,
+                 "final_dist": r["dist_opt"], "bits_up_per_worker": r["bits_up"]})
+    print(rows[-1])
 pd.DataFrame(rows).to_csv(OUT / "least_squares_robbins_monro.csv", index=False)
 
 # %% figure
@@ -45,7 +56,9 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import seaborn as sns  # noqa: E402
 
-g = sns.relplot(data=pd.concat(curves, ignore_index=True), x="step", y="dist_opt", hue="workers", style="codec", kind="line")
+g = sns.relplot(data=pd.concat(curves, ignore_index=True), x="step", y="dist_opt", hue="workers", style="codec",
+                kind="line")
 g.set(yscale="log", ylabel="||w - w*|| / ||w*||")
 g.refline(y=1e-3)
 g.savefig(OUT / "least_squares_robbins_monro.png", dpi=120)
+print_written([OUT / "least_squares_robbins_monro.csv", OUT / "least_squares_robbins_monro.png"])

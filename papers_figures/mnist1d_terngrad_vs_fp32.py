@@ -13,10 +13,19 @@
 #    If TernGrad's own best validation learning rate differs, TernGrad is also tested there.
 #
 # 8 workers, total batch 64 (8 per worker, as the paper's LeNet Fig. 3), momentum 0.9, step decay
-# x0.1 at 75 % of the steps. Writes out/mnist1d_tuning.csv, out/mnist1d_terngrad_vs_fp32.csv, .png.
-# 39 runs of 4000 steps: 3 min 21 s with TGSIM_JOBS=2 on 2 cores (measured 2026-11-23).
-# TGSIM_STEPS (default 4000) shortens it; TGSIM_JOBS sets the worker processes; TGSIM_REUSE_TUNING=1
-# reads out/mnist1d_tuning.csv from an earlier run with the same steps instead of tuning again.
+# x0.1 at 75 % of the steps. Writes out/mnist1d_tuning.csv, out/mnist1d_terngrad_vs_fp32.csv, .png
+# and prints the paths it wrote; a bar on stderr counts the finished runs (hidden under CI=1 or when
+# stderr is not a terminal).
+#
+# 30 tuning runs, then 9 test runs (15 when TernGrad's best learning rate differs from fp32's, as at
+# 4000 steps). Timed with `time python papers_figures/mnist1d_terngrad_vs_fp32.py [--quick]` on an idle
+# 2-core machine (2026-11-24):
+# - full form, 4000 steps: `python papers_figures/mnist1d_terngrad_vs_fp32.py`, 45 runs, 266 s (4 min 26 s);
+# - quick form, the same code path at 40 steps (a smoke run: its accuracies mean nothing), writing to
+#   out/quick/: `python papers_figures/mnist1d_terngrad_vs_fp32.py --quick`, 10 s.
+# TGSIM_STEPS overrides the number of steps of either form; TGSIM_JOBS sets the worker processes
+# (default: the number of cores); TGSIM_FIGURES_OUT moves out/; TGSIM_REUSE_TUNING=1 reads
+# mnist1d_tuning.csv from an earlier run with the same steps instead of tuning again.
 
 # %%
 import os
@@ -26,9 +35,10 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OUT, train_many  # noqa: E402
+from _common import command_line, print_written, train_many  # noqa: E402
 
-STEPS = int(os.environ.get("TGSIM_STEPS", 4000))
+QUICK, OUT = command_line("TernGrad vs fp32 on MNIST-1D: tune the learning rate for fp32, test TernGrad at it.")
+STEPS = int(os.environ.get("TGSIM_STEPS", 40 if QUICK else 4000))
 SEEDS = (0, 1, 2)
 LRS = (0.01, 0.02, 0.05, 0.1, 0.2)
 VALIDATION = 0.2
@@ -62,16 +72,17 @@ def job(codec, lr, seed, validation):
 # %% 1. tuning on the validation split
 grid = [(c, lr, s) for c in TUNED for lr in LRS for s in SEEDS]
 cached = OUT / "mnist1d_tuning.csv"
+written = []
 if os.environ.get("TGSIM_REUSE_TUNING") and cached.exists() and \
         (pd.read_csv(cached).get("steps", pd.Series([-1])) == STEPS).all():
     tuning = pd.read_csv(cached)
     print(f"tuning: reusing {cached}")
 else:
-    res = train_many([job(c, lr, s, VALIDATION) for c, lr, s in grid])
+    res = train_many([job(c, lr, s, VALIDATION) for c, lr, s in grid], "tuning")
     tuning = pd.DataFrame([{"codec": c, "lr": lr, "seed": s, "steps": STEPS, "val_accuracy": r["test_accuracy"],
                             "val_loss": r["test_loss"]} for (c, lr, s), r in zip(grid, res)])
-    OUT.mkdir(parents=True, exist_ok=True)
     tuning.to_csv(cached, index=False)
+    written.append(cached)
 curve = tuning.groupby(["codec", "lr"]).val_accuracy.agg(["mean", "std", "min"]).unstack(0)
 print(curve.round(4).to_string())
 
@@ -84,12 +95,13 @@ finals = [(c, best["fp32"], "fp32") for c in VARIANTS]
 if best["terngrad (ps, shared scalers)"] != best["fp32"]:
     finals += [(c, best["terngrad (ps, shared scalers)"], "terngrad") for c in VARIANTS if c != "fp32"]
 runs = [(c, lr, tuned_for, s) for c, lr, tuned_for in finals for s in SEEDS]
-res = train_many([job(c, lr, s, 0.0) for c, lr, _, s in runs])
+res = train_many([job(c, lr, s, 0.0) for c, lr, _, s in runs], "test")
 df = pd.DataFrame([{"codec": c, "lr": lr, "lr_tuned_for": t, "seed": s, "steps": STEPS,
                     "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"],
                     "bits_up_per_worker": r["bits_up"], "bits_down_per_worker": r["bits_down"]}
                    for (c, lr, t, s), r in zip(runs, res)])
 df.to_csv(OUT / "mnist1d_terngrad_vs_fp32.csv", index=False)
+written.append(OUT / "mnist1d_terngrad_vs_fp32.csv")
 summary = df.groupby(["lr_tuned_for", "lr", "codec"]).agg(
     acc_mean=("test_accuracy", "mean"), acc_std=("test_accuracy", "std"), acc_min=("test_accuracy", "min"),
     bits_up=("bits_up_per_worker", "mean"), bits_down=("bits_down_per_worker", "mean"))
@@ -114,3 +126,5 @@ b.tick_params(axis="x", labelrotation=12)
 b.set_title(f"test accuracy, {STEPS} steps (fp32-tuned lr {best['fp32']})")
 fig.tight_layout()
 fig.savefig(OUT / "mnist1d_terngrad_vs_fp32.png", dpi=120)
+written.append(OUT / "mnist1d_terngrad_vs_fp32.png")
+print_written(written)

@@ -1,34 +1,93 @@
 """The figure scripts run end to end (CSV and PNG written), so a broken script cannot go unnoticed.
 
-The least-squares script runs at its full size (2000 steps, ~5 s) and its result is the simulator
+The least-squares script runs at its full size (2000 steps, ~4 s) and its result is the simulator
 issue's acceptance check: TernGrad with Robbins-Monro steps reaches ||w - w*|| < 1e-3 ||w*|| at
-N = 1, 4 and 16. The MNIST-1D script runs shortened (TGSIM_STEPS=40, a smoke test of its code
-path: the accuracy comparison needs the full 4000 steps, `python papers_figures/...`).
+N = 1, 4 and 16. The MNIST-1D script runs in its quick form (`--quick`: 40 steps, a smoke test of its
+code path; the accuracy comparison needs the full 4000 steps, `python papers_figures/...`).
+`_common.train_many` shows a progress bar on a terminal, none under CI or when stderr is a pipe, and
+returns its results in job order.
 """
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
+import json
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 FIGURES = Path(__file__).resolve().parents[1] / "papers_figures"
+BAR_MARKS = ("%|", "it/s", "run/s")
+
+# Three tiny least-squares jobs through `_common.train_many`; the first is the longest, so with two
+# worker processes the second finishes before it. Prints the run directories' names in result order.
+TRAIN_MANY = f"""
+import json, sys
+sys.path.insert(0, {str(FIGURES)!r})
+from _common import train_many
+base = {{"run": {{"steps": 10, "eval_every": 0, "log_every": 10}},
+        "data": {{"name": "least_squares", "options": {{"n": 256, "dim": 8, "noise": 0.0, "cond": 10.0}}}},
+        "model": {{"name": "least_squares"}}, "workers": {{"n": 2, "batch": 8, "batch_mode": "per_worker"}},
+        "codec": {{"name": "terngrad", "clip": "none"}}, "optimizer": {{"name": "sgd"}},
+        "schedule": {{"name": "robbins_monro", "lr": 0.2, "tau": 1000.0}}}}
+jobs = [(base, {{"run": {{"name": f"job{{i}}", "seed": i, "steps": steps}}}}) for i, steps in enumerate((3000, 10, 10))]
+print(json.dumps([r["out"].rsplit("/", 1)[1].split("-")[0] for r in train_many(jobs, "bar-test")]))
+"""
 
 
-def _run(script: str, out: Path, **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "TGSIM_FIGURES_OUT": str(out), "MPLBACKEND": "Agg", **env}
-    proc = subprocess.run([sys.executable, str(FIGURES / script)], env=full_env, capture_output=True,
+def _env(out: Path, **env) -> dict:
+    """os.environ without CI, plus the figure outputs in `out` and `env`."""
+    base = {k: v for k, v in os.environ.items() if k != "CI"}
+    return {**base, "TGSIM_FIGURES_OUT": str(out), "MPLBACKEND": "Agg", **env}
+
+
+def _run(script: str, out: Path, *args: str, **env) -> subprocess.CompletedProcess:
+    """Run a figure script with stdout and stderr captured (pipes, not a terminal); assert exit status 0."""
+    proc = subprocess.run([sys.executable, str(FIGURES / script), *args], env=_env(out, **env), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc
 
 
+def _stderr_on_a_terminal(code: str, out: Path, **env) -> str:
+    """Run `python -c code` with stderr on a 120x40 pseudo-terminal; return what it wrote there."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=_env(out, **env), stdout=subprocess.DEVNULL,
+                            stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:      # EIO: every process holding the terminal has closed it
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-4000:]
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _load_common():
+    """Import papers_figures/_common.py as a module of its own name (the scripts import it as `_common`)."""
+    spec = importlib.util.spec_from_file_location("figures_common", FIGURES / "_common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_least_squares_robbins_monro_reaches_1e_3_for_every_n(tmp_path):
-    _run("least_squares_robbins_monro.py", tmp_path)
+    proc = _run("least_squares_robbins_monro.py", tmp_path)
     df = pd.read_csv(tmp_path / "least_squares_robbins_monro.csv")
     assert (tmp_path / "least_squares_robbins_monro.png").stat().st_size > 0
     tern = df[df.codec == "terngrad"].set_index("workers")
@@ -36,15 +95,60 @@ def test_least_squares_robbins_monro_reaches_1e_3_for_every_n(tmp_path):
     for n, row in tern.iterrows():
         assert pd.notna(row["steps_to_1e-3"]) and row["steps_to_1e-3"] <= 2000, (n, row.to_dict())
         assert row["final_dist"] < 1e-3, (n, row.to_dict())
+    assert f"wrote {tmp_path / 'least_squares_robbins_monro.png'}" in proc.stdout
+
+
+def test_least_squares_quick_form_writes_to_out_quick(tmp_path):
+    proc = _run("least_squares_robbins_monro.py", tmp_path, "--quick", CI="1")
+    df = pd.read_csv(tmp_path / "quick" / "least_squares_robbins_monro.csv")
+    assert len(df) == 6 and (df[df.codec == "terngrad"].final_dist < 1e-3).all()
+    assert (tmp_path / "quick" / "least_squares_robbins_monro.png").stat().st_size > 0
+    assert not (tmp_path / "least_squares_robbins_monro.csv").exists()
+    assert "{'workers': 16, 'codec': 'terngrad'" in proc.stdout
+    assert f"wrote {tmp_path / 'quick' / 'least_squares_robbins_monro.csv'}" in proc.stdout
 
 
 @pytest.mark.timeout(600)
-def test_mnist1d_figure_script_runs_shortened(tmp_path):
-    _run("mnist1d_terngrad_vs_fp32.py", tmp_path, TGSIM_STEPS="40", TGSIM_JOBS="2")
-    tuning = pd.read_csv(tmp_path / "mnist1d_tuning.csv")
+def test_mnist1d_figure_script_quick_form(tmp_path):
+    proc = _run("mnist1d_terngrad_vs_fp32.py", tmp_path, "--quick", TGSIM_JOBS="2", CI="1")
+    out = tmp_path / "quick"
+    tuning = pd.read_csv(out / "mnist1d_tuning.csv")
     assert len(tuning) == 2 * 5 * 3 and (tuning.steps == 40).all()
-    df = pd.read_csv(tmp_path / "mnist1d_terngrad_vs_fp32.csv")
+    df = pd.read_csv(out / "mnist1d_terngrad_vs_fp32.csv")
     assert set(df.codec) == {"fp32", "terngrad (ps, shared scalers)", "terngrad (allgather, own scalers)"}
     assert df.groupby(["codec", "lr"]).seed.nunique().eq(3).all()
     assert (df.bits_up_per_worker > 0).all() and df.test_accuracy.between(0, 1).all()
-    assert (tmp_path / "mnist1d_terngrad_vs_fp32.png").stat().st_size > 0
+    assert (out / "mnist1d_terngrad_vs_fp32.png").stat().st_size > 0
+    assert "best learning rate on validation: {'fp32': " in proc.stdout
+    assert "points_below_fp32" in proc.stdout
+    for name in ("mnist1d_tuning.csv", "mnist1d_terngrad_vs_fp32.csv", "mnist1d_terngrad_vs_fp32.png"):
+        assert f"wrote {out / name}" in proc.stdout
+    assert not any(mark in proc.stderr for mark in BAR_MARKS), proc.stderr[-2000:]
+
+
+def test_train_many_returns_results_in_job_order(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", TRAIN_MANY], env=_env(tmp_path, TGSIM_JOBS="2"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == ["job0", "job1", "job2"]
+
+
+def test_train_many_shows_a_progress_bar_on_a_terminal(tmp_path):
+    err = _stderr_on_a_terminal(TRAIN_MANY, tmp_path, TGSIM_JOBS="2")
+    assert "bar-test" in err and "%|" in err and "3/3" in err, err
+
+
+@pytest.mark.parametrize("ci", ["1", "true"])
+def test_train_many_progress_bar_quiet_under_ci_even_on_a_terminal(tmp_path, ci):
+    err = _stderr_on_a_terminal(TRAIN_MANY, tmp_path, TGSIM_JOBS="2", CI=ci)
+    assert not any(mark in err for mark in BAR_MARKS), err
+
+
+@pytest.mark.parametrize("value, disabled", [(None, None), ("", None), ("0", None), ("false", None), ("No", None),
+                                             ("1", True), ("true", True), ("yes", True)])
+def test_progress_disabled_reads_ci(monkeypatch, value, disabled):
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    assert _load_common().progress_disabled() is disabled
