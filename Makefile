@@ -17,14 +17,17 @@ $(STAMP): pyproject.toml $(LOCK)
 
 venv: $(STAMP)
 
+# ARGS passes options on, e.g. `make demo ARGS="--set run.steps=200"`, `make bench ARGS=--quick`.
+ARGS ?=
+
 demo: $(STAMP)
-	$(BIN)/tgsim demo
+	$(BIN)/tgsim demo $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/tgsim bench codec
+	$(BIN)/tgsim bench codec $(ARGS)
 
 # Upgrade: resolve the newest versions pyproject.toml allows in a scratch venv and write them to
 # constraints.txt; then `make test` (the venv follows the new lock) and commit both.

@@ -1,0 +1,133 @@
+"""Every command the README shows runs, in its quick form, and prints its key lines.
+
+The commands are read from README.md's indented code lines that start with `make `, `.venv/bin/`
+or `mpiexec`; each must have an entry in QUICK below (how to run it quickly, and what its output
+must contain), so a README command that breaks, or a new one without a quick form, fails here.
+`.venv/bin/X` runs as this interpreter's X (the test may run from another venv than the repo's);
+`make demo` / `make bench` run through make only where this interpreter is the repo's `.venv`.
+Outputs go to a temporary directory, never into the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+IN_REPO_VENV = Path(sys.prefix).resolve() == (REPO / ".venv").resolve()
+
+
+def readme_commands() -> list[str]:
+    """The README's command lines (comments after two spaces and '#' removed)."""
+    cmds = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        m = re.match(r"^    ((?:make |\.venv/bin/|mpiexec).*)$", line)
+        if m:
+            cmds.append(re.split(r"\s{2,}#", m.group(1))[0].strip())
+    return cmds
+
+
+def _tgsim(*args: str) -> list[str]:
+    return [str(BIN / "tgsim"), *args]
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+# README command -> (argv of its quick form given a temp dir, lines the output must contain)
+QUICK = {
+    "make demo": (lambda t: (["make", "--no-print-directory", "demo", f"ARGS=--set run.steps=20 --results {t} --quiet"]
+                             if IN_REPO_VENV else _tgsim("demo", "--set", "run.steps=20", "--results", str(t),
+                                                         "--quiet")),
+                  ["== fp32: convnet1d on mnist1d, 8 workers, 20 steps", "TernGrad sent", "fewer bits up"]),
+    "make test": (None, []),        # this very suite
+    "make bench": (lambda t: (["make", "--no-print-directory", "bench", "ARGS=--quick"] if IN_REPO_VENV
+                              else _tgsim("bench", "codec", "--quick")),
+                   ["fused moments+encode 2bit clip=explicit", "fused weighted_sum"]),
+    ".venv/bin/tgsim run tgsim/configs/demo.toml --out results/my-run --set run.steps=500":
+        (lambda t: _tgsim("run", "tgsim/configs/demo.toml", "--out", str(t / "my-run"), "--set", "run.steps=20",
+                          "--set", "run.checkpoint_every=10", "--quiet"),
+         ["test loss", "bits/worker up", "results: "]),
+    ".venv/bin/tgsim run --resume --out results/my-run":
+        (lambda t: _tgsim("run", "--resume", "--out", str(t / "my-run"), "--quiet"),
+         ["already complete (20 steps)", "bits/worker up"]),
+    ".venv/bin/tgsim codecs": (lambda t: _tgsim("codecs"), ["codec", "terngrad", "fp32"]),
+    ".venv/bin/tgsim analyze unbiasedness": (lambda t: _tgsim("analyze", "unbiasedness", "--quick", "--out", str(t)),
+                                             ["wrote "]),
+    ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
+                                    ["fused moments+encode 2bit clip=explicit", "floor read g"]),
+    ".venv/bin/tgsim bench sim": (lambda t: _tgsim("bench", "sim", "--quick"),
+                                  ["simulator throughput", "peak memory of one step"]),
+    ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--out", str(t / "bx.csv")),
+                                       ["rows: "]),
+    ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi_runs.train tgsim/configs/demo.toml --set workers.n=4":
+        (lambda t: [str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi_runs.train", "tgsim/configs/demo.toml",
+                    "--set", "workers.n=4", "--set", "run.steps=20", "--out", str(t / "mpi"), "--quiet"],
+         ["bits/worker up", "(ranks 1..3; rank 0 as server", "(4 ranks)"]),
+    ".venv/bin/python papers_figures/least_squares_robbins_monro.py":
+        (lambda t: _python("papers_figures/least_squares_robbins_monro.py", "--quick"), [".csv", ".png"]),
+    ".venv/bin/python papers_figures/mnist1d_terngrad_vs_fp32.py":
+        (lambda t: _python("papers_figures/mnist1d_terngrad_vs_fp32.py", "--quick"), [".csv", ".png"]),
+}
+
+
+def test_every_readme_command_has_a_quick_form():
+    cmds = readme_commands()
+    assert len(cmds) >= 10, cmds
+    assert set(cmds) == set(QUICK), (f"README commands without a quick form: {sorted(set(cmds) - set(QUICK))}; "
+                                     f"quick forms of commands no longer in the README: {sorted(set(QUICK) - set(cmds))}")
+
+
+def _environment(tmp: Path) -> dict:
+    env = {**os.environ, "TGSIM_FIGURES_OUT": str(tmp / "figures"), "MPLBACKEND": "Agg", "CI": "true"}
+    env.pop("MAKEFLAGS", None)
+    env.pop("MFLAGS", None)
+    return env
+
+
+# the resume line needs the run line's directory: one shared temp dir, commands in README order
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("readme")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("command", [c for c in readme_commands() if QUICK.get(c, (None,))[0] is not None])
+def test_readme_command_runs_in_quick_form(command, workdir):
+    make_argv, expected = QUICK[command]
+    argv = make_argv(workdir)
+    if argv[0] == "make" and shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    if "exchange" in argv:
+        from tgsim import bench_exchange
+
+        ok, why = bench_exchange.check_environment()
+        if not ok:
+            pytest.skip(f"cannot emulate a network here: {why}")
+    proc = subprocess.run(argv, cwd=REPO, env=_environment(workdir), capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{command!r} -> {argv} exited {proc.returncode}:\n{out[-4000:]}"
+    for line in expected:
+        assert line in out, f"{command!r}: no {line!r} in its output:\n{out[-4000:]}"
+    assert "Traceback" not in out, out[-4000:]
+
+
+def test_readme_python_api_example_runs(tmp_path, monkeypatch):
+    """The first Python block of README "Python API" runs as written (in a temporary directory)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python API"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md (Python API)", "exec"), scope)
+    assert set(scope["msg"].codes("fc.w").reshape(-1)) <= {-1, 0, 1}
+    assert scope["metrics"].query("split == 'train' and layer == 'model'").step.max() == 200
