@@ -170,7 +170,7 @@ def train_losses(out: Path) -> list[str]:
 def test_ps_downlink_round_trip_gives_the_in_process_bits():
     """The server's downlink bytes decode to exactly InProcessExchange's ps aggregate."""
     from mpi_runs.selftest import bits_equal, cases, reference
-    from tgsim.exchange.mpi import ps_decode, ps_downlink, ps_downlink_size
+    from tgsim.exchange.ps_downlink import ps_decode, ps_downlink, ps_downlink_size
 
     n = 3
     with one_numba_thread():

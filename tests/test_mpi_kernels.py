@@ -5,7 +5,7 @@ import pytest
 
 from tgsim.exchange._numba_mean import ordered_mean
 from tgsim.exchange.inprocess import mean_of_layers
-from tgsim.exchange.mpi import _ordered_sum_mean
+from tgsim.codecs.ordered_mean import ordered_mean_flat
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 8, 33])
@@ -16,7 +16,7 @@ def test_ordered_mean_equals_the_numpy_order(workers, m, dtype):
     rows = (rng.standard_normal((workers, m)) * np.exp(rng.uniform(-30, 30, (workers, m)))).astype(dtype)
     rows[:, :3] = -0.0 if m >= 3 else rows[:, :3]                  # signed zeros: +0.0 accumulator start
     got = ordered_mean(rows, workers)
-    ref = _ordered_sum_mean(list(rows), workers, np)
+    ref = ordered_mean_flat(list(rows), workers)
     assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
     sim = mean_of_layers([{"g": r} for r in rows], workers)["g"]   # the simulator's fp32 mean
     assert np.array_equal(got.view(np.uint32), sim.view(np.uint32))

@@ -17,7 +17,7 @@ from tgsim.analysis import perfmodel as pm
 from tgsim.analysis.perfmodel_nets import NETS, Layer, get_net
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import TernGrad
-from tgsim.exchange.mpi import ps_downlink, ps_downlink_size
+from tgsim.exchange.ps_downlink import ps_downlink, ps_downlink_size
 from tgsim.rng import StreamKey
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pytest
 
 from tgsim.codecs import TernGrad, packing
 from tgsim.exchange import InProcessExchange
-from tgsim.exchange.mpi import ps_decode_base, ps_downlink
+from tgsim.exchange.ps_downlink import ps_decode_base, ps_downlink
 from tgsim.exchange.pieces import ALIGN, HDR, PiecePlan, SenderError
 from tgsim.rng import StreamKey
 

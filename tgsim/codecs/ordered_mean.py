@@ -11,6 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
+from tgsim.backend import array_module
+
+
+def ordered_mean_flat(parts: Sequence, divide_by: int):
+    """f32(Σ_w f64(parts[w]) · (1/divide_by)) of same-size arrays (NumPy or CuPy), flattened, w in order."""
+    xp = array_module(parts[0]) if parts else np
+    acc = xp.zeros(parts[0].size if parts else 0, dtype=xp.float64)
+    for p in parts:
+        acc += p.reshape(-1).astype(xp.float64)
+    return (acc * xp.float64(1.0 / divide_by)).astype(xp.float32)
+
 
 def ordered_mean(layers: Sequence[dict], divide_by: int) -> dict:
     """{name: f32(Σ_w f64(layers[w][name]) · (1/divide_by))}, w in list order."""

@@ -15,6 +15,7 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, layer_payloads
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.ps_downlink import ps_downlink_size
 
 
 def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
@@ -40,11 +41,8 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
         mean = codec.aggregate(messages, divide_by=n)
         down = sum(4 * s.size for s in layout.layers if s.kind != KIND_TERNARY) + \
             sum(4 + packing.packed_size(s.size, codec.packing) for s in layout.layers if s.kind == KIND_TERNARY)
-        if mode == "ps":  # server decodes with each scaler and returns the float32 mean
-            down = sum(4 * s.size for s in layout.layers)
     else:
         mean, down = {}, 0
-        width = packing.uint_width(n)
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
             if spec.kind != KIND_TERNARY:
@@ -62,15 +60,13 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                 out = np.empty(spec.size, dtype=np.float32)
                 for a in range(0, spec.size, _CHUNK):
                     out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
-            if mode == "ps":
-                # The real downlink payload is Σ codes + N at `width` bits (packing.pack_uint), what
-                # the MPI server broadcasts: ceil(size * width / 8) bytes. Its round trip is the
-                # identity here (0 <= Σ codes + N <= 2N < 2^width), so the simulator counts the bytes
-                # without materialising the bits (tests/test_batched_codec.py checks both).
-                down += 4 + -(-spec.size * width // 8)
-            else:
-                down += (1 if n <= 127 else 2) * spec.size    # the int8/int16 sums of the all-reduce
+            down += (1 if n <= 127 else 2) * spec.size    # the int8/int16 sums of the all-reduce
             mean[spec.name] = out.reshape(spec.shape)
+    if mode == "ps":
+        # the bytes the MPI server sends (ps_downlink: Σ codes + N bit-packed, or the float32 mean);
+        # the simulator counts them without materialising the packed bits, whose round trip is the
+        # identity (0 <= Σ codes + N <= 2N < 2^width; tests/test_batched_codec.py checks both)
+        down = ps_downlink_size(layout, n, shared, False)
     info = {"down_payload": down}
     if reternarize_key is not None:
         plain = codec.downlink_codec()

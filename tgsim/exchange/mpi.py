@@ -60,36 +60,25 @@ collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data
 Native reductions (Allreduce) count the ring model 2 (N-1)/N · buffer bytes, as the simulator does.
 Control messages (any_true, mean_scalar, barrier, config check) are not counted.
 
-GPU: CuPy arrays are handed to MPI as device buffers when the MPI library is CUDA-aware
-(`cuda_aware()`: MPIX_Query_cuda_support / MPIX_GPU_query_support, overridable with
-TGSIM_MPI_CUDA_AWARE=0|1), otherwise staged through pinned host buffers. Serialized messages
-(allgather, ps) are host bytes either way (Message.to_bytes); decoded results return to the device of
-the local message. Each rank selects GPU (node-local rank mod device count) when a GPU is present.
-
-Ranks outnumbering cores (measured on 2 cores): NumPy puts arrays of 4 MiB and more on transparent
-huge pages, and the exact fp32 path's fresh result buffer is first touched inside Allgatherv. At
-16M parameters, N = 4, switch 10 Gb/s, that step took 1034-1096 ms with NumPy's default and 425-437
-ms with NUMPY_MADVISE_HUGEPAGE=0 (two runs each), while fp32_native's decode went from 31-39 to
-83-84 ms. Receive buffers advised off huge pages (mmap + MADV_NOHUGEPAGE) were tried: in one full
-sweep, fp32_exact at 16M was 1.8-2.8x faster at N = 4 and 8, but 16-23 % slower at N = 2, 10 Gb/s,
-and the TernGrad modes 5-15 % slower at 16M, so they were not kept. At 16M and 10 Gb/s fp32_exact
-took 1.2-1.4x fp32_native's step time at N = 2 (one rank per core) and 2.5-4.0x at N = 4 (medians
-of three sweeps).
+GPU buffers and MPI process placement: tgsim/exchange/mpi_transport.py. The parameter server's
+downlink format: tgsim/exchange/ps_downlink.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 from typing import Sequence
 
 import numpy as np
 
-from tgsim.backend import array_module as _xp_of, get_xp, gpu_available, to_numpy
+from tgsim.backend import array_module as _xp_of, gpu_available, to_numpy
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
+from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.mpi_transport import Staging, cuda_aware, mpi_module, node_local_rank, select_gpu  # noqa: F401
 from tgsim.exchange.pieces import HDR, PiecePlan, SenderError
+from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode,  # noqa: F401
+                                        ps_decode_base, ps_downlink, ps_downlink_size)
 from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
 
 _U64 = np.dtype("<u8")
@@ -101,170 +90,6 @@ PS_TRANSPORTS = ("p2p", "collective")
 CHUNK = 1 << 18       # elements per piece of the pipelined ps and allgather (64 KiB of 2-bit codes)
 
 
-def _mpi():
-    from mpi4py import MPI  # noqa: PLC0415  (the `mpi` extra)
-
-    return MPI
-
-
-def cuda_aware() -> bool:
-    """True if the MPI library under mpi4py accepts CUDA device buffers.
-
-    TGSIM_MPI_CUDA_AWARE=1/0 overrides the probe (some Open MPI + UCX builds under-report).
-    Probe: MPIX_Query_cuda_support() (Open MPI, MPICH >= 4) or MPIX_GPU_query_support(CUDA=0, &flag)
-    (MPICH), looked up in libmpi through mpi4py's extension module; False when neither exists.
-    """
-    env = os.environ.get("TGSIM_MPI_CUDA_AWARE", "").strip().lower()
-    if env in ("1", "true", "yes"):
-        return True
-    if env in ("0", "false", "no"):
-        return False
-    MPI = _mpi()
-    try:
-        lib = ctypes.CDLL(MPI.__file__)
-    except OSError:
-        return False
-    fn = getattr(lib, "MPIX_Query_cuda_support", None)
-    if fn is not None:
-        fn.restype, fn.argtypes = ctypes.c_int, []
-        return bool(fn())
-    fn = getattr(lib, "MPIX_GPU_query_support", None)
-    if fn is not None:
-        flag = ctypes.c_int(0)
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-        return fn(0, ctypes.byref(flag)) == 0 and bool(flag.value)   # 0 = MPIX_GPU_SUPPORT_CUDA
-    return False
-
-
-def node_local_rank(comm) -> tuple[int, int]:
-    """(rank, size) of this process among the ranks on its node (COMM_TYPE_SHARED split)."""
-    MPI = _mpi()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-
-
-def select_gpu(comm) -> int | None:
-    """Make GPU (node-local rank mod device count) current; None when there is no GPU.
-
-    Collective over `comm` (the node split runs on every rank, with or without a GPU)."""
-    local, _ = node_local_rank(comm)
-    if not gpu_available():
-        return None
-    cp = get_xp("cupy")
-    dev = local % cp.cuda.runtime.getDeviceCount()
-    cp.cuda.Device(dev).use()
-    return dev
-
-
-def _f32_bytes(x) -> np.ndarray:
-    return np.ascontiguousarray(to_numpy(x), dtype=np.float32).reshape(-1).view(np.uint8)
-
-
-def _ordered_sum_mean(parts: Sequence, n: int, xp):
-    """f32(Σ_w f64(p_w), ascending w, · 1/n) of flat arrays: `inprocess.mean_of_layers`' order."""
-    acc = xp.zeros(parts[0].size if parts else 0, dtype=xp.float64)
-    for p in parts:
-        acc += p.reshape(-1).astype(xp.float64)
-    return (acc * xp.float64(1.0 / n)).astype(xp.float32)
-
-
-def _code_dtype(n: int):
-    if n > 32767:
-        raise ValueError(f"the integer all-reduce of ternary codes supports up to 32767 ranks, got {n}")
-    return np.int8 if n <= 127 else np.int16
-
-
-def _message_to(msg: Message, xp) -> Message:
-    if xp is np:
-        return msg
-    return Message(msg.layout, msg.scalers, [xp.asarray(p) for p in msg.parts])
-
-
-# -- the parameter server's downlink (pure functions, shared by the server and the workers) --------
-
-def ps_downlink_size(layout: Layout, n: int, shared: bool, reternarize: bool) -> int:
-    """Bytes of the server's downlink payload (without the status word); known to every rank."""
-    if reternarize:
-        return len(layout.header_bytes()) + layout.body_bytes()
-    if not shared:
-        return sum(4 * s.size for s in layout.layers)
-    width = packing.uint_width(n)
-    return sum(4 + -(-s.size * width // 8) if s.kind == KIND_TERNARY else 4 * s.size for s in layout.layers)
-
-
-def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.ndarray:
-    """The server's downlink bytes before any re-ternarization (mirrors inprocess.terngrad_mean, ps)."""
-    n = len(messages)
-    layout = messages[0].layout
-    xp = _xp_of(messages[0].parts[0]) if messages[0].parts else np
-    if not shared:
-        mean = codec.aggregate(messages, divide_by=n)
-        chunks = [_f32_bytes(mean[s.name]) for s in layout.layers]
-    else:
-        width = packing.uint_width(n)
-        kern = codec.kernels_for(xp)
-        chunks = []
-        for i, spec in enumerate(layout.layers):
-            parts = [m.parts[i] for m in messages]
-            if spec.kind != KIND_TERNARY:
-                chunks.append(_f32_bytes(_ordered_sum_mean(parts, n, xp)))
-                continue
-            intsum = kern.sum_codes(xp.stack(parts), spec.size, codec.packing, _code_dtype(n))
-            payload = packing.pack_code_sums(intsum, n, width)
-            chunks.append(np.float32(messages[0].scalers[i]).reshape(1).view(np.uint8))
-            chunks.append(to_numpy(payload).astype(np.uint8, copy=False))
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
-
-
-def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np) -> dict:
-    """Mean per layer from a base downlink (ValueError if it is malformed)."""
-    buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
-    mean, off = {}, 0
-    width = packing.uint_width(n)
-    for spec in layout.layers:
-        if spec.kind != KIND_TERNARY or not shared:
-            nb = 4 * spec.size
-            mean[spec.name] = xp.asarray(buf[off:off + nb].copy().view(np.float32).reshape(spec.shape))
-            off += nb
-            continue
-        s = float(buf[off:off + 4].copy().view(np.float32)[0])
-        if not (np.isfinite(s) and s >= 0):
-            raise ValueError(f"layer {spec.name!r}: invalid scaler {s} in the downlink")
-        nb = -(-spec.size * width // 8)
-        if buf.size < off + 4 + nb:
-            raise ValueError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
-        flat = packing.unpack_code_sums(xp.asarray(buf[off + 4:off + 4 + nb]), spec.size, width, n, s, name=spec.name)
-        mean[spec.name] = flat.reshape(spec.shape)
-        off += 4 + nb
-    if off != buf.size:
-        raise ValueError(f"downlink is {buf.size} bytes, the layout needs {off}")
-    return mean
-
-
-def ps_downlink(codec, messages: Sequence[Message], shared: bool, reternarize_key=None) -> np.ndarray:
-    """The server's complete downlink bytes for `messages` (all N, in rank order)."""
-    base = ps_base_downlink(codec, messages, shared)
-    if reternarize_key is None:
-        return base
-    layout = messages[0].layout
-    xp = _xp_of(messages[0].parts[0]) if messages[0].parts else np
-    mean = ps_decode_base(layout, base, len(messages), shared, xp)
-    msg = codec.downlink_codec().encode(mean, reternarize_key)
-    return np.frombuffer(msg.to_bytes(), dtype=np.uint8)
-
-
-def ps_decode(codec, layout: Layout, buf: np.ndarray, n: int, shared: bool, reternarize: bool,
-              xp=np) -> dict:
-    """Mean per layer from the server's downlink (what every rank applies)."""
-    if not reternarize:
-        return ps_decode_base(layout, buf, n, shared, xp)
-    msg = _message_to(from_bytes(memoryview(np.ascontiguousarray(buf, dtype=np.uint8)), layout), xp)
-    return codec.downlink_codec().decode(msg)
-
-
 # -- the exchange -------------------------------------------------------------------------------------
 
 class MPIExchange:
@@ -272,7 +97,7 @@ class MPIExchange:
 
     def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
                  ps_transport: str = "p2p", chunk: int = CHUNK):
-        MPI = _mpi()
+        MPI = mpi_module()
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
@@ -291,8 +116,8 @@ class MPIExchange:
         self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
         self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
-        self._pending = CommBytes()      # scaler sharing, added to the next terngrad() result
-        self._pinned: dict[str, tuple] = {}
+        self._pending = CommBytes()      # scaler sharing, added to the next aggregate() result
+        self.staging = Staging(self.cuda_aware)
 
     # -- control ---------------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -399,25 +224,25 @@ class MPIExchange:
             counts = [bounds[k + 1] - bounds[k] for k in range(n)]
             displs = bounds[:-1]
             own = counts[r]
-            send = self._wire(seg, "a2a-send")
-            recv = self._landing(n * own, seg.dtype, xp, "a2a-recv")
-            self._sync(xp)
+            send = self.staging.wire(seg, "a2a-send")
+            recv = self.staging.landing(n * own, seg.dtype, xp, "a2a-recv")
+            self.staging.sync(xp)
             self.comm.Alltoallv([send, (counts, displs), mtype],
                                 [recv, ([own] * n, [own * w for w in range(n)]), mtype])
-            recv = self._back(recv, xp)
+            recv = self.staging.back(recv, xp)
             if xp is np:    # one fused pass over the n received chunks, same order and bits
                 from tgsim.exchange._numba_mean import ordered_mean
 
                 mine = ordered_mean(recv.reshape(n, own), n)
             else:
-                mine = _ordered_sum_mean([recv[w * own:(w + 1) * own] for w in range(n)], n, xp)
+                mine = ordered_mean_flat([recv[w * own:(w + 1) * own] for w in range(n)], n)
             dest = out[start:start + m]
-            res = dest if xp is np else self._landing(m, np.float32, xp, "ag-recv")   # NumPy: straight into out
-            send = self._wire(mine, "ag-send")
-            self._sync(xp)
+            res = dest if xp is np else self.staging.landing(m, np.float32, xp, "ag-recv")   # NumPy: straight into out
+            send = self.staging.wire(mine, "ag-send")
+            self.staging.sync(xp)
             self.comm.Allgatherv([send, MPI.FLOAT], [res, (counts, displs), MPI.FLOAT])
             if res is not dest:
-                dest[...] = self._back(res, xp)
+                dest[...] = self.staging.back(res, xp)
             isz = seg.dtype.itemsize
             nbytes += CommBytes(isz * (m - own) + 4 * own * (n - 1), isz * own * (n - 1) + 4 * (m - own))
         return out, nbytes
@@ -432,11 +257,11 @@ class MPIExchange:
         step = max(1, self.bucket_bytes // 4)
         for start in range(0, flat.size, step):
             view = flat[start:start + step]
-            seg = self._wire(view, "native")        # the view itself, or a pinned host copy of it
-            self._sync(xp)
+            seg = self.staging.wire(view, "native")        # the view itself, or a pinned host copy of it
+            self.staging.sync(xp)
             self.comm.Allreduce(MPI.IN_PLACE, [seg, MPI.FLOAT], op=MPI.SUM)
             if seg is not view:
-                view[...] = self._back(seg, xp)
+                view[...] = self.staging.back(seg, xp)
         flat *= xp.float32(1.0 / self.size)
         b = ring_allreduce_bytes(4 * flat.size, self.size)
         return flat, CommBytes(b, b)
@@ -591,7 +416,7 @@ class MPIExchange:
         if shared:
             self._check_scalers(msgs, msg, where)
         xp = _xp_of(msg.parts[0]) if msg.parts else np
-        msgs = [_message_to(m, xp) for m in msgs]
+        msgs = [message_to(m, xp) for m in msgs]
         try:
             mean = codec.aggregate(msgs, divide_by=n)
         except ValueError as e:
@@ -613,7 +438,7 @@ class MPIExchange:
                 msgs = [self._parse(slots[r], msg.layout, r, where) for r in range(n)]
                 if shared:
                     self._check_scalers(msgs, msg, where)
-                msgs = [_message_to(m, xp) for m in msgs]
+                msgs = [message_to(m, xp) for m in msgs]
                 try:
                     down = ps_downlink(codec, msgs, shared, reternarize_key)
                 except PeerPayloadError:
@@ -812,7 +637,7 @@ class MPIExchange:
 
     def _allreduce_codes(self, codec, msg: Message):
         MPI, n = self.MPI, self.size
-        dtype = _code_dtype(n)
+        dtype = code_dtype(n)
         mtype = MPI.INT8_T if dtype == np.int8 else MPI.INT16_T
         xp = _xp_of(msg.parts[0]) if msg.parts else np
         kern = codec.kernels_for(xp)
@@ -828,10 +653,10 @@ class MPIExchange:
             off += size
         step = max(1, self.bucket_bytes // codes.itemsize)
         for start in range(0, total, step):
-            seg = self._wire(xp.ascontiguousarray(codes[start:start + step]), "codes")
-            self._sync(xp)
+            seg = self.staging.wire(xp.ascontiguousarray(codes[start:start + step]), "codes")
+            self.staging.sync(xp)
             self.comm.Allreduce(MPI.IN_PLACE, [seg, mtype], op=MPI.SUM)
-            codes[start:start + seg.size] = self._back(seg, xp)
+            codes[start:start + seg.size] = self.staging.back(seg, xp)
         b = ring_allreduce_bytes(codes.nbytes, n)
         nbytes = CommBytes(b, b)
         if total and xp is not np and int(xp.abs(codes.astype(xp.int32)).max()) > n:
@@ -858,53 +683,6 @@ class MPIExchange:
     def _beyond_n(self, n: int) -> PeerPayloadError:
         return PeerPayloadError(f"rank {self.rank}: the integer all-reduce returned a code sum beyond ±{n}: "
                                 "some rank contributed invalid codes (a reduction cannot name the sender)")
-
-    # -- device buffers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _sync(xp) -> None:
-        if xp is not np:
-            xp.cuda.get_current_stream().synchronize()
-
-    def _pinned_array(self, key: str, count: int, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        nbytes = max(1, count * dtype.itemsize)
-        have = self._pinned.get(key)
-        if have is None or have[1] < nbytes:
-            mem = get_xp("cupy").cuda.alloc_pinned_memory(nbytes)
-            have = (mem, nbytes)
-            self._pinned[key] = have
-        return np.frombuffer(have[0], dtype=dtype, count=count)
-
-    def _wire(self, arr, key: str):
-        """`arr` as a buffer MPI can read: itself (host, or device with CUDA-aware MPI) or a pinned copy."""
-        if isinstance(arr, np.ndarray):
-            return np.ascontiguousarray(arr)
-        xp = _xp_of(arr)
-        arr = xp.ascontiguousarray(arr)
-        if self.cuda_aware:
-            return arr
-        host = self._pinned_array(key, arr.size, arr.dtype)
-        arr.get(out=host)
-        self._sync(xp)
-        return host
-
-    def _landing(self, count: int, dtype, xp, key: str):
-        """A receive buffer: host for NumPy, device with CUDA-aware MPI, else pinned host memory."""
-        if xp is np:
-            return np.empty(count, dtype=dtype)
-        if self.cuda_aware:
-            return xp.empty(count, dtype=dtype)
-        return self._pinned_array(key, count, dtype)
-
-    def _back(self, buf, xp):
-        """A received buffer as an array of module `xp` (copied off the reusable pinned buffer)."""
-        if xp is np or not isinstance(buf, np.ndarray):
-            return buf
-        dev = xp.empty(buf.shape, dtype=buf.dtype)
-        dev.set(buf)
-        self._sync(xp)
-        return dev
-
 
 def _ranges(ranks: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
