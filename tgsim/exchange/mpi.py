@@ -60,8 +60,9 @@ collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data
 Native reductions (Allreduce) count the ring model 2 (N-1)/N · buffer bytes, as the simulator does.
 Control messages (any_true, mean_scalar, barrier, config check) are not counted.
 
-GPU buffers and MPI process placement: tgsim/exchange/mpi_transport.py. The parameter server's
-downlink format: tgsim/exchange/ps_downlink.py.
+GPU buffers, MPI process placement and the wire's status words and tags:
+tgsim/exchange/mpi_transport.py. The pipelined modes: tgsim/exchange/mpi_pipelined.py (a mixin of
+MPIExchange). The parameter server's downlink format: tgsim/exchange/ps_downlink.py.
 """
 
 from __future__ import annotations
@@ -74,25 +75,22 @@ from tgsim.backend import array_module as _xp_of, gpu_available, to_numpy
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
 from tgsim.codecs.ordered_mean import ordered_mean_flat
+from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
 from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
-from tgsim.exchange.mpi_transport import Staging, cuda_aware, mpi_module, node_local_rank, select_gpu  # noqa: F401
-from tgsim.exchange.pieces import HDR, PiecePlan, SenderError
+from tgsim.exchange.mpi_pipelined import PipelinedModes
+from tgsim.exchange.mpi_transport import (_HDR, _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER, _TAG_PS_DOWN,  # noqa: F401
+                                          _TAG_PS_UP, _U64, Staging, cuda_aware, mpi_module, node_local_rank,
+                                          select_gpu)
 from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode,  # noqa: F401
                                         ps_decode_base, ps_downlink, ps_downlink_size)
-from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
 
-_U64 = np.dtype("<u8")
-_HDR = HDR        # slot prefix / downlink status: one little-endian u64
-_STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
-_TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
-_TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
 PS_TRANSPORTS = ("p2p", "collective")
 CHUNK = 1 << 18       # elements per piece of the pipelined ps and allgather (64 KiB of 2-bit codes)
 
 
 # -- the exchange -------------------------------------------------------------------------------------
 
-class MPIExchange:
+class MPIExchange(PipelinedModes):
     """The `Exchange` protocol over MPI: one worker per rank (see the module docstring)."""
 
     def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
@@ -467,148 +465,6 @@ class MPIExchange:
         else:
             nbytes = CommBytes(slot.size, buf.size)
         return mean, nbytes
-
-    def defers_encode(self, mode: str, shared: bool, reternarize: bool) -> bool:
-        """True where this exchange takes a NumPy message in pieces (`terngrad` dispatches on it), so
-        a `DeferredMessage` (codec.encode_many(deferred=True)) is encoded piece by piece while
-        earlier pieces are on the wire; elsewhere a deferred message is encoded whole on this
-        thread, so the caller should not ask for one."""
-        if self.chunk < 0:
-            return False
-        if mode == "ps":
-            return shared and not reternarize and self.ps_transport == "p2p"
-        return mode == "allgather" or (mode == "allreduce" and not shared)
-
-    def _plan(self, layout: Layout) -> PiecePlan:
-        key = (layout, self.size, self.chunk)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = PiecePlan(layout, self.size, self.chunk)
-        return plan
-
-    def _allgather_pipelined(self, codec, msg: Message, shared: bool):
-        """The all-gather in pieces (`pieces`): every piece of this rank's slot Isent to every other
-        rank and Irecvs for theirs, all posted at once, into a piece-major buffer (piece k: N rows of
-        its bytes); every rank sums piece k (`PiecePlan.aggregate`, the codec's aggregate bits) while
-        later pieces are on the wire. All ranks parse the same bytes, so a malformed payload raises
-        the same error on every rank, after every piece has arrived."""
-        MPI, n = self.MPI, self.size
-        plan = self._plan(msg.layout)
-        deferred = hasattr(msg, "write_range")          # encode each piece just before it is sent
-        slot = np.empty(plan.slot_bytes, dtype=np.uint8) if deferred else self._slot(msg)
-        got = np.empty(n * plan.slot_bytes, dtype=np.uint8)
-        blocks = [got[n * p.up[0]:n * p.up[1]].reshape(n, p.up[1] - p.up[0]) for p in plan.pieces]
-        peers = [r for r in range(n) if r != self.rank]
-        reqs = [[self.comm.Irecv([rows[r], MPI.BYTE], source=r, tag=_TAG_AG) for r in peers] for rows in blocks]
-        sends = []
-        for k, p in enumerate(plan.pieces):
-            if deferred:
-                plan.fill_slot(k, msg, slot)
-            blocks[k][self.rank] = slot[p.up[0]:p.up[1]]
-            sends += [self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=r, tag=_TAG_AG) for r in peers]
-        flat = plan.empty_mean()
-        scalers = np.zeros((len(msg.layout.layers), n), dtype=np.float32)
-        kern = codec.kernels_for(np)
-        error = None
-        for k, p in enumerate(plan.pieces):
-            self._waitall(reqs[k])
-            if error is not None:
-                continue
-            try:
-                if k == 0:
-                    plan.check_headers(blocks[0])
-                plan.aggregate(k, blocks[k], p.up[0], scalers, flat, kern, msg.scalers if shared else None)
-            except SenderError as e:
-                error = PeerPayloadError(f"rank {self.rank} received a malformed payload from rank {e.sender}: {e}")
-        self._waitall(sends)
-        if error is not None:
-            raise error
-        mean = {s.name: f.reshape(s.shape) for s, f in zip(msg.layout.layers, flat)}
-        return mean, CommBytes((n - 1) * slot.size, (n - 1) * slot.size)
-
-    def _ps_pipelined(self, codec, msg: Message):
-        """The parameter server in pieces (`pieces`): every worker Isends its slot's pieces and has
-        Irecvs posted for the downlink's; the server sums and sends piece k as soon as piece k has
-        arrived from every worker, and every rank decodes piece k while later pieces are on the wire.
-        Downlink piece k on the wire: [u64 status | piece bytes]. After an error the server still
-        receives every piece and sends every piece, marked with the error status, then broadcasts the
-        text: every rank raises the same error, and the communicator stays in step."""
-        MPI, n, root = self.MPI, self.size, 0
-        plan = self._plan(msg.layout)
-        pieces = plan.pieces
-        deferred = hasattr(msg, "write_range")          # encode each piece just before it is sent
-        slot = np.empty(plan.slot_bytes, dtype=np.uint8) if deferred else self._slot(msg)
-        wire = np.zeros(_HDR * len(pieces) + plan.down_bytes, dtype=np.uint8)
-        at = [_HDR * k + p.down[0] for k, p in enumerate(pieces)]      # status word of piece k
-        ends = [_HDR * (k + 1) + p.down[1] for k, p in enumerate(pieces)]
-        flat, scalers = plan.empty_mean(), np.zeros(len(msg.layout.layers), dtype=np.float32)
-        error, status_seen, local_error = None, _STATUS_OK, None
-        if self.rank == root:
-            where = "the parameter server (rank 0)"
-            slots = np.empty((n, slot.size), dtype=np.uint8)
-            if not deferred:
-                slots[root] = slot
-            ups = [[self.comm.Irecv([slots[r, p.up[0]:p.up[1]], MPI.BYTE], source=r, tag=_TAG_PS_UP)
-                    for r in range(n) if r != root] for p in pieces]
-            sends = []
-            kern = codec.kernels_for(np)
-            for k in range(len(pieces)):
-                if deferred and error is None:   # the server's own piece, while the workers' arrive
-                    try:
-                        plan.fill_slot(k, msg, slots[root])
-                    except Exception as e:  # noqa: BLE001  (reported below, like any server failure)
-                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
-                self._waitall(ups[k])
-                status = status_seen
-                if error is None:
-                    try:
-                        if k == 0:
-                            plan.check_headers(slots)
-                        plan.downlink(k, slots, 0, msg.scalers, kern, wire[at[k] + _HDR:ends[k]])
-                        plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
-                    except SenderError as e:
-                        error, status_seen = (f"{where} received a malformed payload from rank {e.sender}: {e}",
-                                              _STATUS_PAYLOAD)
-                    except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
-                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
-                    status = status_seen
-                wire[at[k]:at[k] + _HDR] = np.array([status], dtype=_U64).view(np.uint8)
-                sends += [self.comm.Isend([wire[at[k]:ends[k]], MPI.BYTE], dest=r, tag=_TAG_PS_DOWN)
-                          for r in range(n) if r != root]
-            self._waitall(sends)
-        else:
-            downs = [self.comm.Irecv([wire[at[k]:ends[k]], MPI.BYTE], source=root, tag=_TAG_PS_DOWN)
-                     for k in range(len(pieces))]
-            sends = []
-            for k, p in enumerate(pieces):
-                if deferred:
-                    plan.fill_slot(k, msg, slot)
-                sends.append(self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=root, tag=_TAG_PS_UP))
-            for k in range(len(pieces)):
-                self._waitall(downs[k:k + 1])
-                status = int(wire[at[k]:at[k] + _HDR].view(_U64)[0])
-                if status != _STATUS_OK:
-                    status_seen = status
-                elif status_seen == _STATUS_OK and local_error is None:
-                    try:
-                        plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
-                    except ValueError as e:
-                        local_error = e
-            self._waitall(sends)
-        if status_seen != _STATUS_OK:
-            text = self.comm.bcast(error, root=root)
-            raise (PeerPayloadError if status_seen == _STATUS_PAYLOAD else ServerError)(text)
-        if local_error is not None:
-            raise PeerPayloadError(f"rank {self.rank} received a malformed downlink from rank 0: "
-                                   f"{local_error}") from local_error
-        mean = {s.name: f.reshape(s.shape) for s, f in zip(msg.layout.layers, flat)}
-        if self.rank == root:
-            return mean, CommBytes((n - 1) * wire.size, (n - 1) * slot.size)
-        return mean, CommBytes(slot.size, wire.size)
-
-    def _waitall(self, requests: list) -> None:
-        """Wait for nonblocking transfers (a seam: the benchmark times the wire here)."""
-        self.MPI.Request.Waitall(requests)
 
     def _ps_gather(self, slot: np.ndarray, slots: np.ndarray | None, root: int) -> None:
         """slots[r] <- rank r's slot on the server (all slots have one size: the layout fixes it)."""
