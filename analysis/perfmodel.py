@@ -378,7 +378,7 @@ _ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_3
 
 
 def bench_layer_sizes(params: int) -> list[int]:
-    """The layer sizes mpi_runs/bench_exchange.py uses (AlexNet's 16 tensors scaled to `params`)."""
+    """The layer sizes tgsim.bench.exchange_rank uses (AlexNet's 16 tensors scaled to `params`)."""
     total = sum(w + b for w, b in _ALEXNET)
     out = []
     for w, b in _ALEXNET:
@@ -615,7 +615,7 @@ def _encode_attr(mode: str) -> str:
 
 
 def tbf_burst(rate_bits: float) -> float:
-    """The tbf bucket of mpi_runs/netem.sh: max(256 KiB, 1 ms at the rate) bytes."""
+    """The tbf bucket of tgsim/bench/netem.sh: max(256 KiB, 1 ms at the rate) bytes."""
     return max(262144.0, rate_bits / 8.0 * 1e-3) if rate_bits < float("inf") else 0.0
 
 

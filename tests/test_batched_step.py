@@ -114,7 +114,7 @@ def test_batch_indices_many_errors_like_the_first_failing_worker():
 def test_bench_sim_reports_every_ratio_and_the_memory_floor():
     """`tgsim bench sim` on a tiny MLP (a smoke test of the code path, not a timing): every row has
     positive rates and both forms of each speedup; the memory floor is N * params * 4 bytes."""
-    from tgsim import bench_sim
+    from tgsim.bench import sim as bench_sim
 
     rows = bench_sim.throughput(workers=(1, 3), hidden=(16,), batch=4, repeats=2)
     assert [r["workers"] for r in rows] == [1, 3]

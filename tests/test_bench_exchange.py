@@ -6,24 +6,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tgsim import bench_exchange as be
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from tgsim.bench import exchange as be
 
 OK, WHY = be.check_environment()
 needs_netns = pytest.mark.skipif(not OK, reason=f"cannot emulate a network here: {WHY}")
 
 
 def test_layer_split_and_rate_parsing():
-    from mpi_runs.bench_exchange import layer_sizes
+    from tgsim.bench.exchange_rank import layer_sizes
 
     sizes = layer_sizes(4_000_000)
     assert len(sizes) == 16 and sum(s for _, s in sizes) == 4_000_000
@@ -82,7 +77,7 @@ def test_summarize_target_threshold():
 def test_netem_forces_mpi_through_the_shaped_link():
     """netem.sh --check: a 4 MB Allreduce on 2 ranks must put >= 90% of its bytes on the shaped lo."""
     p = subprocess.run(["bash", str(be.NETEM), "--topology", "shared", "--rate", "1gbit", "--ranks", "2",
-                        "--python", sys.executable, "--check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                        "--python", sys.executable, "--check"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[netem check]" in p.stdout and "crossed lo" in p.stdout
 
@@ -112,3 +107,16 @@ def test_cmd_explains_when_namespaces_are_unavailable(monkeypatch, capsys):
     be.add_arguments(p)
     assert be.cmd(p.parse_args(["--quick"])) == 3
     assert "not root (test)" in capsys.readouterr().err
+
+
+@needs_netns
+@pytest.mark.parametrize("budget, steps", [(1e-6, 3), (600.0, 4)])
+def test_budget_sets_the_timed_steps(tmp_path, budget, steps):
+    """exchange_rank times its last warm-up round: a budget shorter than that round gets --min-steps
+    (3) timed steps, a long one all of --steps (4)."""
+    raw = tmp_path / "raw.csv"
+    rc = be.run_point("shared", "1gbit", 2, [100_000], raw, steps=4, warmup=2, budget=budget, timeout=120,
+                      quiet=True, modes=["fp32_native", "tg_allreduce"])
+    assert rc == 0
+    df = pd.read_csv(raw)
+    assert list(df["mode"]) == ["fp32_native", "tg_allreduce"] and (df["steps"] == steps).all()

@@ -82,7 +82,7 @@ def test_ps_downlink_and_allreduce_bytes_equal_the_real_payloads(n):
 
 
 def test_bench_payloads_match_the_bench_program():
-    from mpi_runs.bench_exchange import layer_sizes, synthetic_gradient
+    from tgsim.bench.exchange_rank import layer_sizes, synthetic_gradient
 
     for p in (10_000, 1_000_000, 16_000_000):
         assert pm.bench_layer_sizes(p) == [s for _, s in layer_sizes(p)]

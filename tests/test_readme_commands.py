@@ -107,9 +107,9 @@ def test_readme_command_runs_in_quick_form(command, workdir):
     if argv[0] == "make" and shutil.which("make") is None:
         pytest.skip("make is not installed")
     if "exchange" in argv:
-        from tgsim import bench_exchange
+        from tgsim.bench import exchange
 
-        ok, why = bench_exchange.check_environment()
+        ok, why = exchange.check_environment()
         if not ok:
             pytest.skip(f"cannot emulate a network here: {why}")
     proc = subprocess.run(argv, cwd=REPO, env=_environment(workdir), capture_output=True, text=True, timeout=900)

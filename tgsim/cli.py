@@ -94,23 +94,21 @@ def _cmd_codecs(args) -> int:
 
 
 def _cmd_bench_codec(args) -> int:
-    import numba
-
-    from tgsim import bench_codec
+    from tgsim.bench import codec
 
     n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 16_777_216)
     repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
-    print(f"n_elements={n} ({n * 4 / 2**20:.0f} MiB float32), numba threads={numba.get_num_threads()}")
-    print(bench_codec.format_rows(bench_codec.run(n_elements=n, workers=args.workers, repeats=repeats)))
+    print(codec.header(n))
+    print(codec.format_rows(codec.run(n_elements=n, workers=args.workers, repeats=repeats)))
     return 0
 
 
 def _cmd_bench_sim(args) -> int:
-    from tgsim import bench_sim
+    from tgsim.bench import sim
 
     quick = BENCH_SIM_QUICK if args.quick else {}
     repeats = args.repeats or quick.get("repeats", 15)
-    bench_sim.print_report(bench_sim.run(workers=quick.get("workers", (1, 8, 32, 128)), repeats=repeats))
+    sim.print_report(sim.run(workers=quick.get("workers", (1, 8, 32, 128)), repeats=repeats))
     return 0
 
 
@@ -153,15 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--repeats", type=int, help="timed calls per row (default 5)")
     bc.add_argument("--quick", action="store_true", help="2^18 elements, 2 repeats: a smoke test, not a measurement")
     bc.set_defaults(func=_cmd_bench_codec)
-    bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop; peak memory")
+    bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop and against one process "
+                                     "on the whole batch; peak memory")
     bs.add_argument("--repeats", type=int, help="interleaved rounds per N (default 15)")
     bs.add_argument("--quick", action="store_true", help="N = 1, 8, 3 rounds: a smoke test, not a measurement")
     bs.set_defaults(func=_cmd_bench_sim)
-    from tgsim import bench_exchange
+    from tgsim.bench import exchange  # light: numpy and pandas are imported when a sweep runs
 
     bx = bsub.add_parser("exchange", help="MPI exchange modes over an emulated 1/10 Gb/s network (needs root)")
-    bench_exchange.add_arguments(bx)
-    bx.set_defaults(func=bench_exchange.cmd)
+    exchange.add_arguments(bx)
+    bx.set_defaults(func=exchange.cmd)
     return p
 
 

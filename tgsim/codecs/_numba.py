@@ -169,7 +169,7 @@ _LANE_CHUNK = 2048              # lanes per task of the σ pass (2 x 16 KiB of p
 _SCRATCH_LANES = 1 << 18        # lane partials held at once by the (worker, lane chunk) σ pass (4 MiB)
 # Work below which a kernel runs serially on the calling thread (no parallel region): W * n
 # elements (moments, encode), W * nbytes payload bytes (weighted_sum, sum_codes). Measured on the
-# 2-core development machine, idle (serial vs parallel, best of 40, tgsim.bench_sim's shapes):
+# 2-core development machine, idle (serial vs parallel, best of 40, tgsim.bench.sim's shapes):
 #   σ pass    16K elements 12 vs 22 us, 65K 44 vs 23 us     -> parallel from 2^15
 #   absmax    65K elements  8 vs 10 us, 262K 32 vs 18 us    -> parallel from 2^17
 #   encode    16K elements 11 vs 12 us, 65K 40 vs 24 us     -> parallel from 2^15

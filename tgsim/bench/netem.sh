@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Run the exchange benchmark (mpi_runs/bench_exchange.py) over an emulated network.
+# Run the exchange benchmark's ranks (python -m tgsim.bench.exchange_rank) over an emulated network.
 #
-#   mpi_runs/netem.sh [--topology shared|switch] [--rate 1gbit|10gbit|none] [--ranks N]
-#                     [--burst BYTES] [--mtu BYTES] [--python PY] [--check] -- [bench_exchange args]
+#   bash netem.sh [--topology shared|switch] [--rate 1gbit|10gbit|none] [--ranks N]
+#                 [--burst BYTES] [--mtu BYTES] [--python PY] [--check] -- [exchange_rank args]
+#
+# This file is package data of tgsim.bench (`tgsim bench exchange` runs it from the installed
+# package: tgsim.bench.exchange.NETEM). PY (default: the checkout's .venv/bin/python if this file
+# sits in a checkout with one, else python3) must import tgsim; mpiexec is taken from PY's directory,
+# else from PATH.
 #
 # Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), unshare(1), ip(8) and tc(8) with the tbf qdisc.
 # Everything happens in a PRIVATE network namespace (unshare --net): the host's interfaces and
@@ -30,7 +35,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(dirname "$HERE")"
+CHECKOUT="$(dirname "$(dirname "$HERE")")"     # tgsim/bench/ -> the directory holding tgsim/
 TOPOLOGY=shared
 RATE=1gbit
 RANKS=2
@@ -48,14 +53,15 @@ while [ $# -gt 0 ]; do
     --python) PYTHON="$2"; shift 2 ;;
     --check) CHECK=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "netem.sh: unknown option $1 (bench arguments go after --)" >&2; exit 2 ;;
   esac
 done
 case "$TOPOLOGY" in shared|switch) ;; *) echo "netem.sh: --topology must be shared or switch" >&2; exit 2 ;; esac
 
 if [ -z "$PYTHON" ]; then
-  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON="$(command -v python3)"; fi
+  PYTHON="$CHECKOUT/.venv/bin/python"
+  [ -x "$PYTHON" ] || PYTHON="$(command -v python3)"
 fi
 MPIEXEC="$(dirname "$PYTHON")/mpiexec"
 [ -x "$MPIEXEC" ] || MPIEXEC="$(command -v mpiexec || true)"
@@ -99,8 +105,6 @@ shape() {   # shape DEV [nsenter prefix...]
 
 export MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp
 export OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-cd "$REPO"
 
 HOLDERS=()
 cleanup() { for p in "${HOLDERS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; }
@@ -120,7 +124,9 @@ else
     unshare --net sleep 100000 &
     pid=$!
     HOLDERS+=("$pid")
-    for _ in $(seq 50); do [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break; sleep 0.02; done
+    for _ in $(seq 50); do   # until the holder is inside its own namespace
+      [ "$(readlink /proc/$pid/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break; sleep 0.02
+    done
     ip link add "v$r" type veth peer name eth0 netns "$pid"
     ip link set "v$r" mtu "${MTU:-1500}"
     ip link set "v$r" master br0 up
@@ -135,7 +141,10 @@ else
   done
   export FI_TCP_IFACE=eth0
   COUNT=(--count-iface eth0 --count-scope rank)
-  STATS() { tc -s qdisc show dev v0 | sed -n '1,2p'; nsenter -t "${HOLDERS[0]}" -n tc -s qdisc show dev eth0 | sed -n '1,2p'; }
+  STATS() {
+    tc -s qdisc show dev v0 | sed -n '1,2p'
+    nsenter -t "${HOLDERS[0]}" -n tc -s qdisc show dev eth0 | sed -n '1,2p'
+  }
 fi
 
 echo "[netem] topology=$TOPOLOGY rate=$RATE burst=$BURST ranks=$RANKS netmod=ofi/tcp iface=$FI_TCP_IFACE" >&2
@@ -146,7 +155,7 @@ if [ "$CHECK" = 1 ]; then
   CODE='
 import os, numpy as np
 from mpi4py import MPI
-from mpi_runs.bench_exchange import iface_tx_bytes
+from tgsim.bench.exchange_rank import iface_tx_bytes
 c = MPI.COMM_WORLD; iface = os.environ["FI_TCP_IFACE"]
 a = np.ones(1 << 20, np.float32); c.Barrier(); t0 = iface_tx_bytes(iface)
 c.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM); c.Barrier(); d = iface_tx_bytes(iface) - t0
@@ -169,7 +178,8 @@ fi
 ARGS=()
 for tok in "${LAUNCH[@]}"; do
   ARGS+=("$tok")
-  [ "$tok" = "$PYTHON" ] && ARGS+=(-m mpi_runs.bench_exchange --topology "$TOPOLOGY" --rate "$RATE" "${COUNT[@]}" "$@")
+  [ "$tok" = "$PYTHON" ] && ARGS+=(-m tgsim.bench.exchange_rank --topology "$TOPOLOGY" --rate "$RATE" "${COUNT[@]}"
+                                   "$@")
 done
 set +e
 "$MPIEXEC" "${ARGS[@]}"

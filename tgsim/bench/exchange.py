@@ -1,13 +1,13 @@
 """`tgsim bench exchange`: per-step exchange time of fp32 and TernGrad over an emulated network.
 
-    python -m tgsim.bench_exchange [--quick] [--out results/bench_exchange.csv]
-    tgsim bench exchange [...]                    (once tgsim/cli.py routes to `cmd`)
+    tgsim bench exchange [--quick] [--out results/bench_exchange.csv] [...]
+    python -m tgsim.bench.exchange [...]
 
-For every (topology, rate, N) it runs `mpi_runs/netem.sh` -- a private network namespace with the
-link shaped by `tc tbf`, MPI forced onto TCP through it -- which starts `mpi_runs/bench_exchange.py`
-under mpiexec. That program times, on synthetic AlexNet-shaped gradients of P parameters, every
-exchange mode of `tgsim.exchange.mpi.MPIExchange` (see its docstring for the columns). This module
-adds, per row:
+For every (topology, rate, N) it runs `netem.sh` (package data of tgsim.bench, `NETEM`) -- a private
+network namespace with the link shaped by `tc tbf`, MPI forced onto TCP through it -- which starts
+`python -m tgsim.bench.exchange_rank` under mpiexec, with this interpreter. That program times, on
+synthetic AlexNet-shaped gradients of P parameters, every exchange mode of
+`tgsim.exchange.mpi.MPIExchange` (see its docstring for the columns). This module adds, per row:
 
   speedup        t_step(fp32_native) / t_step(mode): native MPI Allreduce is the honest fp32 baseline
   speedup_vs_exact   t_step(fp32_exact) / t_step(mode)
@@ -35,10 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import resources
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NETEM = REPO / "mpi_runs" / "netem.sh"
+NETEM = Path(str(resources.files("tgsim.bench") / "netem.sh"))   # where the installed package has it
 
 FULL = dict(topologies=("shared", "switch"), rates=("1gbit", "10gbit"), ranks=(2, 4, 8),
             params=(1_000_000, 4_000_000, 16_000_000), steps=5, warmup=1, budget=45.0)
@@ -71,8 +71,8 @@ def check_environment(shaping: bool = True) -> tuple[bool, str]:
     for tool, pkg in (("unshare", "util-linux"), ("ip", "iproute2"), ("tc", "iproute2"), ("nsenter", "util-linux")):
         if shutil.which(tool) is None:
             return False, f"`{tool}` is not installed (package {pkg})"
-    if not NETEM.exists():
-        return False, f"{NETEM} not found (run from a checkout of the repository)"
+    if not NETEM.is_file():
+        return False, f"{NETEM} not found: tgsim is installed without its package data (reinstall it)"
     try:
         import mpi4py  # noqa: F401
     except ImportError:
@@ -101,8 +101,7 @@ def run_point(topology: str, rate: str, ranks: int, params, raw_csv: Path, steps
            "--budget", str(budget), "--out", str(raw_csv)]
     if modes:
         cmd += ["--modes", ",".join(modes)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -268,7 +267,7 @@ def cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tgsim.bench_exchange", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tgsim.bench.exchange", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return cmd(p.parse_args(argv))

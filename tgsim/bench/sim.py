@@ -7,24 +7,31 @@ For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
   * the same against the fully per-worker pipeline, a Python loop over loss_and_grad and over the
     codec's single-worker scaling / encode ("pipeline speedup");
   * the gradient phase alone, batched against looped;
+  * the batched step against its compute floor ("x floor" = step time / floor time): one step of
+    the same model trained as ONE process on the whole batch -- its N · B samples gathered from the
+    training set, one loss_and_grad with a single worker of N · B samples, a plain SGD update, fp32,
+    no codec, no exchange;
   * peak memory of one step (tracemalloc, which sees NumPy's allocations) against the floor
     N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
-All variants are timed in interleaved rounds (each once per round, after one untimed call), so that
-a shared machine's load affects them alike; speedups are given best-against-best and as the median
-within-round ratio.
+All variants are timed in interleaved rounds (tgsim.bench.timing.rounds: each once per round, after
+one untimed call), so that a shared machine's load affects them alike; ratios are given
+best-against-best and as the median within-round ratio.
 """
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import numpy as np
 
+from tgsim.bench.timing import rounds
 from tgsim.codecs.terngrad import ScalingBatch
+from tgsim.data.batching import batch_indices_many
 from tgsim.rng import StreamKey
 from tgsim.train.config import from_dict
-from tgsim.train.loop import build, train_step
+from tgsim.train.loop import build, local_batch, train_step
+from tgsim.train.optim import sgd
+from tgsim.train.schedules import learning_rate
 
 
 def _config(n: int, hidden, batch: int, kernels: str):
@@ -79,31 +86,32 @@ class _LoopedCodec:
                 for w, wid in enumerate(workers)]
 
 
-def _rounds(variants: dict, repeats: int) -> dict:
-    """Seconds per call of each variant in the steady state of a training loop, measured in
-    `repeats` interleaved rounds so that all variants see the same state of a shared, noisy
-    machine: per round, each variant in a fixed order is called once untimed (its caches and
-    allocator warm again after the other variants ran, as in a loop of that variant alone) and
-    then once timed."""
-    for fn in variants.values():
-        fn()                            # JIT compilation, first-touch allocations
-    times = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: np.asarray(t) for name, t in times.items()}
+def _one_process_step(setup, params, step: int = 0):
+    """The compute floor of the N workers' step: a function that runs one step of the same model as
+    ONE process on the whole batch -- the N · B samples of the workers' batches at `step` gathered
+    from the training set, loss_and_grad on them as a single worker (shape (1, N · B, ...)), and a
+    plain SGD update of `params` (float32; no codec, no exchange, no momentum). Returns the new
+    parameters; `params` is not modified."""
+    cfg, ds = setup.cfg, setup.dataset
+    local = setup.exchange.local_workers
+    idx = batch_indices_many([setup.shards[w] for w in local], cfg.workers.per_worker_batch, cfg.run.seed,
+                             step, local).reshape(-1)
+    model, update = setup.model, sgd().update
+    lr = learning_rate(cfg.schedule, step, cfg.run.steps)
+
+    def run():
+        _, grads = model.loss_and_grad(params, ds.x_train[idx][None], ds.y_train[idx][None])
+        return update({k: g[0] for k, g in grads.items()}, {}, params, lr)[0]
+    return run
 
 
 def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repeats: int = 15,
                kernels: str = "auto") -> list[dict]:
-    """Per N: steps/s (best round) of the batched step, the looped step and the per-worker pipeline,
-    and the speedups two ways: best against best (min/min: each variant's least-disturbed round)
-    and the median over rounds of the within-round ratio."""
-    from tgsim.train.loop import local_batch
-
+    """Per N: steps/s (best round) of the batched step, the looped step, the per-worker pipeline and
+    the one-process floor, and the ratios two ways: best against best (min/min: each variant's
+    least-disturbed round) and the median over rounds of the within-round ratio. Speedups are
+    slow / fast (> 1: the batched form is faster); x_floor = batched step / floor: the cost of the
+    simulated step against training the same model as one process."""
     rows = []
     for n in workers:
         setup = build(_config(n, hidden, batch, kernels))
@@ -119,21 +127,25 @@ def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repea
                 train_step(setup, params, state, 0)
             return run
 
-        t = _rounds({"batched_grad": lambda: model.loss_and_grad(params, x, y),
-                     "looped_grad": lambda: looped_model.loss_and_grad(params, x, y),
-                     "batched": step(model, codec), "looped": step(looped_model, codec),
-                     "pipeline": step(looped_model, looped_codec)}, repeats)
+        timed = rounds({"batched_grad": lambda: model.loss_and_grad(params, x, y),
+                        "looped_grad": lambda: looped_model.loss_and_grad(params, x, y),
+                        "batched": step(model, codec), "looped": step(looped_model, codec),
+                        "pipeline": step(looped_model, looped_codec),
+                        "floor": _one_process_step(setup, params)}, repeats, warm_each=True)
         setup.model, setup.codec = model, codec
+        t = {name: timing.seconds for name, timing in timed.items()}
 
-        def speedup(slow, fast):
-            return float(t[slow].min() / t[fast].min()), float(np.median(t[slow] / t[fast]))
+        def ratio(num, den):
+            return float(t[num].min() / t[den].min()), float(np.median(t[num] / t[den]))
 
         row = {"workers": n, "steps_per_s": 1 / float(t["batched"].min()),
                "looped_steps_per_s": 1 / float(t["looped"].min()),
-               "pipeline_steps_per_s": 1 / float(t["pipeline"].min())}
+               "pipeline_steps_per_s": 1 / float(t["pipeline"].min()),
+               "floor_steps_per_s": 1 / float(t["floor"].min())}
         for key, (slow, fast) in {"step": ("looped", "batched"), "grad": ("looped_grad", "batched_grad"),
                                   "pipeline": ("pipeline", "batched")}.items():
-            row[f"{key}_speedup"], row[f"{key}_speedup_median_round"] = speedup(slow, fast)
+            row[f"{key}_speedup"], row[f"{key}_speedup_median_round"] = ratio(slow, fast)
+        row["x_floor"], row["x_floor_median_round"] = ratio("batched", "floor")
         rows.append(row)
     return rows
 
@@ -161,18 +173,22 @@ def run(workers=(1, 8, 32, 128), repeats: int = 15) -> dict:
 
 def print_report(res: dict) -> None:
     print("simulator throughput, MLP 40-256-256-10, 8 samples per worker, TernGrad (ps, explicit clip)")
-    print("speedups: best round against best round (min/min), and in brackets the median over rounds "
+    print("ratios: best round against best round (min/min), and in brackets the median over rounds "
           "of the within-round ratio")
     print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>16} {'grad speedup':>16} "
-          f"{'pipeline steps/s':>17} {'pipeline speedup':>17}")
+          f"{'pipeline steps/s':>17} {'pipeline speedup':>17} {'floor steps/s':>14} {'x floor':>16}")
     for r in res["throughput"]:
         print(f"{r['workers']:5d} {r['steps_per_s']:9.1f} {r['looped_steps_per_s']:15.1f} "
               f"{r['step_speedup']:6.2f}x ({r['step_speedup_median_round']:5.2f}x) "
               f"{r['grad_speedup']:6.2f}x ({r['grad_speedup_median_round']:5.2f}x) "
               f"{r['pipeline_steps_per_s']:17.1f} "
-              f"{r['pipeline_speedup']:6.2f}x ({r['pipeline_speedup_median_round']:5.2f}x)")
+              f"{r['pipeline_speedup']:6.2f}x ({r['pipeline_speedup_median_round']:5.2f}x) "
+              f"{r['floor_steps_per_s']:14.1f} "
+              f"{r['x_floor']:6.2f}x ({r['x_floor_median_round']:5.2f}x)")
     print("looped: per-worker loss_and_grad, codec batched; pipeline: per-worker loss_and_grad, "
           "scaling and encode (the target: pipeline speedup >= 5x at N = 32)")
+    print("floor: the same model as one process on the whole batch (N x 8 samples, one loss_and_grad, "
+          "SGD, fp32, no codec, no exchange); x floor = batched step time / floor time")
     m = res["memory"]
     print(f"peak memory of one step, MLP of {m['params']:,} parameters, N = {m['workers']}: "
           f"{m['peak_bytes'] / 2**20:.1f} MiB against the gradient floor {m['floor_bytes'] / 2**20:.1f} MiB "

@@ -1,9 +1,10 @@
 """Codec kernel benchmark: fused Numba kernels vs the array reference vs memory-bandwidth floors.
 
-    python -m tgsim.bench_codec [n_elements] [workers] [repeats]
+    tgsim bench codec [--elements N] [--workers W] [--repeats R] [--quick]
+    python -m tgsim.bench.codec [n_elements] [workers] [repeats]
 
 Every row is the median of `repeats` timed calls after one untimed warm-up call (so Numba compile
-time is excluded); the slow reference path uses at most 2 timed calls. Rows:
+time is excluded; tgsim.bench.timing); the slow reference path uses at most 2 timed calls. Rows:
 
   floor read g             one parallel read-only pass over the float32 gradient (Numba sum)
   floor read payloads      one parallel read-only pass over the W packed 2-bit payloads
@@ -19,20 +20,23 @@ time is excluded); the slow reference path uses at most 2 timed calls. Rows:
                            and per-worker scalers; fused into a fresh result or into `out=`
   sum_codes                integer Σ codes of the same payloads
 
-Columns: seconds (median), min_seconds (fastest call: the machine may be shared); ratio_vs_floor = seconds / floor (the read floor of g for the encode
-rows, the wsum floor for the payload rows); ratio_vs_reference = reference seconds / seconds (the
-speed-up; > 1 is faster); wire_bytes = payload bytes (2-bit: n/4 per worker, base-3: ceil(n/5));
-bit_identical = the fused output equals the reference output byte for byte (None: not compared).
+Columns: seconds (median), min_seconds (fastest call: the machine may be shared); ratio_vs_floor =
+seconds / floor (the read floor of g for the encode rows, the wsum floor for the payload rows);
+ratio_vs_reference = reference seconds / seconds (the speed-up; > 1 is faster); wire_bytes = payload
+bytes (2-bit: n/4 per worker, base-3: ceil(n/5)); bit_identical = the fused output equals the
+reference output byte for byte (None: not compared).
 """
 
 from __future__ import annotations
 
 import sys
-import time
+from typing import NamedTuple
 
+import numba
 import numpy as np
 from numba import njit, prange
 
+from tgsim.bench.timing import time_call
 from tgsim.codecs import _numba as fused
 from tgsim.codecs import packing, stats, ternary
 from tgsim.rng import StreamKey
@@ -62,23 +66,11 @@ def _write_floor_f32(a, v):
         a[i] = v
 
 
-class _Timing(float):
-    """Median seconds (a float) that also carries the fastest call, `.best`."""
+class _Sum(NamedTuple):
+    """Two floors paid one after the other: median = sum of the medians, best = sum of the bests."""
 
+    median: float
     best: float
-
-
-def _median_time(fn, repeats: int) -> tuple[_Timing, object]:
-    """(median seconds of `repeats` calls after one warm-up call, the last result)."""
-    result = fn()                        # warm-up: compile, caches, first touch; not timed
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    med = _Timing(np.median(times))
-    med.best = float(min(times))
-    return med, result
 
 
 def _reference_encode(g, clip, key, fmt):
@@ -103,34 +95,34 @@ def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> lis
     wire = {f: packing.packed_size(n, f) for f in packing.FORMATS}
     rows: list[dict] = []
 
-    def row(what, seconds, floor=None, reference=None, wire_bytes=None, same=None):
-        rows.append({"what": what, "seconds": float(seconds),
-                     "min_seconds": getattr(seconds, "best", float(seconds)),
-                     "ratio_vs_floor": None if floor is None else seconds / floor,
-                     "ratio_vs_reference": None if reference is None else reference / seconds,
+    def row(what, t, floor=None, reference=None, wire_bytes=None, same=None):
+        """t, floor, reference: timings (.median and .best seconds); ratios of medians."""
+        rows.append({"what": what, "seconds": t.median, "min_seconds": t.best,
+                     "ratio_vs_floor": None if floor is None else t.median / floor.median,
+                     "ratio_vs_reference": None if reference is None else reference.median / t.median,
                      "wire_bytes": wire_bytes, "bit_identical": same})
 
     # -- floor of the encode side ------------------------------------------------------------------
-    floor_read, _ = _median_time(lambda: _read_floor_f32(g), repeats)
+    floor_read = time_call(lambda: _read_floor_f32(g), repeats)
     row("floor read g (float32, 1 pass)", floor_read, floor=floor_read)
 
     # -- moments + encode of one layer ------------------------------------------------------------
     for fmt in ("2bit", "base3"):
         for clip in ("none", "explicit"):
-            ref_t, ref_out = _median_time(lambda: _reference_encode(g, clip, key, fmt), ref_repeats)
-            t, out = _median_time(lambda: _fused_encode(g, clip, key, fmt), repeats)
+            ref_t = time_call(lambda: _reference_encode(g, clip, key, fmt), ref_repeats)
+            t = time_call(lambda: _fused_encode(g, clip, key, fmt), repeats)
             row(f"reference moments+encode {fmt} clip={clip}", ref_t, floor=floor_read,
                 wire_bytes=wire[fmt])
             row(f"fused moments+encode {fmt} clip={clip}", t, floor=floor_read, reference=ref_t,
-                wire_bytes=wire[fmt], same=bool(np.array_equal(out, ref_out)))
+                wire_bytes=wire[fmt], same=bool(np.array_equal(t.result, ref_t.result)))
     for need_sigma in (False, True):
-        t, _ = _median_time(lambda: fused.moments(g, need_sigma), repeats)
+        t = time_call(lambda: fused.moments(g, need_sigma), repeats)
         row(f"fused moments only, need_sigma={need_sigma}", t, floor=floor_read)
     m = fused.moments(g, True)
     sc = ternary.scaling_from_moments(m.absmax, m.sigma, "explicit", CLIP_FACTOR)
     for clip_bound in (float("inf"), sc.clip_bound):
         label = "none" if clip_bound == float("inf") else "explicit"
-        t, _ = _median_time(lambda: fused.encode(g, sc.scaler, clip_bound, key, "2bit"), repeats)
+        t = time_call(lambda: fused.encode(g, sc.scaler, clip_bound, key, "2bit"), repeats)
         row(f"fused encode only 2bit clip={label}", t, floor=floor_read, wire_bytes=wire["2bit"])
 
     # -- weighted_sum of W workers' 2-bit payloads --------------------------------------------------
@@ -140,33 +132,30 @@ def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> lis
     shared = np.full(workers, m.absmax, dtype=np.float32)
     distinct = (m.absmax * np.linspace(1.0, 2.0, workers)).astype(np.float32)
     out = np.empty(n, dtype=np.float32)
-    floor_rp, _ = _median_time(lambda: _read_floor_u8(payloads.reshape(-1)), repeats)
-    floor_w, _ = _median_time(lambda: _write_floor_f32(out, np.float32(1.0)), repeats)
-    floor_ws = _Timing(floor_rp + floor_w)
-    floor_ws.best = floor_rp.best + floor_w.best
+    floor_rp = time_call(lambda: _read_floor_u8(payloads.reshape(-1)), repeats)
+    floor_w = time_call(lambda: _write_floor_f32(out, np.float32(1.0)), repeats)
+    floor_ws = _Sum(floor_rp.median + floor_w.median, floor_rp.best + floor_w.best)
     row(f"floor read payloads ({workers} x 2bit)", floor_rp, floor=floor_rp, wire_bytes=payloads.size)
     row("floor write out (float32[n], preallocated)", floor_w, floor=floor_w)
     row("floor wsum = read payloads + write out", floor_ws, floor=floor_ws)
-    t, _ = _median_time(lambda: _write_floor_f32(np.empty(n, np.float32), np.float32(1.0)), repeats)
+    t = time_call(lambda: _write_floor_f32(np.empty(n, np.float32), np.float32(1.0)), repeats)
     row("write fresh out (np.empty + fill: page faults)", t, floor=floor_ws)
     for label, scalers in (("shared scaler", shared), ("per-worker scalers", distinct)):
-        ref_t, ref_out = _median_time(
-            lambda: packing.weighted_sum(payloads, scalers, n, "2bit", workers), ref_repeats)
+        ref_t = time_call(lambda: packing.weighted_sum(payloads, scalers, n, "2bit", workers), ref_repeats)
         row(f"reference weighted_sum {workers} x 2bit, {label}", ref_t, floor=floor_ws,
             wire_bytes=payloads.size)
-        t, res = _median_time(lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers), repeats)
+        t = time_call(lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers), repeats)
         row(f"fused weighted_sum {workers} x 2bit, {label}, fresh out", t, floor=floor_ws,
             reference=ref_t, wire_bytes=payloads.size,
-            same=bool(np.array_equal(res.view(np.uint32), ref_out.view(np.uint32))))
-        t, res = _median_time(
-            lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers, out=out), repeats)
+            same=bool(np.array_equal(t.result.view(np.uint32), ref_t.result.view(np.uint32))))
+        t = time_call(lambda: fused.weighted_sum(payloads, scalers, n, "2bit", workers, out=out), repeats)
         row(f"fused weighted_sum {workers} x 2bit, {label}, out= preallocated", t, floor=floor_ws,
             reference=ref_t, wire_bytes=payloads.size,
-            same=bool(np.array_equal(res.view(np.uint32), ref_out.view(np.uint32))))
-    ref_t, ref_out = _median_time(lambda: packing.sum_codes(payloads, n, "2bit"), ref_repeats)
-    t, res = _median_time(lambda: fused.sum_codes(payloads, n, "2bit"), repeats)
+            same=bool(np.array_equal(t.result.view(np.uint32), ref_t.result.view(np.uint32))))
+    ref_t = time_call(lambda: packing.sum_codes(payloads, n, "2bit"), ref_repeats)
+    t = time_call(lambda: fused.sum_codes(payloads, n, "2bit"), repeats)
     row(f"fused sum_codes {workers} x 2bit (int8)", t, floor=floor_ws, reference=ref_t,
-        wire_bytes=payloads.size, same=bool(np.array_equal(res, ref_out)))
+        wire_bytes=payloads.size, same=bool(np.array_equal(t.result, ref_t.result)))
     return rows
 
 
@@ -184,12 +173,15 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import numba
+def header(n_elements: int) -> str:
+    """The line printed above the table: the gradient size and Numba's thread count."""
+    return (f"n_elements={n_elements} ({n_elements * 4 / 2**20:.0f} MiB float32), "
+            f"numba threads={numba.get_num_threads()}")
 
+
+def main(argv: list[str] | None = None) -> None:
     args = [int(a) for a in (sys.argv[1:] if argv is None else argv)[:3]]
-    n = args[0] if args else 16_777_216
-    print(f"n_elements={n} ({n * 4 / 2**20:.0f} MiB float32), numba threads={numba.get_num_threads()}")
+    print(header(args[0] if args else 16_777_216))
     print(format_rows(run(*args)))
 
 

@@ -1,10 +1,11 @@
 """Per-step EXCHANGE time of fp32 and TernGrad over MPI, on synthetic gradients (no model compute).
 
-    mpiexec -n N python -m mpi_runs.bench_exchange --params 1e6,4e6,16e6 --out results/bench_raw.csv
-    mpi_runs/netem.sh --topology shared --rate 1gbit --ranks 4 -- --params 4e6 --out X.csv  # shaped wire
+    mpiexec -n N python -m tgsim.bench.exchange_rank --params 1e6,4e6,16e6 --out results/bench_raw.csv
+    bash tgsim/bench/netem.sh --topology shared --rate 1gbit --ranks 4 -- --params 4e6 --out X.csv  # shaped
 
-Usually started by `mpi_runs/netem.sh` (a private network namespace with a shaped link, MPI forced
-onto TCP); `tgsim bench exchange` drives the sweep and derives speedups and byte ratios.
+Usually started by `netem.sh` (package data of tgsim.bench: a private network namespace with a shaped
+link, MPI forced onto TCP); `tgsim bench exchange` (tgsim.bench.exchange) drives the sweep and derives
+speedups and byte ratios.
 
 Each rank holds one synthetic gradient of P parameters split into AlexNet-shaped layers (5 conv + 3
 fully-connected weight tensors and their biases, in AlexNet's proportions, so most bytes sit in two
@@ -28,7 +29,9 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
 
 A TernGrad step is: pass 1 (codec.scaling) -> MAX all-reduce of the scalers (ex.max_scalers) ->
 encode -> ex.terngrad (wire + server sum + decode). Steps of the modes are interleaved
-(step i of every mode, then step i + 1), so slow drifts of a shared machine's load hit all modes alike.
+(step i of every mode, then step i + 1: tgsim.bench.timing.rounds), so slow drifts of a shared
+machine's load hit all modes alike. `--warmup` untimed rounds come first; with `--budget`, the last
+of them is timed and sets the number of timed rounds.
 
 Timing, per step and rank, with a Barrier before the step starts:
   t_step     the whole step (encode + scaler sharing + exchange + decode)
@@ -71,6 +74,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from tgsim.bench.timing import rounds
 
 MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
          "tg_allgather_whole")
@@ -165,7 +170,7 @@ def runnable_tasks() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mpiexec -n N python -m mpi_runs.bench_exchange", description=__doc__,
+    p = argparse.ArgumentParser(prog="mpiexec -n N python -m tgsim.bench.exchange_rank", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", default="1e6,4e6,16e6", help="comma-separated gradient sizes (elements)")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {','.join(MODES)}")
@@ -238,6 +243,35 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
 COMPONENTS = ("step", "encode", "scalers", "exchange", "wire", "decode")
 
 
+class _ModeSteps:
+    """One step of `mode` per call, a variant of tgsim.bench.timing.rounds: step = the call's index
+    (its round), a Barrier on each side, the interface counter read outside them, the run queue
+    (rank 0) read just around the step. From call `warmup` on it records the step's COMPONENTS, the
+    counted wire bytes and the external load; `last_bytes` = (sent, received) of the last call."""
+
+    def __init__(self, mode, ex, codec, grads, comm, read_counter, warmup: int):
+        self.mode, self.ex, self.codec, self.grads, self.comm = mode, ex, codec, grads, comm
+        self.read_counter, self.warmup = read_counter, warmup
+        self.calls, self.components, self.wire_bytes, self.load, self.last_bytes = 0, [], 0, [], None
+
+    def __call__(self) -> None:
+        comm, rank, n = self.comm, self.comm.Get_rank(), self.comm.Get_size()
+        step, self.calls = self.calls, self.calls + 1
+        c0 = self.read_counter()
+        comm.Barrier()
+        r0 = runnable_tasks() if rank == 0 else 0
+        t, nb = _one_step(self.mode, self.ex, self.codec, self.grads, step, rank, comm)
+        r1 = runnable_tasks() if rank == 0 else 0
+        comm.Barrier()
+        c1 = self.read_counter()
+        if step >= self.warmup:
+            self.components.append([t[k] for k in COMPONENTS])
+            self.wire_bytes += c1 - c0
+            if rank == 0 and r0 >= 0 and r1 >= 0:     # our n ranks are runnable (busy-polling MPI)
+                self.load += [max(0, r0 - n), max(0, r1 - n)]
+        self.last_bytes = (nb.sent, nb.received)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from mpi4py import MPI
@@ -270,37 +304,20 @@ def main(argv=None) -> int:
     rows = []
     for params in sizes:
         grads = synthetic_gradient(params, rank, args.seed)
-        per_mode = {m: [] for m in modes}
-        wire_bytes = {m: 0 for m in modes}
-        load = {m: [] for m in modes}
-        last_nb = {}
+        steppers = {m: _ModeSteps(m, ex, codec, grads, comm, read_counter, args.warmup) for m in modes}
         steps = args.steps
-        step = 0
-        while step < args.warmup + steps:
-            t_round = time.perf_counter()
-            for mode in modes:
-                c0 = read_counter()
-                comm.Barrier()
-                r0 = runnable_tasks() if rank == 0 else 0
-                t, nb = _one_step(mode, ex, codec, grads, step, rank, comm)
-                r1 = runnable_tasks() if rank == 0 else 0
-                comm.Barrier()
-                c1 = read_counter()
-                if step >= args.warmup:
-                    per_mode[mode].append([t[k] for k in COMPONENTS])
-                    wire_bytes[mode] += c1 - c0
-                    if rank == 0 and r0 >= 0 and r1 >= 0:     # our n ranks are runnable (busy-polling MPI)
-                        load[mode] += [max(0, r0 - n), max(0, r1 - n)]
-                last_nb[mode] = (nb.sent, nb.received)
-            if step == args.warmup - 1 and args.budget > 0:    # fewer timed steps where a round is slow
-                t_round = comm.bcast(time.perf_counter() - t_round, root=0)
-                steps = int(min(args.steps, max(args.min_steps, args.budget // max(t_round, 1e-9))))
-            step += 1
-        for mode in modes:
-            mine = np.asarray(per_mode[mode], dtype=np.float64)          # (steps, components)
+        if args.warmup > 0 and args.budget > 0:       # fewer timed steps where a round is slow
+            last_warmup = rounds(steppers, 1, warmup=args.warmup - 1)
+            t_round = comm.bcast(sum(float(t.seconds.sum()) for t in last_warmup.values()), root=0)
+            steps = int(min(args.steps, max(args.min_steps, args.budget // max(t_round, 1e-9))))
+            rounds(steppers, steps, warmup=0)
+        else:
+            rounds(steppers, steps, warmup=args.warmup)
+        for mode, stepper in steppers.items():
+            mine = np.asarray(stepper.components, dtype=np.float64)        # (steps, components)
             allr = comm.gather(mine, root=0)
-            sent_recv = comm.gather(last_nb[mode], root=0)
-            wb = comm.reduce(wire_bytes[mode], op=MPI.SUM, root=0)
+            sent_recv = comm.gather(stepper.last_bytes, root=0)
+            wb = comm.reduce(stepper.wire_bytes, op=MPI.SUM, root=0)
             if rank != 0:
                 continue
             arr = np.stack(allr)                                          # (ranks, steps, comps)
@@ -324,7 +341,7 @@ def main(argv=None) -> int:
             row["wire_bytes"] = float(wb) / steps if args.count_scope != "off" else float("nan")
             row["count_iface"] = args.count_iface if args.count_scope != "off" else ""
             row["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            row["ext_load"] = float(np.mean(load[mode])) if load[mode] else float("nan")
+            row["ext_load"] = float(np.mean(stepper.load)) if stepper.load else float("nan")
             row["loadavg"] = os.getloadavg()[0]
             row["host"] = platform.node()
             row["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -334,7 +351,7 @@ def main(argv=None) -> int:
                   f"encode {row['t_encode']*1e3:7.2f} ms  decode {row['t_decode']*1e3:7.2f} ms  "
                   f"payload {row['payload_total']/1e6:8.2f} MB  on wire {row['wire_bytes']/1e6:8.2f} MB",
                   flush=True)
-        del grads
+        del grads, steppers
     if rank == 0 and rows:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,182 @@
+"""tgsim.bench: the shared timing helper, the quick forms of `tgsim bench codec | sim`, the one-process
+floor of `tgsim bench sim`, and netem.sh as package data (found through importlib.resources)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import weakref
+from fnmatch import fnmatch
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgsim.bench import timing
+from tgsim.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Recorder:
+    """Variants and a clock over one event log: each variant call logs its name and advances a fake
+    time by its own duration; each clock read logs "clock"."""
+
+    def __init__(self, durations: dict):
+        self.durations, self.events, self.now, self.calls = durations, [], 0.0, 0
+
+    def variant(self, name):
+        def call():
+            self.events.append(name)
+            self.now += self.durations[name]
+            self.calls += 1
+            return (name, self.calls)
+        return call
+
+    def clock(self):
+        self.events.append("clock")
+        return self.now
+
+
+def test_rounds_interleave_and_time_only_the_timed_call():
+    rec = _Recorder({"a": 1.0, "b": 2.0})
+    t = timing.rounds({"a": rec.variant("a"), "b": rec.variant("b")}, 2, warm_each=True, clock=rec.clock)
+    one_round = ["a", "clock", "a", "clock", "b", "clock", "b", "clock"]
+    assert rec.events == ["a", "b"] + one_round + one_round      # warm-up round, then 2 timed rounds
+    assert rec.events[2:5] == ["a", "clock", "a"]                 # the per-round warm-up call is outside the clock
+    assert t["a"].seconds.tolist() == [1.0, 1.0] and t["b"].seconds.tolist() == [2.0, 2.0]
+    assert t["b"].result == ("b", 10) and t["a"].median == 1.0 and t["b"].best == 2.0
+
+
+def test_time_call_is_the_median_of_back_to_back_calls_after_one_warmup():
+    durations = iter([5.0, 3.0, 1.0, 2.0])                       # the warm-up call is the slow one
+    now = [0.0]
+
+    def fn():
+        now[0] += next(durations)
+        return now[0]
+
+    t = timing.rounds({"f": fn}, 3, clock=lambda: now[0])["f"]
+    assert t.seconds.tolist() == [3.0, 1.0, 2.0] and t.median == 2.0 and t.best == 1.0 and t.result == 11.0
+    rec = _Recorder({"f": 1.0})
+    timing.time_call(rec.variant("f"), 3)
+    assert rec.calls == 4
+
+
+def test_rounds_with_no_timed_round_only_warm_up():
+    rec = _Recorder({"a": 1.0, "b": 1.0})
+    t = timing.rounds({"a": rec.variant("a"), "b": rec.variant("b")}, 0, warmup=2, clock=rec.clock)
+    assert rec.events == ["a", "b", "a", "b"] and t["a"].seconds.size == 0 and t["b"].result == ("b", 4)
+
+
+def test_rounds_keep_no_result_alive_during_later_calls():
+    """As in a loop that drops each result: a call's result is released before the next call, except
+    the last round's, which `result` returns."""
+    refs, alive = [], []
+
+    class Box:
+        pass
+
+    def fn():
+        alive.append(sum(r() is not None for r in refs))
+        box = Box()
+        refs.append(weakref.ref(box))
+        return box
+
+    t = timing.rounds({"a": fn, "b": fn}, 3, warm_each=True)
+    assert alive == [0] * 12 + [1, 1]          # 2 warm-up calls, 3 rounds of 4; a's last result kept while b runs
+    assert t["a"].result is refs[-3]() and t["b"].result is refs[-1]()
+
+
+def _table_rows(out: str, first_word: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.split()[:1] == [first_word]]
+
+
+def test_bench_codec_quick_prints_every_row(capsys):
+    assert main(["bench", "codec", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "n_elements=262144 (1 MiB float32), numba threads=" in out
+    head = next(line for line in out.splitlines() if line.startswith("what"))
+    assert head.split() == ["what", "ms", "min", "ms", "x", "floor", "speedup", "wire", "bytes", "identical"]
+    for key in ("floor read g (float32, 1 pass)", "fused moments+encode 2bit clip=explicit",
+                "fused moments+encode base3 clip=none", "floor wsum = read payloads + write out",
+                "fused weighted_sum 8 x 2bit, per-worker scalers, out= preallocated", "fused sum_codes 8 x 2bit"):
+        assert key in out, key
+    fused = _table_rows(out, "fused")
+    compared = [r[-1] for r in fused if r[-1] in ("True", "False")]
+    assert len(compared) == 9 and set(compared) == {"True"}        # 4 encodes, 4 weighted sums, sum_codes
+
+
+def test_bench_sim_quick_reports_the_floor(capsys):
+    assert main(["bench", "sim", "--quick"]) == 0
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.strip().startswith("N "))
+    assert "floor steps/s" in head and head.rstrip().endswith("x floor") and "pipeline speedup" in head
+    rows = [line.replace("(", " ").replace(")", " ").replace("x", " ").split() for line in out.splitlines()
+            if line[:5].strip().isdigit()]
+    assert [r[0] for r in rows] == ["1", "8"]
+    for r in rows:      # N, steps/s, looped steps/s, step x2, grad x2, pipeline steps/s, pipeline x2, floor, x floor x2
+        assert len(r) == 13 and all(float(v) > 0 for v in r), r
+    assert "x floor = batched step time / floor time" in out and "peak memory of one step" in out
+
+
+def test_floor_is_one_process_sgd_on_the_whole_batch():
+    """The floor's step: the N workers' samples as ONE worker's batch, loss_and_grad, w - lr g."""
+    from tgsim.bench import sim
+    from tgsim.train.loop import build, local_batch
+    from tgsim.train.schedules import learning_rate
+
+    setup = build(sim._config(3, (16,), 4, "auto"))
+    params = setup.model.init(0)
+    before = {k: v.copy() for k, v in params.items()}
+    new = sim._one_process_step(setup, params)()
+    x, y = local_batch(setup, 0)                                  # (3, 4, 40), (3, 4)
+    _, g = setup.model.loss_and_grad(params, x.reshape(1, 12, -1), y.reshape(1, 12))
+    lr = np.float32(learning_rate(setup.cfg.schedule, 0, setup.cfg.run.steps))
+    for k in params:
+        assert np.array_equal(params[k], before[k])                   # not modified in place
+        assert new[k].dtype == np.float32 and np.array_equal(new[k], params[k] - lr * g[k][0]), k
+    rows = sim.throughput(workers=(2,), hidden=(16,), batch=4, repeats=2)
+    assert rows[0]["floor_steps_per_s"] > 0 and rows[0]["x_floor"] > 0 and rows[0]["x_floor_median_round"] > 0
+
+
+def test_netem_is_package_data():
+    """netem.sh is where importlib.resources finds it in tgsim.bench, and pyproject.toml ships it."""
+    from tgsim.bench import exchange
+
+    path = resources.files("tgsim.bench") / "netem.sh"
+    assert path.is_file() and Path(str(path)) == exchange.NETEM
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "tgsim.bench" in tool["packages"]
+    data = tool.get("package-data", {})
+    assert any(fnmatch("netem.sh", g) for g in data.get("tgsim.bench", [])) or \
+        any(fnmatch("bench/netem.sh", g) for g in data.get("tgsim", []))
+
+
+def test_installed_package_finds_netem(tmp_path):
+    """pip-install the package (not editable) into a directory: its tgsim.bench.exchange.NETEM is the
+    installed netem.sh, and that script runs (--help)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("tgsim", "analysis"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                          str(src)], capture_output=True, text=True, timeout=300)
+    if pip.returncode and "No matching distribution found for setuptools" in pip.stdout + pip.stderr:
+        pytest.skip("pip cannot get setuptools to build the package here")
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    probe = subprocess.run([sys.executable, "-c", "import tgsim.bench.exchange as e; print(e.NETEM)"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    netem = Path(probe.stdout.strip())
+    assert netem == target / "tgsim" / "bench" / "netem.sh" and netem.is_file()
+    helped = subprocess.run(["bash", str(netem), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "exchange_rank" in helped.stdout
