@@ -68,3 +68,12 @@ def cfg_model_shapes(cfg):
     from tgsim.train.loop import build
 
     return build(cfg).model.layer_shapes()
+
+
+@pytest.mark.parametrize("codec,mode,says", [
+    ("terngrad", "allgather", "reternarize_downlink needs mode = 'ps'"),
+    ("fp32", "ps", "reternarize_downlink needs a codec whose server re-encodes; 'fp32' does not"),
+])
+def test_reternarized_downlink_needs_ps_and_a_reencoding_codec(codec, mode, says):
+    with pytest.raises(ConfigError, match=says):
+        from_dict({**BASE, "codec": {"name": codec}, "exchange": {"mode": mode, "reternarize_downlink": True}})

@@ -188,10 +188,10 @@ def validate(cfg: Config) -> None:
         props = registry.make_codec(c).properties
     except (TypeError, ValueError) as err:
         raise ConfigError(f"[codec] {err}") from err
-    if e.reternarize_downlink and (e.mode != "ps" or not props.server_reencodes):
-        raise ConfigError(f"[exchange] reternarize_downlink needs mode = 'ps' and a codec whose server re-encodes "
-                          f"(codec {c.name!r} does not)" if e.mode == "ps" else
-                          "[exchange] reternarize_downlink needs mode = 'ps'")
+    if e.reternarize_downlink and e.mode != "ps":
+        raise ConfigError("[exchange] reternarize_downlink needs mode = 'ps'")
+    if e.reternarize_downlink and not props.server_reencodes:
+        raise ConfigError(f"[exchange] reternarize_downlink needs a codec whose server re-encodes; {c.name!r} does not")
     if e.mode == "allreduce" and props.wire == "own":
         raise ConfigError(f"[exchange] mode 'allreduce' needs a codec whose codes sum exactly; {c.name!r} sends "
                           "whole messages: use 'ps' or 'allgather'")
