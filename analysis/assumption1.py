@@ -14,9 +14,9 @@ per step, and summarise per run: fraction of steps with inner > 0, min normalize
 Problems
 * least squares (convex, w* from the normal equations), trained with fp32 and TernGrad;
 * control: the non-convex toy C(w) = Σ_k w_k^2/20 + 1 - cos(w_k). Its unique global minimum is
-  w* = 0 (C >= 0, = 0 only there), but for |w_k| in (~3.6, ~5.7) the derivative w/10 + sin(w) has
+  w* = 0 (C >= 0, = 0 only there), but for |w_k| in (3.50, 5.68) the derivative w/10 + sin(w) has
   the wrong sign, and a gradient-descent trajectory started there slides into the local minimum at
-  |w_k| ~ 5.7: Assumption 1 fails, and the check must see inner < 0.
+  |w_k| = 5.68 (the roots of w/10 + sin w = 0): Assumption 1 fails, and the check must see inner < 0.
 """
 
 from __future__ import annotations
