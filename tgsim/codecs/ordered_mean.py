@@ -24,11 +24,6 @@ def ordered_mean_flat(parts: Sequence, divide_by: int):
 
 
 def ordered_mean(layers: Sequence[dict], divide_by: int) -> dict:
-    """{name: f32(Σ_w f64(layers[w][name]) · (1/divide_by))}, w in list order."""
-    out = {}
-    for name in layers[0]:
-        acc = np.zeros(np.shape(layers[0][name]), dtype=np.float64)
-        for lay in layers:
-            acc += np.asarray(lay[name], dtype=np.float64)
-        out[name] = (acc * np.float64(1.0 / divide_by)).astype(np.float32)
-    return out
+    """{name: f32(Σ_w f64(layers[w][name]) · (1/divide_by))}, w in list order (`ordered_mean_flat` per layer)."""
+    return {name: ordered_mean_flat([np.asarray(lay[name]) for lay in layers], divide_by).reshape(np.shape(first))
+            for name, first in layers[0].items()}

@@ -319,8 +319,9 @@ class MPIExchange(PipelinedModes):
                 off += v.size
         else:
             raise ValueError(f"mode {mode!r} needs a codec whose codes sum exactly ({codec.name} sends whole messages)")
-        return mean, own_wire_bytes(buf.size, mean, mode, n) if self.rank != root or mode == "allgather" else \
-            CommBytes((n - 1) * 4 * sum(int(np.size(v)) for v in mean.values()), sum(sizes) - buf.size)
+        if mode == "ps" and self.rank == root:     # the server: N-1 messages in, N-1 float32 means out
+            return mean, CommBytes((n - 1) * 4 * sum(int(np.size(v)) for v in mean.values()), sum(sizes) - buf.size)
+        return mean, own_wire_bytes(buf.size, mean, mode, n)
 
     def _parse_and_aggregate(self, codec, msg, recv: np.ndarray, sizes: Sequence[int]) -> dict:
         """codec.aggregate of the messages in `recv` (rank order), each parsed against `msg`."""
