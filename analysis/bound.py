@@ -259,6 +259,6 @@ def run(out=None, *, seeds=(0, 1, 2, 3), steps: int = 800, mlp_steps: int = 300,
         show = fits[["layer", "quantity", "A", "B", "A_over_sgd", "B_over_sgd", "mean_envelope_over_sgd",
                      "median_ratio_to_l2sq", "violations"]]
         print(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"\nMLP on digits (TernGrad, explicit clipping), median E||Q||^2/||g||^2 per layer:")
+        print("\nMLP on digits (TernGrad, explicit clipping), median E||Q||^2/||g||^2 per layer:")
         print(mlp_summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return {"bound_points": pts, "bound_fits": fits_all, "bound_mlp": mlp, "bound_mlp_summary": mlp_summary}
