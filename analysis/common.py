@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from tgsim.codecs.ternary import scaling_from_moments
+from tgsim.codecs.terngrad.quantizer import scaling_from_moments
 
 DEFAULT_OUT = Path("results/analysis")
 SYNTHETIC_SHAPES = ("gaussian", "student_t3", "lognormal", "sparse")

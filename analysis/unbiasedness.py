@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
-from tgsim.codecs.ternary import exact_nonzero_probability
+from tgsim.codecs.terngrad.quantizer import exact_nonzero_probability
 from tgsim.rng import StreamKey
 
 Hypothesis = Literal["implemented", "unbiased"]

@@ -15,9 +15,13 @@ import numba
 import numpy as np
 import pytest
 
-from tgsim.codecs import NonFiniteGradientError, TernGrad, _numba, _reference, packing, stats, ternary
-from tgsim.codecs.terngrad import ScalingBatch, scaling_from_moments_many, stacked_payloads
+from tgsim.codecs import NonFiniteGradientError, TernGrad, packing
+from tgsim.codecs.terngrad import moments as stats, numba_common, numba_moments, quantizer as ternary
+from tgsim.codecs.terngrad import numba_kernels as _numba, reference as _reference
+from tgsim.codecs.message import stacked_payloads
+from tgsim.codecs.terngrad.codec import ScalingBatch, scaling_from_moments_many
 from tgsim.exchange import inprocess
+from tgsim.train.layer_stats import row_abs_stats
 from tgsim.rng import StreamKey
 
 WORKERS = [1, 3, 8]
@@ -69,15 +73,15 @@ def numba_driver(request, monkeypatch):
     mode = request.param
     if mode == "serial":
         for name in ("SERIAL_MOMENTS", "SERIAL_ABSMAX", "SERIAL_ENCODE", "SERIAL_DECODE"):
-            monkeypatch.setattr(_numba, name, 1 << 62)
+            monkeypatch.setattr(numba_common, name, 1 << 62)
     else:
         if numba.get_num_threads() < 2:
             pytest.skip("needs 2 Numba threads for the parallel drivers")
         for name in ("SERIAL_MOMENTS", "SERIAL_ABSMAX", "SERIAL_ENCODE", "SERIAL_DECODE"):
-            monkeypatch.setattr(_numba, name, 0)
-        monkeypatch.setattr(_numba, "_WORKER_TASKS", 0 if mode == "workers" else 1 << 30)
+            monkeypatch.setattr(numba_common, name, 0)
+        monkeypatch.setattr(numba_common, "_WORKER_TASKS", 0 if mode == "workers" else 1 << 30)
         if mode == "blocks":
-            monkeypatch.setattr(_numba, "_SCRATCH_LANES", 1)     # one worker per block
+            monkeypatch.setattr(numba_moments, "_SCRATCH_LANES", 1)     # one worker per block
     return mode
 
 
@@ -186,7 +190,7 @@ def test_encode_many_edge_scalers(module, fmt):
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs NUMBA_NUM_THREADS >= 2")
 def test_numba_thread_count_invariance(monkeypatch):
     for name in ("SERIAL_MOMENTS", "SERIAL_ABSMAX", "SERIAL_ENCODE"):
-        monkeypatch.setattr(_numba, name, 0)
+        monkeypatch.setattr(numba_common, name, 0)
     G = rows("wide", 3, 2 * 65536 + 7)
     before = numba.get_num_threads()
     results = []
@@ -413,7 +417,7 @@ def harness(tmp_path_factory):
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 70000])
 def test_cuda_wrapper_on_host_harness(harness, monkeypatch, nw, n):
     from tgsim import backend
-    from tgsim.codecs import _cuda
+    from tgsim.codecs.terngrad import cuda as _cuda
 
     tck, h = harness
     backend.gpu_available()
@@ -433,13 +437,13 @@ def test_cuda_wrapper_on_host_harness(harness, monkeypatch, nw, n):
 def test_row_abs_stats():
     G = rows("zeros", 4, 1001)
     cb = np.array([np.inf, 0.5, 1e-41, 0.0])
-    st = _numba.row_abs_stats(G, cb)
+    st = row_abs_stats(G, cb)
     a = np.abs(G.astype(np.float64))
     np.testing.assert_allclose(st[:, 0], a.sum(axis=1), rtol=1e-13)
     np.testing.assert_allclose(st[:, 1], (a * a).sum(axis=1), rtol=1e-13)
     assert np.array_equal(st[:, 2], (a > cb[:, None]).sum(axis=1))
     assert np.array_equal(st[:, 3], a.max(axis=1))
-    assert _numba.row_abs_stats(np.zeros((3, 0), np.float32)).tolist() == [[0.0] * 4] * 3
+    assert row_abs_stats(np.zeros((3, 0), np.float32)).tolist() == [[0.0] * 4] * 3
 
 
 def test_layer_stats_match_the_per_worker_formulas():

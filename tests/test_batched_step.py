@@ -1,5 +1,5 @@
 """The batched simulator step's fast paths against the functions they replace, bit for bit:
-the folded σ pass (tgsim.codecs._numba._sigma_small), the fused shared-scaler mean
+the folded σ pass (tgsim.codecs.terngrad.numba_kernels._sigma_small), the fused shared-scaler mean
 (scaled_code_sum), payload batches without copies (layer_payloads) and the vectorised mini-batch
 indices (batch_indices_many)."""
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tgsim.codecs import _numba as nk
-from tgsim.codecs import packing, stats
-from tgsim.codecs.terngrad import TernGrad, layer_payloads, stacked_payloads
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import moments as stats, numba_moments
+from tgsim.codecs.terngrad import numba_kernels as nk
+from tgsim.codecs.message import layer_payloads, stacked_payloads
+from tgsim.codecs.terngrad import TernGrad
 from tgsim.data import shard
 from tgsim.data.batching import batch_indices, batch_indices_many, worker_batch_indices
 
@@ -31,7 +33,7 @@ def test_folded_sigma_pass_has_the_lane_sums_bits(n, kind):
         G[4, 0] = 0.0                     # K = +0.0 with negative zeros elsewhere
         G[4, 1::2] = -0.0
     bits = G.view(np.uint32)
-    for kern in (nk._sigma_serial, nk._sigma_workers):
+    for kern in (numba_moments._sigma_serial, numba_moments._sigma_workers):
         sums = np.empty((G.shape[0], 2))
         mb = np.empty(G.shape[0], dtype=np.uint32)
         kern(G, bits, sums, mb)

@@ -1,4 +1,4 @@
-"""The CUDA path of the codec (tgsim/cuda/*.cu, tgsim/codecs/_cuda.py) against the NumPy reference, bit for bit.
+"""The CUDA path of the codec (tgsim/cuda/*.cu, tgsim/codecs/terngrad/cuda.py) against the NumPy reference, bit for bit.
 
 Without a GPU (marker `nvcc`):
   * nvcc builds tgsim/cuda/host_harness.cu into a shared library, once per session, into a pytest
@@ -9,7 +9,7 @@ Without a GPU (marker `nvcc`):
     tgsim.rng / tgsim.codecs.{stats,ternary,packing}.
   * nvcc --ptx compiles the exact source the wrapper hands to NVRTC (philox.cuh inlined) with the
     wrapper's NVRTC options: the six kernels must be there and no FMA instruction may appear.
-  * The wrapper itself (tgsim.codecs._cuda) runs against a stand-in `cupy` module whose RawModule
+  * The wrapper itself (tgsim.codecs.terngrad.cuda) runs against a stand-in `cupy` module whose RawModule
     kernels dispatch to the harness, checking every kernel argument's type against the kernel's
     C signature (parsed from terngrad.cu).
 With a GPU and CuPy (marker `gpu`): the same wrapper tests run on the device.
@@ -37,11 +37,12 @@ import numpy as np
 import pytest
 
 from tgsim import backend
-from tgsim.codecs import _cuda, _reference, packing, stats, ternary
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import cuda as _cuda, reference as _reference, moments as stats, quantizer as ternary
 from tgsim.rng import StreamKey, philox4x32_10, random_words
 from tgsim.rng.philox import MAX_ELEMENTS
 
-CUDA_DIR = Path(_cuda.__file__).resolve().parent.parent / "cuda"
+CUDA_DIR = Path(_cuda.__file__).resolve().parents[2] / "cuda"
 NVCC = shutil.which("nvcc")
 HARNESS_FLAGS = ["-O2", "-shared", "-Xcompiler", "-fPIC,-ffp-contract=off", "--fmad=false"]
 NO_BAD = 2**64 - 1
@@ -297,7 +298,7 @@ def h_sum_codes(h, payloads, n, fmt):
 # the module source and the build
 # ------------------------------------------------------------------------------------------------
 def test_module_imports_without_cupy():
-    code = ("import sys; sys.modules['cupy'] = None; import tgsim.codecs._cuda as c; "
+    code = ("import sys; sys.modules['cupy'] = None; import tgsim.codecs.terngrad.cuda as c; "
             "assert 'cupy' not in [m for m in sys.modules if sys.modules[m] is not None]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
@@ -553,7 +554,7 @@ class TestDecode:
 
 
 # ------------------------------------------------------------------------------------------------
-# the wrapper, tgsim.codecs._cuda: same tests with a stand-in CuPy (harness) and on a real GPU
+# the wrapper, tgsim.codecs.terngrad.cuda: same tests with a stand-in CuPy (harness) and on a real GPU
 # ------------------------------------------------------------------------------------------------
 class _WrapperContract:
     """Wrapper vs `_reference`, bit for bit. Subclasses provide dev() / host() and the array module."""
@@ -742,5 +743,5 @@ class TestWrapperOnGPU(_WrapperContract):
 
     def test_kernels_backend_is_this_module(self):
         import cupy
-        from tgsim.codecs.kernels import get_kernels
+        from tgsim.codecs.terngrad.kernels import get_kernels
         assert get_kernels("cuda", cupy) is _cuda

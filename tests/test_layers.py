@@ -75,3 +75,35 @@ def test_errors_are_one_family_and_keep_their_old_bases():
 
     with pytest.raises(errors.PayloadError, match="invalid code 0b11"):
         packing.unpack(np.array([0xFF], np.uint8), 4, "2bit")
+
+
+# The exchange and the trainer see codecs only through the protocol and the public wire modules.
+PUBLIC_CODEC_MODULES = {"tgsim.codecs", "tgsim.codecs.base", "tgsim.codecs.registry", "tgsim.codecs.message",
+                        "tgsim.codecs.packing", "tgsim.codecs.ordered_mean"}
+
+
+def _codec_leaks(path: Path) -> list[str]:
+    """Imports of a codec's own modules, and the word TernGrad, in one source file."""
+    leaks = []
+    for m in _imports(path):
+        if m.startswith("tgsim.codecs") and m not in PUBLIC_CODEC_MODULES \
+                and m.rsplit(".", 1)[0] not in PUBLIC_CODEC_MODULES - {"tgsim.codecs"}:
+            leaks.append(f"imports {m}")
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if "terngrad" in line.lower():
+            leaks.append(f"line {i} names TernGrad: {line.strip()}")
+    return leaks
+
+
+@pytest.mark.parametrize("path", sorted(p for d in ("exchange", "train") for p in (REPO / "tgsim" / d).rglob("*.py")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_exchange_and_trainer_name_no_codec(path):
+    assert not _codec_leaks(path)
+
+
+def test_a_codec_leak_is_caught(tmp_path):
+    """Positive control: an exchange module that imports TernGrad's kernels is caught twice."""
+    bad = tmp_path / "x.py"
+    bad.write_text("from tgsim.codecs.terngrad import numba_kernels\nfrom tgsim.codecs.message import Layout\n")
+    assert _codec_leaks(bad) == ["imports tgsim.codecs.terngrad", "imports tgsim.codecs.terngrad.numba_kernels",
+                                 "line 1 names TernGrad: from tgsim.codecs.terngrad import numba_kernels"]

@@ -1,4 +1,4 @@
-"""The fused Numba kernels (tgsim.codecs._numba) against the array reference, bit for bit."""
+"""The fused Numba kernels (tgsim.codecs.terngrad.numba_kernels) against the array reference, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tgsim.codecs import _numba as nk
-from tgsim.codecs import packing, stats, ternary
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import moments as stats, numba_common, quantizer as ternary
+from tgsim.codecs.terngrad import numba_kernels as nk
 from tgsim.rng import StreamKey, random_words
 
 SIZES = [0, 1, 3, 4, 5, 19, 20, 21, 65535, 65536, 65537, 200_003]
@@ -291,7 +292,7 @@ def test_sum_codes_many_workers():
 @pytest.mark.skipif(MAX_THREADS < 2, reason="needs NUMBA_NUM_THREADS >= 2")
 def test_thread_count_invariance(monkeypatch):
     for name in ("SERIAL_MOMENTS", "SERIAL_ABSMAX", "SERIAL_ENCODE", "SERIAL_DECODE"):   # parallel drivers
-        monkeypatch.setattr(nk, name, 0)
+        monkeypatch.setattr(numba_common, name, 0)
     n = 5 * 65536 + 77
     g = grad("wide", n)
     payloads = payloads_for(n, "2bit", 8)

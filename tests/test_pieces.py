@@ -224,7 +224,7 @@ def test_deferred_messages_give_the_eager_bits(fmt, clip, shared):
 @pytest.mark.parametrize("clip", [np.inf, 0.5, np.nan])
 def test_encode_range_is_a_slice_of_the_whole_encode(fmt, n, clip):
     """_numba.encode_range over consecutive ranges (starts on multiples of 40) == encode of the layer."""
-    from tgsim.codecs import _numba
+    from tgsim.codecs.terngrad import numba_kernels as _numba
 
     rng = np.random.default_rng(n)
     g = (rng.standard_normal(n) * 2).astype(np.float32)
@@ -239,7 +239,7 @@ def test_encode_range_is_a_slice_of_the_whole_encode(fmt, n, clip):
 
 
 def test_encode_range_rejects_a_start_inside_a_byte():
-    from tgsim.codecs import _numba
+    from tgsim.codecs.terngrad import numba_kernels as _numba
 
     g = np.ones(40, np.float32)
     with pytest.raises(ValueError, match="not a multiple of 4"):

@@ -19,7 +19,8 @@ import pytest
 from scipy import stats as st
 
 from codec_contract import ub
-from tgsim.codecs import TernGrad, ternary
+from tgsim.codecs import TernGrad
+from tgsim.codecs.terngrad import quantizer as ternary
 from tgsim.codecs.packing import sum_codes, unpack
 from tgsim.rng import StreamKey, random_words
 

@@ -37,8 +37,9 @@ import numpy as np
 from numba import njit, prange
 
 from tgsim.bench.timing import time_call
-from tgsim.codecs import _numba as fused
-from tgsim.codecs import packing, stats, ternary
+from tgsim.codecs.terngrad import numba_kernels as fused
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import moments as stats, quantizer as ternary
 from tgsim.rng import StreamKey
 
 CLIP_FACTOR = 2.5

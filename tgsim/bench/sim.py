@@ -25,7 +25,7 @@ import tracemalloc
 import numpy as np
 
 from tgsim.bench.timing import rounds
-from tgsim.codecs.terngrad import ScalingBatch
+from tgsim.codecs.terngrad.codec import ScalingBatch
 from tgsim.data.batching import batch_indices_many
 from tgsim.rng import StreamKey
 from tgsim.train.config import from_dict

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-# name -> "module:Class"
+# name -> "module:Class"; DEFAULT is the codec of a config that names none
+DEFAULT = "terngrad"
 CODECS = {
     "fp32": "tgsim.codecs.fp32:Float32",
     "terngrad": "tgsim.codecs.terngrad:TernGrad",

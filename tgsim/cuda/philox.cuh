@@ -4,9 +4,9 @@
 // host pass, used by tgsim/cuda/host_harness.cu to test the kernel logic without a GPU). They
 // must equal the array reference bit for bit:
 //   tgsim/rng/philox.py       Philox4x32-10, stream layout
-//   tgsim/codecs/ternary.py   the element decision
+//   tgsim/codecs/terngrad/quantizer.py   the element decision
 //   tgsim/codecs/packing.py   2-bit / base-3 wire formats
-//   tgsim/codecs/stats.py     lane-ordered sums
+//   tgsim/codecs/terngrad/moments.py     lane-ordered sums
 //
 // No system header is included: NVRTC has none. Floating-point arithmetic that must not be
 // contracted into FMA goes through tg_dadd / tg_dsub / tg_dmul (the __d*_rn intrinsics on the

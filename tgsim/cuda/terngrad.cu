@@ -7,7 +7,7 @@
 // against the NumPy reference without a GPU (tests/test_cuda_kernels.py). The result never
 // depends on the launch configuration.
 //
-// Loaded by tgsim/codecs/_cuda.py with cupy.RawModule (NVRTC, -fmad=false); the #include below is
+// Loaded by tgsim/codecs/terngrad/cuda.py with cupy.RawModule (NVRTC, -fmad=false); the #include below is
 // replaced by the header's text there, so the module is one self-contained source.
 #include "philox.cuh"
 

@@ -5,8 +5,8 @@ and never knows which implementation it has. Every implementation returns, on ev
 same aggregate bits for the same inputs; only the transport differs.
 
 Modes (docs/THEORY.md §1, "Exchange in the paper"):
-  allreduce  fp32: ring all-reduce of the float gradients. terngrad: shared scaler, ring all-reduce
-             of the integer codes (int8 for N <= 127, else int16), decoded s/N · Σ codes.
+  allreduce  fp32: ring all-reduce of the float gradients. Packed codes (wire "tgm1"): shared scaler,
+             ring all-reduce of the integer codes (int8 for N <= 127, else int16), decoded s/N · Σ codes.
   ps         parameter server with parameter localization: workers push packed codes, the server
              sums them and sends back Σ codes bit-packed at ceil(log2(2N+1)) bits (shared scaler) or
              the float32 mean (no sharing); optionally the server ternarizes the mean again.

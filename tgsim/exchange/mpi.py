@@ -17,7 +17,7 @@ Phases and wire formats
                all. Same bytes per rank as a ring all-reduce: 2 (N-1)/N · 4 bytes per element.
   fp32 (native, `exact=False`, for benchmarking only) MPI Allreduce(SUM) of float32: MPI picks
                the summation order, so the bits may differ from the simulator's.
-  terngrad allgather   Allgather of slots [u64 length | serialized Message]: every rank parses all N
+  packed-code allgather   Allgather of slots [u64 length | serialized Message]: every rank parses all N
                messages and decodes their sum in rank order (`codec.aggregate`). With NumPy buffers
                it is pipelined (`pieces`): the slot in pieces of `chunk` elements (default 2^18;
                0 = one piece; < 0: one blocking Allgather, as for CuPy buffers), each piece Isent
@@ -25,10 +25,10 @@ Phases and wire formats
                rank), all posted at once, and piece k is summed while later pieces are on the
                wire. (One MPI Iallgather per piece measured no faster than the blocking Allgather:
                MPICH advances its ring only inside MPI calls, not during the sums.)
-  terngrad allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
+  packed-code allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
                exact in any order), scaled once: s/N · Σ codes. Float layers take the exact fp32
                path.
-  terngrad ps  rank 0 is the server: it receives every worker's slot, sums the codes, and sends the
+  packed-code ps  rank 0 is the server: it receives every worker's slot, sums the codes, and sends the
                downlink [u64 status | per ternary layer: f32 scaler + (Σ codes + N) bit-packed at
                ceil(log2(2N+1)) bits; per float layer: f32 mean] to every worker; without shared
                scalers the downlink is the float32 mean; with `reternarize_key` it is the
@@ -248,7 +248,7 @@ class MPIExchange(PipelinedModes):
     def _native_mean_fp32_flat(self, flat):
         """BENCHMARK ONLY: MPI Allreduce(SUM) of float32 (MPI's order) in place on the flat buffer, then
         one in-place float32 multiply by f32(1/N): the leanest fp32 baseline (two passes over the
-        buffer besides MPI's own), so TernGrad is compared with a fast fp32 exchange. Its bits differ
+        buffer besides MPI's own), so a codec is compared with a fast fp32 exchange. Its bits differ
         from the simulator's (MPI's summation order, float32 scaling)."""
         MPI, xp = self.MPI, _xp_of(flat)
         flat = flat if flat.dtype == xp.float32 else flat.astype(xp.float32)

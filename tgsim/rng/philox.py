@@ -1,6 +1,6 @@
 """Philox4x32-10 (Salmon et al., SC'11, "Parallel random numbers: as easy as 1, 2, 3").
 
-Array reference, written once for NumPy and CuPy (`xp`). The Numba kernel (`tgsim.codecs._numba`)
+Array reference, written once for NumPy and CuPy (`xp`). The Numba kernel (`tgsim.rng.numba_philox`)
 and the CUDA source (`tgsim/cuda/philox.cuh`) implement the same function and are tested against
 this one and against Random123's known-answer vectors.
 

@@ -113,11 +113,11 @@ def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
 
     scaler: the shared scaler (else the mean of the workers' max|g|); inf_l1: E_w[max|g| ||g||_1];
     l2sq: E_w[||g||_2^2]; clip_fraction: E_w[fraction of |g| > clip bound] (ternary layers with
-    scalings, else nan). One pass per layer over all workers' rows (tgsim.codecs.stats.row_abs_stats:
+    scalings, else nan). One pass per layer over all workers' rows (tgsim.train.layer_stats.row_abs_stats:
     float64 sums, no float64 copy of the gradients); max|g| from pass 1's moments where the codec
     computed them (the same float32 values).
     """
-    from tgsim.codecs.stats import row_abs_stats
+    from tgsim.train.layer_stats import row_abs_stats
 
     rows = []
     for i, (name, g) in enumerate(grads.items()):
@@ -140,8 +140,8 @@ def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
 def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False):
     """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
 
-    The codec works on all local workers at once (prepare_many / encode_many: for TernGrad one
-    kernel call per layer for the W local workers), with the bits of per-worker calls.
+    The codec works on all local workers at once (prepare_many / encode_many: for a packed-code
+    codec one kernel call per layer for the W local workers), with the bits of per-worker calls.
     """
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     x, y = local_batch(setup, step)

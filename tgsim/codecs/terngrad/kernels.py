@@ -12,6 +12,7 @@ import types
 import numpy as np
 
 KERNEL_NAMES = ("auto", "reference", "numba", "cuda")
+_MODULES = {"reference": "reference", "numba": "numba_kernels", "cuda": "cuda"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,4 +28,4 @@ def get_kernels(name: str, xp=np) -> types.ModuleType:
         raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' for CuPy arrays")
     if name == "cuda" and not on_gpu:
         raise ValueError("the CUDA kernels run on CuPy arrays; use kernels='numba' for NumPy arrays")
-    return importlib.import_module(f"tgsim.codecs._{name}")
+    return importlib.import_module(f"tgsim.codecs.terngrad.{_MODULES[name]}")

@@ -73,11 +73,3 @@ def layer_moments(g, need_sigma: bool = True) -> LayerMoments:
     absmax = float(xp.abs(g).max())
     sigma = moments_from_sums(g.size, *lane_sums(g)) if need_sigma else 0.0
     return LayerMoments(absmax, sigma, True)
-
-
-def row_abs_stats(G, clip_bounds=None) -> np.ndarray:
-    """float64 (W, 4) per row of G (W, n): (Σ|g|, Σ g^2, #(|g| > clip_bounds[w]), max|g|), in one
-    Numba pass (tgsim.codecs._numba.row_abs_stats); for the trainer's per-layer metrics."""
-    from tgsim.codecs import _numba
-
-    return _numba.row_abs_stats(G, clip_bounds)

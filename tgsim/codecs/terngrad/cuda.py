@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tgsim.codecs import packing, stats
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import moments as stats
 from tgsim.rng import StreamKey
 from tgsim.rng.philox import MAX_ELEMENTS
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 KERNEL_FILE = "terngrad.cu"
 HEADER_FILE = "philox.cuh"
 # -fmad=false: no FMA contraction anywhere (the kernels also use __d*_rn intrinsics);

@@ -29,7 +29,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from tgsim.backend import array_module
-from tgsim.codecs.stats import layer_moments
+from tgsim.codecs.terngrad.moments import layer_moments
 from tgsim.rng import StreamKey, random_words
 
 ClipMode = Literal["none", "explicit", "implicit"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from tgsim.backend import array_module
-from tgsim.codecs import packing, stats, ternary
+from tgsim.codecs import packing
+from tgsim.codecs.terngrad import moments as stats, quantizer as ternary
 from tgsim.rng import StreamKey
 
 

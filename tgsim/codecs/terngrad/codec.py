@@ -34,12 +34,12 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs.base import CodecProperties
-from tgsim.codecs.kernels import get_kernels
-from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch,  # noqa: F401
-                                  from_bytes, layer_payloads, stacked_payloads)
+from tgsim.codecs.terngrad.kernels import get_kernels
+from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch, from_bytes,
+                                  layer_payloads)
 from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS, packed_size
-from tgsim.codecs.stats import layer_moments
-from tgsim.codecs.ternary import CLIP_MODES, LayerScaling, scaling_from_moments
+from tgsim.codecs.terngrad.moments import layer_moments
+from tgsim.codecs.terngrad.quantizer import CLIP_MODES, LayerScaling, scaling_from_moments
 from tgsim.errors import NonFiniteGradientError
 from tgsim.rng import StreamKey
 
@@ -151,7 +151,7 @@ class DeferredMessage:
     def write_range(self, i: int, e0: int, e1: int, out: np.ndarray) -> np.ndarray:
         """Layer i's wire bytes of elements [e0, e1) into `out` (uint8): the codes (e0 a multiple of
         20; e1 too, or the layer's end) of a ternary layer, the float32 values of a float layer."""
-        from tgsim.codecs import _numba
+        from tgsim.codecs.terngrad import numba_kernels as _numba
 
         if self.layout.layers[i].kind == KIND_FLOAT:
             out[:] = np.ascontiguousarray(self._flats[i].reshape(-1)[e0:e1]).view(np.uint8)
@@ -407,7 +407,8 @@ class TernGrad:
             if low.any():
                 w, i = (int(v) for v in np.argwhere(low)[0])     # worker-major: the lowest worker first
                 raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[w, i]} is not a "
-                                 f"finite value >= worker {w}'s local scaler {local[w, i]} (share with MAX)")
+                                 f"finite value >= worker {int(workers[w])}'s local scaler {local[w, i]} "
+                                 "(share with MAX)")
         msg_scalers = np.where(ternary, scalers, np.float32(0)).astype(np.float32)
         if deferred and self._defers(flats):
             return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
@@ -429,40 +430,20 @@ class TernGrad:
     # -- pass 2 and the way back ----------------------------------------------------------------
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
                scalings: Sequence[LayerScaling | None] | None = None, deferred: bool = False) -> Message:
-        """Message of one worker. shared_scalers: per-layer s >= local s_i (from a MAX all-reduce).
-        deferred: a `DeferredMessage` where the Numba kernels encode (see encode_many)."""
-        layout = self.layout(layers)
+        """Message of worker key.worker: `encode_many` of that one worker (one code path, the same
+        bits). shared_scalers: per-layer s >= local s_i (from a MAX all-reduce). deferred: a
+        `DeferredMessage` where the Numba kernels encode (see encode_many)."""
         if scalings is None:
-            scalings = self.scaling(layers)
-        local = self.local_scalers(scalings)
-        if shared_scalers is None:
-            scalers = local
-        else:
-            scalers = np.asarray(shared_scalers, dtype=np.float32).reshape(-1)
-            if scalers.shape != local.shape:
-                raise ValueError(f"{scalers.size} shared scalers for {local.size} layers")
-            low = np.flatnonzero(~((scalers >= local) & np.isfinite(scalers)))
-            if low.size:
-                i = int(low[0])
-                raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[i]} is not a finite "
-                                 f"value >= this worker's local scaler {local[i]} (share with MAX)")
-        flats = [as_float32_layer(spec.name, g) for spec, g in zip(layout.layers, layers.values())]
-        msg_scalers = np.where([s.kind == KIND_TERNARY for s in layout.layers], scalers, 0).astype(np.float32)
-        if deferred and self._defers(flats):
-            return DeferredMessage(layout, msg_scalers, flats, [None if sc is None else float(sc.clip_bound)
-                                                                for sc in scalings], key)
-        parts = []
-        for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
-            if spec.kind == KIND_FLOAT:
-                parts.append(flat)
-                continue
-            kern = self.kernels_for(array_module(flat))
-            parts.append(kern.encode(flat, float(scalers[i]), sc.clip_bound, key.with_layer(i), self.packing))
-        return Message(layout, msg_scalers, parts)
+            scalings = self.scaling(layers)      # the checks and errors of one worker's layers
+        rows = {name: array_module(g).asarray(g)[None] for name, g in layers.items()}
+        batch = [None if s is None else ScalingBatch(*(np.array([v], dtype=np.float64) for v in s))
+                 for s in scalings]
+        return self.encode_many(rows, key.seed, key.step, np.array([key.worker], dtype=np.uint32),
+                                shared_scalers, batch, deferred)[0]
 
     def _defers(self, flats) -> bool:
         """Deferred encoding needs host arrays and the Numba kernels (`_numba.encode_range`)."""
-        from tgsim.codecs import _numba
+        from tgsim.codecs.terngrad import numba_kernels as _numba
 
         return all(isinstance(f, np.ndarray) for f in flats) and self.kernels_for(np) is _numba
 
