@@ -16,7 +16,8 @@ Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a p
   the same keys give the same bytes; `wire_bytes` is the length of `to_bytes()`;
 - malformed bytes (truncated, extended, first byte flipped) raise PayloadError;
 - a NaN/Inf gradient raises NonFiniteGradientError naming the layer, before anything is encoded;
-- `aggregate(messages, N)` is, bit for bit, f32(Σ_w f64(decode_w) · (1/N)) in worker order;
+- `aggregate(messages, N)` is, bit for bit, f32(Σ_w f64(decode_w) · (1/N)) in worker order (or,
+  for `combine = "majority"`, sign(Σ_w decode_w));
 - declared unbiasedness is true: over R = 400 draws of a heavy-tailed vector, a codec that declares
   itself unbiased passes the z-tests of E<Q(g), u> = <g, u> (u = g and sign(g)), one that declares
   itself biased fails them (deterministic codecs: exactly Q(g) == g or not), and a copy of the codec
@@ -138,9 +139,15 @@ class CodecContract:
         with pytest.raises(NonFiniteGradientError, match="'t'"):
             codec.prepare_many(layers)
 
-    def test_aggregate_is_the_ordered_mean_of_the_decodes(self, codec):
+    def test_aggregate_combines_the_decodes_as_declared(self, codec):
+        """combine "mean": bit for bit the ordered mean of the decodes; "majority": their vote."""
         msgs = encode(codec, contract_layers())
-        want = ordered_mean([codec.decode(m) for m in msgs], WORKERS)
+        decoded = [codec.decode(m) for m in msgs]
+        if codec.properties.combine == "majority":
+            want = {k: np.sign(sum(np.asarray(d[k], np.float64) for d in decoded)).astype(np.float32)
+                    for k in decoded[0]}
+        else:
+            want = ordered_mean(decoded, WORKERS)
         assert _same_bits(codec.aggregate(msgs, divide_by=WORKERS), want)
 
     def test_declared_unbiasedness_is_true(self, codec):

@@ -24,6 +24,7 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 from tgsim.errors import NonFiniteGradientError  # noqa: F401  (re-exported)
 
 WIRES = ("float32", "tgm1", "own")
+COMBINES = ("mean", "majority")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class CodecProperties:
     server_reencodes: the parameter server can encode the downlink again (exchange option
                       reternarize_downlink)
     stateful:         the codec keeps per-worker state across steps (checkpointed with the run)
+    combine:          how `aggregate` combines the workers' decoded messages: "mean", f32(Σ_w f64(
+                      decode_w) · (1/N)) in worker order; "majority", the majority vote sign(Σ_w
+                      decode_w) (0 on a tie), as signSGD's server does (Bernstein et al. 2019)
     """
 
     unbiased: bool
@@ -50,12 +54,15 @@ class CodecProperties:
     shared_stats: str | None = None
     server_reencodes: bool = False
     stateful: bool = False
+    combine: str = "mean"
 
     def __post_init__(self):
         if self.wire not in WIRES:
             raise ValueError(f"wire must be one of {WIRES}, got {self.wire!r}")
         if self.shared_stats not in (None, "max"):
             raise ValueError(f"shared_stats must be None or 'max', got {self.shared_stats!r}")
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine must be one of {COMBINES}, got {self.combine!r}")
 
 
 class PlainCodec:

@@ -6,15 +6,12 @@
 The relative error per element is at most 2^-11 for |g| in float16's normal range [2^-14, 65504];
 smaller values lose precision (subnormals, then 0); larger ones would overflow and are refused.
 
-Wire: its own bytes, exchanged whole (properties.wire = "own"):
-    magic b"TGF1", version u8, n_layers u32, layout crc32 u32 (names and shapes), body_bytes u64,
-    then every layer's float16 values, little-endian.
+Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
+(magic b"TGF1", version 1), then every layer's float16 values, little-endian.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -22,17 +19,12 @@ import numpy as np
 
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
+from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
 
-_HEADER = struct.Struct("<4sBIIQ")
 _MAGIC, _VERSION = b"TGF1", 1
 _F16_MAX = float(np.finfo(np.float16).max)
-
-
-def _layout_crc(shapes: Mapping) -> int:
-    text = ";".join(f"{k}:{'x'.join(map(str, s))}" for k, s in shapes.items())
-    return zlib.crc32(text.encode())
 
 
 @dataclass(frozen=True)
@@ -41,12 +33,11 @@ class Float16Message:
 
     def to_bytes(self) -> bytes:
         body = b"".join(np.ascontiguousarray(v, dtype="<f2").tobytes() for v in self.layers.values())
-        crc = _layout_crc({k: np.shape(v) for k, v in self.layers.items()})
-        return _HEADER.pack(_MAGIC, _VERSION, len(self.layers), crc, len(body)) + body
+        return frame(_MAGIC, _VERSION, {k: np.shape(v) for k, v in self.layers.items()}, body)
 
     @property
     def wire_bytes(self) -> int:
-        return _HEADER.size + 2 * sum(int(np.size(v)) for v in self.layers.values())
+        return HEADER.size + 2 * sum(int(np.size(v)) for v in self.layers.values())
 
 
 class Float16(PlainCodec):
@@ -76,22 +67,12 @@ class Float16(PlainCodec):
 
     def from_bytes(self, buf, like: Float16Message) -> Float16Message:
         """The message in `buf`, checked against the receiver's layers `like` (PayloadError names what)."""
-        buf = bytes(buf)
-        if len(buf) < _HEADER.size:
-            raise PayloadError(f"fp16 message truncated: {len(buf)} bytes, shorter than its header")
-        magic, version, n_layers, crc, body = _HEADER.unpack_from(buf)
-        if magic != _MAGIC:
-            raise PayloadError(f"not an fp16 message (magic {magic!r})")
-        if version != _VERSION:
-            raise PayloadError(f"fp16 message version {version}, this tgsim reads version {_VERSION}")
         shapes = {k: np.shape(v) for k, v in like.layers.items()}
-        if n_layers != len(shapes) or crc != _layout_crc(shapes):
-            raise PayloadError("fp16 message layout (layer names/shapes) differs from the receiver's model")
+        body = unframe(buf, _MAGIC, _VERSION, shapes, "fp16 message")
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
-        if body != 2 * sum(sizes) or len(buf) != _HEADER.size + body:
-            raise PayloadError(f"fp16 message body is {len(buf) - _HEADER.size} bytes, header says {body}, "
-                               f"the layers need {2 * sum(sizes)}")
-        values = np.frombuffer(buf, dtype="<f2", offset=_HEADER.size)
+        if len(body) != 2 * sum(sizes):
+            raise PayloadError(f"fp16 message body is {len(body)} bytes, the layers need {2 * sum(sizes)}")
+        values = np.frombuffer(body, dtype="<f2")
         out, off = {}, 0
         for (k, s), n in zip(shapes.items(), sizes):
             out[k] = values[off:off + n].astype(np.float16).reshape(s)
@@ -106,4 +87,4 @@ class Float16(PlainCodec):
 
     def bits_per_element(self, n: int, workers: int) -> dict:
         """Uplink 16 bits per element (+ the header); downlink: the float32 mean of the server."""
-        return {"up": 16 + 8 * _HEADER.size / n if n else 0.0, "down": 32}
+        return {"up": 16 + 8 * HEADER.size / n if n else 0.0, "down": 32}

@@ -99,3 +99,12 @@ def random_words(n: int, key: StreamKey, xp=np, start: int = 0):
     words = xp.stack(x, axis=1).reshape(-1)
     off = start - 4 * first
     return words[off:off + n]
+
+
+def uniform(n: int, key: StreamKey, xp=np, start: int = 0):
+    """float64 u_i = (word_i >> 8) · 2^-24 in [0, 1): the top 24 bits of words start..start+n-1 of
+    the stream `key`, exact in float32 too. P(u < x) = ceil(x · 2^24) / 2^24 for x in [0, 1], so
+    a stochastic rounding that keeps v with probability x is unbiased up to 2^-24 (the resolution
+    TernGrad's rule has too, docs/THEORY.md §1)."""
+    w = random_words(n, key, xp, start)
+    return (w >> xp.uint32(8)).astype(xp.float64) * xp.float64(2.0 ** -24)

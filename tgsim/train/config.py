@@ -68,6 +68,14 @@ class CodecConfig:
     min_size: int = 0
     float_layers: tuple = ()
     kernels: str = "auto"
+    # options of the peer codecs (each codec reads its own; `tgsim codecs` lists them)
+    levels: int = 7              # qsgd: s quantization levels of |v|/norm; suresh: k levels
+    bucket: int = 512            # qsgd: elements per bucket (one norm each); 0 = the whole layer
+    norm: str = "l2"             # qsgd: "l2" (Alistarh et al.) | "max" (max-norm variant)
+    coding: str = "fixed"        # qsgd: "fixed" (sign + level bits) | "elias" (Elias-gamma levels)
+    density: float = 0.01        # topk / randomk: fraction of a layer's elements sent (when k = 0)
+    k: int = 0                   # topk / randomk: elements sent per layer (0: use density)
+    rotate: bool = False         # suresh: randomized Hadamard rotation seeded from the stream key
 
 
 EXCHANGE_MODES = ("allreduce", "ps", "allgather")
