@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test bench venv lock clean
+.PHONY: demo test test-slow bench venv lock clean
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today.
 $(STAMP): pyproject.toml $(LOCK)
@@ -25,6 +25,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The slow statistical tier (e.g. the pooled unbiasedness test at 0.1 % on 10^6 elements).
+test-slow: $(STAMP)
+	TGSIM_SLOW=1 $(BIN)/python -m pytest -m slow
 
 bench: $(STAMP)
 	$(BIN)/tgsim bench codec $(ARGS)

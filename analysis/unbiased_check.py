@@ -23,8 +23,13 @@ Binomial(R, p_i) at level alpha / n (found exactly, by bisection on the monotone
 
     power(δ) = 1 - Π_i P(lo_i <= Binomial(R, p_i (1 - δ)) <= hi_i)
 
-is computed exactly (no simulation), and ``detectable_bias`` solves power(δ) = target (0.5, 0.9)
-by bisection. power(0) is the test's exact size (<= alpha). Reported for R = 100 .. 10000.
+is computed exactly (no simulation), and ``detectable_bias`` solves power(δ) = target (0.5, 0.9,
+0.99) by bisection. power(0) is the test's exact size (<= alpha). Reported for R = 100 .. 10000.
+
+Part 3 (``pooled_tests``): the pooled z-test of tgsim.analysis.pooled_bias on the same shapes and
+clipping modes (R draws, the projections on g, sign(g) and sign(g) on the smallest quarter of |g|),
+with the smallest relative bias each direction detects at alpha with power 0.99 (its formula;
+tests/test_pooled_bias.py checks it by simulation).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from scipy import stats as _st
 
 from tgsim.analysis import unbiasedness as ub
 from tgsim.analysis.common import clip_values, gradient_shapes, terngrad_scaling
+from tgsim.analysis.pooled_bias import decoded_draws
 from tgsim.codecs import TernGrad
 
 CLIPS = ("none", "explicit", "implicit")
@@ -116,7 +122,7 @@ def detectable_bias(p, R: int, alpha: float, power: float = 0.9, region=None, to
 
 
 def power_curve(shapes: dict[str, np.ndarray], Rs=R_GRID, alpha: float = 1e-3,
-                powers=(0.5, 0.9)) -> pd.DataFrame:
+                powers=(0.5, 0.9, 0.99)) -> pd.DataFrame:
     """One row per (shape, R): exact size and the smallest δ detected with each target power.
 
     ``delta_powerXX`` is computed on the unsaturated coordinates (p_i < 1; the Bonferroni family
@@ -187,6 +193,27 @@ def unbiasedness_tests(shapes: dict[str, np.ndarray], R: int = 2000, alpha: floa
     return pd.DataFrame(rows), pd.concat(worst, ignore_index=True)
 
 
+def pooled_tests(shapes: dict[str, np.ndarray], R: int, alpha: float = 1e-3, seed: int = 0,
+                 clips=CLIPS, clip_factor: float = 2.5) -> pd.DataFrame:
+    """One row per (shape, clip, direction): the pooled z-test's estimate, z, decision and the
+    smallest relative bias it detects with power 0.99 (tgsim.analysis.pooled_bias)."""
+    from tgsim.analysis.pooled_bias import project_draws, pooled_bias_test
+
+    rows = []
+    for si, (name, g) in enumerate(shapes.items()):
+        g = np.asarray(g, dtype=np.float32).reshape(-1)
+        for ci, clip in enumerate(clips):
+            codec = TernGrad(clip=clip, clip_factor=clip_factor)
+            proj, target, names = project_draws(
+                lambda f, c: decoded_draws(codec, g, f, c, seed + 1000 * si + ci), g, R)
+            res = pooled_bias_test(proj, target, names, alpha=alpha)
+            for i, d in enumerate(names):
+                rows.append(dict(shape=name, n=g.size, clip=clip, direction=d, R=R, alpha=alpha, power=res.power,
+                                 relative_bias=float(res.relative_bias[i]), z=float(res.z[i]),
+                                 min_detectable_bias=float(res.min_detectable[i]), reject=res.reject))
+    return pd.DataFrame(rows)
+
+
 def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: int = 0,
         recorded_steps: int | None = 50, Rs=R_GRID, quiet: bool = False) -> dict[str, pd.DataFrame]:
     from tgsim.analysis.common import single_thread, write_csv
@@ -195,7 +222,9 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
         shapes = gradient_shapes(n, seed, recorded_steps)
         tests, worst = unbiasedness_tests(shapes, R, alpha, seed)
         power = power_curve(shapes, Rs, alpha)
-    for df, name in ((tests, "unbiasedness"), (worst, "unbiasedness_worst"), (power, "unbiasedness_power")):
+        pooled = pooled_tests(shapes, R, alpha, seed)
+    for df, name in ((tests, "unbiasedness"), (worst, "unbiasedness_worst"), (power, "unbiasedness_power"),
+                     (pooled, "unbiasedness_pooled")):
         write_csv(df, out, name)
     if not quiet:
         print(f"exact binomial test, Bonferroni over coordinates, family-wise alpha = {alpha}, R = {R} draws")
@@ -205,4 +234,12 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
         print("\nsmallest multiplicative bias δ (keep prob. p(1-δ) on the coordinates with p < 1) "
               "detected with exact power 0.9:")
         print(power.pivot(index="shape", columns="R", values="delta_power90").round(4).to_string())
-    return {"unbiasedness": tests, "unbiasedness_worst": worst, "unbiasedness_power": power}
+        print("\n... with power 0.99:")
+        print(power.pivot(index="shape", columns="R", values="delta_power99").round(4).to_string())
+        print(f"\npooled z-test (projections on g, sign(g), sign(g) on the smallest quarter of |g|; Bonferroni over "
+              f"the 3), alpha = {alpha}, R = {R}; min_bias: the smallest relative bias detected with power 0.99")
+        pv = pooled.pivot_table(index=["shape", "clip", "reject"], columns="direction", values="min_detectable_bias",
+                                sort=False)
+        print(pv.map(lambda x: f"{x:.2%}").to_string())
+    return {"unbiasedness": tests, "unbiasedness_worst": worst, "unbiasedness_power": power,
+            "unbiasedness_pooled": pooled}

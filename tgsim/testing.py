@@ -23,6 +23,13 @@ Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a p
   itself biased fails them (deterministic codecs: exactly Q(g) == g or not), and a copy of the codec
   biased by 5 % is rejected (the test has the power to see a bias). For ternary codecs the exact
   per-coordinate binomial test (tgsim.analysis.unbiasedness) is the sharper tool.
+- unbiased codecs, the pooled test with a stated power (tgsim.analysis.pooled_bias): on a Gaussian
+  layer of 20,000 elements, R draws chosen from a 64-draw pilot so that a uniform bias of 0.75 % is
+  detected with power 0.99 at alpha = 1e-3 (at most 2,048 draws; a codec too noisy for that is
+  skipped, saying its smallest detectable bias), the codec is accepted, a copy biased by 1 % is
+  rejected, and so is a copy that zeroes the coordinates with |g| below the 10th percentile of |g|
+  (a resolution floor). The slow tier (pytest -m slow) repeats the 1 % control at 0.1 % on 10^6
+  elements.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ from tgsim.errors import NonFiniteGradientError, PayloadError
 
 ALPHA = 1e-3
 WORKERS = 3
+POOLED_N = 20_000          # elements of the pooled test's Gaussian layer (fast tier)
+POOLED_DELTA = 0.01        # the fast tier's positive control: a uniform 1 % bias
+POOLED_PILOT = 64          # pilot draws that choose R
+POOLED_MAX_DRAWS = 2048
 
 
 def contract_layers(seed: int = 7, workers: int = WORKERS) -> dict:
@@ -160,3 +171,51 @@ class CodecContract:
         """Positive control: the same codec with every decoded value 5 % too large is rejected."""
         g = np.random.default_rng(6).standard_t(3, 400).astype(np.float32)
         assert unbiasedness_rejects(codec, g, scale=1.05)
+
+    # -- the pooled test with a stated power (unbiased codecs) ------------------------------------
+    def test_pooled_test_accepts_and_its_positive_controls_are_rejected(self, codec):
+        """alpha = 1e-3, power 0.99, seed 11, Gaussian layer of 20,000 (seed 13): the codec passes;
+        1 % uniform bias and a floor zeroing |g| < q_10(|g|) are rejected; each result states the
+        smallest bias it detects."""
+        if not codec.properties.unbiased:
+            pytest.skip(f"{codec.name} declares itself biased: the positive controls test unbiased codecs")
+        g = np.random.default_rng(13).standard_normal(POOLED_N).astype(np.float32)
+        res = pooled_controls(codec, g, POOLED_DELTA)
+        assert not res["codec"].reject, res["codec"].table()
+        assert res["bias"].reject, res["bias"].table()
+        assert res["floor"].reject, res["floor"].table()
+
+
+def pooled_controls(codec, g: np.ndarray, delta: float, seed: int = 11, draws: int | None = None) -> dict:
+    """The pooled test (tgsim.analysis.pooled_bias) of `codec` on layer g, and of two biased copies
+    on the same draws: "bias" multiplies every decoded value by 1 + delta; "floor" zeroes the
+    coordinates with |g| below the 10th percentile of |g|. R (`draws`) defaults to what a pilot of
+    POOLED_PILOT draws says detects |bias| >= 0.75 delta in directions g and sign(g) with power
+    0.99 (pytest.skip above POOLED_MAX_DRAWS). Returns {"codec"|"bias"|"floor": PooledBiasResult}."""
+    from tgsim.analysis.pooled_bias import decoded_draws, directions, draws_needed, pooled_bias_test
+
+    g = np.asarray(g, np.float32).reshape(-1)
+    u = directions(g)
+    names = tuple(u)
+    dirs = np.stack([u[k] for k in names])
+    target = dirs @ g.astype(np.float64)
+    floor = np.abs(g) < np.quantile(np.abs(g), 0.10)
+    variants = {"codec": lambda v: v, "bias": lambda v: v * (1.0 + delta), "floor": lambda v: np.where(floor, 0.0, v)}
+    first = decoded_draws(codec, g, 0, 3, seed + 1)
+    if (first == first[0]).all():
+        pytest.skip(f"{codec.name} is deterministic: the exact comparison of test_declared_unbiasedness_is_true "
+                    "covers it")
+    if draws is None:
+        pilot = decoded_draws(codec, g, 0, POOLED_PILOT, seed + 1) @ dirs[:2].T
+        draws = max(POOLED_PILOT, draws_needed(pilot.std(axis=0, ddof=1), target[:2], 0.75 * delta))
+        if draws > POOLED_MAX_DRAWS:
+            res = pooled_bias_test(pilot, target[:2], names[:2])
+            pytest.skip(f"{codec.name}: {draws} draws needed to see a {delta:.1%} bias; with {POOLED_MAX_DRAWS} "
+                        f"the smallest detectable bias is about {res.min_detectable.max() * np.sqrt(POOLED_PILOT / POOLED_MAX_DRAWS):.2%}")
+    proj = {k: np.empty((draws, len(names))) for k in variants}
+    for first in range(0, draws, 32):
+        count = min(32, draws - first)
+        v = decoded_draws(codec, g, first, count, seed)
+        for k, f in variants.items():
+            proj[k][first:first + count] = f(v) @ dirs.T
+    return {k: pooled_bias_test(p, target, names) for k, p in proj.items()}
