@@ -52,7 +52,8 @@ Errors never hang the job: a malformed payload raises `PeerPayloadError` (a Valu
 sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
 broadcasts the error so every rank raises it; ranks started with different configs raise
 `RankConfigMismatchError` on every rank, naming the ranks that differ. Both are `CollectiveError`s:
-raised identically on every rank, so `mpi_runs.train` can exit cleanly instead of aborting.
+raised identically on every rank, so `mpi_runs.train` can exit cleanly instead of aborting. How each
+mode detects, encodes (the downlink's status word) and re-raises them: tgsim/exchange/mpi_errors.py.
 
 Bytes (`CommBytes`) are this rank's, counted from the buffers it hands to MPI: point-to-point style
 collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data must reach
@@ -60,7 +61,7 @@ collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data
 Native reductions (Allreduce) count the ring model 2 (N-1)/N · buffer bytes, as the simulator does.
 Control messages (any_true, mean_scalar, barrier, config check) are not counted.
 
-GPU buffers, MPI process placement and the wire's status words and tags:
+GPU buffers, MPI process placement and the wire's length word and tags:
 tgsim/exchange/mpi_transport.py. The pipelined modes: tgsim/exchange/mpi_pipelined.py (a mixin of
 MPIExchange). The parameter server's downlink format: tgsim/exchange/ps_downlink.py.
 """
@@ -71,18 +72,20 @@ from typing import Sequence
 
 import numpy as np
 
-from tgsim.backend import array_module as _xp_of, gpu_available, to_numpy
+from tgsim.backend import array_module as _xp_of, gpu_available
 from tgsim.codecs import packing
-from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Layout, Message, from_bytes
+from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Message
 from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
 from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes, check_scalers, config_mismatch,
+                                       malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
+                                       read_status, server_failure, write_status)
 from tgsim.exchange.mpi_pipelined import PipelinedModes
-from tgsim.exchange.mpi_transport import (_HDR, _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER, _TAG_PS_DOWN,  # noqa: F401
-                                          _TAG_PS_UP, _U64, Staging, cuda_aware, mpi_module, node_local_rank,
-                                          select_gpu)
-from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode,  # noqa: F401
-                                        ps_decode_base, ps_downlink, ps_downlink_size)
+from tgsim.exchange.mpi_transport import (_HDR, _TAG_PS_DOWN, _TAG_PS_UP, _U64, Staging, cuda_aware, mpi_module,
+                                          node_local_rank, select_gpu)
+from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode, ps_decode_base,
+                                        ps_downlink, ps_downlink_size)
 
 PS_TRANSPORTS = ("p2p", "collective")
 CHUNK = 1 << 18       # elements per piece of the pipelined ps and allgather (64 KiB of 2-bit codes)
@@ -141,24 +144,9 @@ class MPIExchange(PipelinedModes):
         mine = {"config sha256": str(digest), "tgsim": str(tgsim_version),
                 "codec message version": str(MESSAGE_VERSION), "numpy": np.__version__,
                 "shard plan": str(plan) if plan is not None else "-"}
-        everyone = self.comm.allgather(mine)
-        problems = []
-        for key in mine:
-            groups: dict[str, list[int]] = {}
-            for r, d in enumerate(everyone):
-                groups.setdefault(d.get(key, "?"), []).append(r)
-            if len(groups) > 1:
-                ref = everyone[0].get(key, "?")
-                parts = [f"rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}: {v[:16]}" for v, rs in
-                         sorted(groups.items(), key=lambda kv: kv[1][0])]
-                odd = sorted(r for v, rs in groups.items() if v != ref for r in rs)
-                problems.append(f"{key} differs from rank 0's on rank{'s' if len(odd) > 1 else ''} "
-                                f"{_ranges(odd)} ({'; '.join(parts)})")
-        if problems:
-            raise RankConfigMismatchError(
-                f"MPI ranks were started with different configurations ({self.size} ranks): "
-                + " | ".join(problems) + ". Launch every rank with the same config file, --set "
-                "overrides and tgsim installation.")
+        problem = config_mismatch(self.comm.allgather(mine), keys=mine)
+        if problem is not None:
+            raise RankConfigMismatchError(problem)
 
     def gather_totals(self) -> list[dict]:
         """Collective: every rank's cumulative bytes, in rank order (on every rank)."""
@@ -306,9 +294,7 @@ class MPIExchange(PipelinedModes):
                     mean = self._parse_and_aggregate(codec, msg, recv, sizes)
                 except PeerPayloadError as e:
                     error = str(e)
-            error = self.comm.bcast(error, root=root)
-            if error is not None:
-                raise PeerPayloadError(error)
+            raise_if_server_failed(self.comm, error, root=root)
             like = codec.decode(msg)
             flat = np.concatenate([mean[k].reshape(-1) for k in like]) if self.rank == root else \
                 np.empty(sum(int(v.size) for v in like.values()), dtype=np.float32)
@@ -369,61 +355,25 @@ class MPIExchange(PipelinedModes):
         slot[_HDR:_HDR + body.size] = body
         return slot
 
-    def _parse(self, slot: np.ndarray, layout: Layout, sender: int, where: str) -> Message:
-        wire = len(layout.header_bytes()) + layout.body_bytes()
-        length = int(slot[:_HDR].view(_U64)[0])
-        if length != wire:
-            raise PeerPayloadError(f"{where} received a malformed payload from rank {sender}: it is {length} "
-                                   f"bytes, the model's layout needs {wire}")
-        try:
-            return from_bytes(memoryview(slot[_HDR:_HDR + wire]), layout)
-        except ValueError as e:
-            raise PeerPayloadError(f"{where} received a malformed payload from rank {sender}: {e}") from e
-
-    @staticmethod
-    def _check_scalers(messages: Sequence[Message], ref: Message, where: str) -> None:
-        """With shared scalers every message carries the same (MAX-shared) scaler per ternary layer."""
-        tern = np.array([s.kind == KIND_TERNARY for s in ref.layout.layers], dtype=bool)
-        for r, m in enumerate(messages):
-            bad = np.flatnonzero(tern & (np.asarray(m.scalers) != np.asarray(ref.scalers)))
-            if bad.size:
-                i = int(bad[0])
-                raise PeerPayloadError(f"{where} received a malformed payload from rank {r}: layer "
-                                       f"{ref.layout.layers[i].name!r} has scaler {m.scalers[i]}, the shared "
-                                       f"scaler is {ref.scalers[i]}")
-
-    @staticmethod
-    def _blame_codes(codec, messages: Sequence[Message], where: str, err: Exception):
-        """After a decode kernel rejected the payloads: the first sender whose codes are invalid."""
-        for r, m in enumerate(messages):
-            for spec, part in zip(m.layout.layers, m.parts):
-                if spec.kind != KIND_TERNARY:
-                    continue
-                try:
-                    packing.check_payload(to_numpy(part), spec.size, codec.packing, where=f"layer {spec.name!r}")
-                except ValueError as e:
-                    return PeerPayloadError(f"{where} received a malformed payload from rank {r}: {e}")
-        return PeerPayloadError(f"{where} could not decode the payloads: {err}")
-
     def _allgather(self, codec, msg: Message, shared: bool):
         n = self.size
         slot = self._slot(msg)
         slots = np.empty((n, slot.size), dtype=np.uint8)
         self.comm.Allgather([slot, self.MPI.BYTE], [slots, self.MPI.BYTE])
         where = f"rank {self.rank}"
-        msgs = [self._parse(slots[r], msg.layout, r, where) for r in range(n)]
+        msgs = [parse_slot(slots[r], msg.layout, r, where) for r in range(n)]
         if shared:
-            self._check_scalers(msgs, msg, where)
+            check_scalers(msgs, msg, where)
         xp = _xp_of(msg.parts[0]) if msg.parts else np
         msgs = [message_to(m, xp) for m in msgs]
         try:
             mean = codec.aggregate(msgs, divide_by=n)
         except ValueError as e:
-            raise self._blame_codes(codec, msgs, where, e) from e
+            raise blame_codes(codec, msgs, where, e) from e
         return mean, CommBytes((n - 1) * slot.size, (n - 1) * slot.size)
 
     def _ps(self, codec, msg: Message, shared: bool, reternarize_key):
-        MPI, n, root = self.MPI, self.size, 0
+        n, root = self.size, 0
         slot = self._slot(msg)
         slots = np.empty((n, slot.size), dtype=np.uint8) if self.rank == root else None
         self._ps_gather(slot, slots, root)
@@ -432,35 +382,31 @@ class MPIExchange(PipelinedModes):
         error = None
         xp = _xp_of(msg.parts[0]) if msg.parts else np
         if self.rank == root:
-            where = "the parameter server (rank 0)"
             try:
-                msgs = [self._parse(slots[r], msg.layout, r, where) for r in range(n)]
+                msgs = [parse_slot(slots[r], msg.layout, r, SERVER) for r in range(n)]
                 if shared:
-                    self._check_scalers(msgs, msg, where)
+                    check_scalers(msgs, msg, SERVER)
                 msgs = [message_to(m, xp) for m in msgs]
                 try:
                     down = ps_downlink(codec, msgs, shared, reternarize_key)
                 except PeerPayloadError:
                     raise
                 except ValueError as e:
-                    raise self._blame_codes(codec, msgs, where, e) from e
+                    raise blame_codes(codec, msgs, SERVER, e) from e
                 if down.size != down_size:
                     raise RuntimeError(f"downlink is {down.size} bytes, expected {down_size}")
                 buf[_HDR:] = down
             except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
-                payload_error = isinstance(e, PeerPayloadError)
-                error = str(e) if payload_error else f"the parameter server (rank 0) failed: {type(e).__name__}: {e}"
-                status = _STATUS_PAYLOAD if payload_error else _STATUS_SERVER
-                buf[:_HDR] = np.array([status], dtype=_U64).view(np.uint8)
+                status, error = server_failure(e)
+                write_status(buf, status)
         self._ps_bcast(buf, root)
-        status = int(buf[:_HDR].view(_U64)[0])
-        if status != _STATUS_OK:
-            text = self.comm.bcast(error, root=root)
-            raise (PeerPayloadError if status == _STATUS_PAYLOAD else ServerError)(text)
+        status = read_status(buf)
+        if status != STATUS_OK:
+            raise_server_failure(self.comm, status, error, root=root)
         try:
             mean = ps_decode(codec, msg.layout, buf[_HDR:], n, shared, reternarize_key is not None, xp)
         except ValueError as e:
-            raise PeerPayloadError(f"rank {self.rank} received a malformed downlink from rank 0: {e}") from e
+            raise malformed_downlink(self.rank, e) from e
         if self.rank == root:
             nbytes = CommBytes((n - 1) * buf.size, (n - 1) * slot.size)
         else:
@@ -517,7 +463,7 @@ class MPIExchange(PipelinedModes):
         b = ring_allreduce_bytes(codes.nbytes, n)
         nbytes = CommBytes(b, b)
         if total and xp is not np and int(xp.abs(codes.astype(xp.int32)).max()) > n:
-            raise self._beyond_n(n)     # before the collectives of the float layers' mean
+            raise beyond_n(self.rank, n)     # before the collectives of the float layers' mean
         mean = {}
         if flt:
             fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
@@ -529,7 +475,7 @@ class MPIExchange(PipelinedModes):
                 try:    # checks |Σ codes| <= N and scales (NumPy: one Numba pass)
                     flat = packing.decode_code_sums(codes[off:off + spec.size], n, float(msg.scalers[i]))
                 except PayloadError:
-                    raise self._beyond_n(n) from None
+                    raise beyond_n(self.rank, n) from None
                 mean[spec.name] = flat.reshape(spec.shape)
                 off += spec.size
             else:
@@ -537,22 +483,7 @@ class MPIExchange(PipelinedModes):
                 foff += spec.size
         return mean, nbytes
 
-    def _beyond_n(self, n: int) -> PeerPayloadError:
-        return PeerPayloadError(f"rank {self.rank}: the integer all-reduce returned a code sum beyond ±{n}: "
-                                "some rank contributed invalid codes (a reduction cannot name the sender)")
-
-def _ranges(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out, ranks = [], sorted(ranks)
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
-
 
 __all__ = ["CollectiveError", "MPIExchange", "PeerPayloadError", "RankConfigMismatchError", "ServerError", "cuda_aware",
-           "node_local_rank", "ps_decode", "ps_downlink", "ps_downlink_size", "select_gpu"]
+           "node_local_rank", "ps_base_downlink", "ps_decode", "ps_decode_base", "ps_downlink", "ps_downlink_size",
+           "select_gpu"]

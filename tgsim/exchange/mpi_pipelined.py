@@ -3,7 +3,8 @@
 Each piece is encoded just before it is sent (a `DeferredMessage`), and summed or decoded while the
 later pieces are on the wire; the bits are those of the whole-message exchange. A mixin of
 `MPIExchange` (tgsim/exchange/mpi.py), which provides comm, rank, size, chunk, ps_transport and
-the slot helpers `_slot` / `_plans`.
+the slot helpers `_slot` / `_plans`. Errors are raised on every rank alike, by the rules of
+tgsim/exchange/mpi_errors.py (each downlink piece carries the status word).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from tgsim.codecs.message import Layout, Message
-from tgsim.errors import PeerPayloadError, ServerError
 from tgsim.exchange.base import CommBytes
-from tgsim.exchange.mpi_transport import (_HDR, _STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER, _TAG_AG, _TAG_PS_DOWN,
-                                          _TAG_PS_UP, _U64)
+from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, malformed, malformed_downlink, raise_server_failure,
+                                       read_status, server_failure, write_status)
+from tgsim.exchange.mpi_transport import _HDR, _TAG_AG, _TAG_PS_DOWN, _TAG_PS_UP
 from tgsim.exchange.pieces import PiecePlan, SenderError
 
 
@@ -72,7 +73,7 @@ class PipelinedModes:
                     plan.check_headers(blocks[0])
                 plan.aggregate(k, blocks[k], p.up[0], scalers, flat, kern, msg.scalers if shared else None)
             except SenderError as e:
-                error = PeerPayloadError(f"rank {self.rank} received a malformed payload from rank {e.sender}: {e}")
+                error = malformed(f"rank {self.rank}", e.sender, e)
         self._waitall(sends)
         if error is not None:
             raise error
@@ -95,9 +96,8 @@ class PipelinedModes:
         at = [_HDR * k + p.down[0] for k, p in enumerate(pieces)]      # status word of piece k
         ends = [_HDR * (k + 1) + p.down[1] for k, p in enumerate(pieces)]
         flat, scalers = plan.empty_mean(), np.zeros(len(msg.layout.layers), dtype=np.float32)
-        error, status_seen, local_error = None, _STATUS_OK, None
+        error, status_seen, local_error = None, STATUS_OK, None
         if self.rank == root:
-            where = "the parameter server (rank 0)"
             slots = np.empty((n, slot.size), dtype=np.uint8)
             if not deferred:
                 slots[root] = slot
@@ -110,7 +110,7 @@ class PipelinedModes:
                     try:
                         plan.fill_slot(k, msg, slots[root])
                     except Exception as e:  # noqa: BLE001  (reported below, like any server failure)
-                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
+                        status_seen, error = server_failure(e, SERVER)
                 self._waitall(ups[k])
                 status = status_seen
                 if error is None:
@@ -119,13 +119,10 @@ class PipelinedModes:
                             plan.check_headers(slots)
                         plan.downlink(k, slots, 0, msg.scalers, kern, wire[at[k] + _HDR:ends[k]])
                         plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
-                    except SenderError as e:
-                        error, status_seen = (f"{where} received a malformed payload from rank {e.sender}: {e}",
-                                              _STATUS_PAYLOAD)
                     except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
-                        error, status_seen = f"{where} failed: {type(e).__name__}: {e}", _STATUS_SERVER
+                        status_seen, error = server_failure(e, SERVER)
                     status = status_seen
-                wire[at[k]:at[k] + _HDR] = np.array([status], dtype=_U64).view(np.uint8)
+                write_status(wire[at[k]:at[k] + _HDR], status)
                 sends += [self.comm.Isend([wire[at[k]:ends[k]], MPI.BYTE], dest=r, tag=_TAG_PS_DOWN)
                           for r in range(n) if r != root]
             self._waitall(sends)
@@ -139,21 +136,19 @@ class PipelinedModes:
                 sends.append(self.comm.Isend([slot[p.up[0]:p.up[1]], MPI.BYTE], dest=root, tag=_TAG_PS_UP))
             for k in range(len(pieces)):
                 self._waitall(downs[k:k + 1])
-                status = int(wire[at[k]:at[k] + _HDR].view(_U64)[0])
-                if status != _STATUS_OK:
+                status = read_status(wire[at[k]:at[k] + _HDR])
+                if status != STATUS_OK:
                     status_seen = status
-                elif status_seen == _STATUS_OK and local_error is None:
+                elif status_seen == STATUS_OK and local_error is None:
                     try:
                         plan.decode(k, wire[at[k] + _HDR:ends[k]], flat, scalers)
                     except ValueError as e:
                         local_error = e
             self._waitall(sends)
-        if status_seen != _STATUS_OK:
-            text = self.comm.bcast(error, root=root)
-            raise (PeerPayloadError if status_seen == _STATUS_PAYLOAD else ServerError)(text)
+        if status_seen != STATUS_OK:
+            raise_server_failure(self.comm, status_seen, error, root=root)
         if local_error is not None:
-            raise PeerPayloadError(f"rank {self.rank} received a malformed downlink from rank 0: "
-                                   f"{local_error}") from local_error
+            raise malformed_downlink(self.rank, local_error) from local_error
         mean = {s.name: f.reshape(s.shape) for s, f in zip(msg.layout.layers, flat)}
         if self.rank == root:
             return mean, CommBytes((n - 1) * wire.size, (n - 1) * slot.size)

@@ -17,10 +17,9 @@ import numpy as np
 from tgsim.backend import array_module as _xp_of, get_xp, gpu_available
 from tgsim.exchange.pieces import HDR
 
-# the words on the wire around the payloads
+# the words on the wire around the payloads (the status values: tgsim/exchange/mpi_errors.py)
 _U64 = np.dtype("<u8")
 _HDR = HDR        # slot prefix / downlink status: one little-endian u64
-_STATUS_OK, _STATUS_PAYLOAD, _STATUS_SERVER = 0, 1, 2
 _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
 _TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
 

@@ -7,7 +7,8 @@
 
 Pure functions shared by the server and the workers (tgsim/exchange/mpi.py), the pipelined
 exchange (tgsim/exchange/pieces.py cuts the same bytes into pieces) and the in-process exchange's
-byte count (`ps_downlink_size`). Over MPI each downlink is preceded by a u64 status word.
+byte count (`ps_downlink_size`). Over MPI each downlink is preceded by a u64 status word
+(tgsim/exchange/mpi_errors.py).
 """
 
 from __future__ import annotations
