@@ -103,6 +103,10 @@ MODES = {
     "ps": {"exchange": {"mode": "ps"}},
     "allgather": {"exchange": {"mode": "allgather"}},
     "ps-reternarize": {"exchange": {"mode": "ps", "reternarize_downlink": True}},
+    # the scaler-sharing modes: the mean of the workers' scalers (every worker clips at it), none
+    "ps-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "ps"}},
+    "allreduce-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "allreduce"}},
+    "allgather-none": {"codec": {"sharing": "none"}, "exchange": {"mode": "allgather"}},
 }
 # every registered codec with its own wire format, in both modes that carry whole messages
 for _name in registry.names():
@@ -275,6 +279,19 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
     # ps: every worker pushes the same slot size; the server (rank 0) receives 3 of them per step
     assert by_rank[1]["sent"] == by_rank[2]["sent"] == by_rank[3]["sent"] > 0
     assert by_rank[0]["received"] > by_rank[1]["sent"] * 2
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["ps-mean", "allreduce-mean", "allgather-none"])
+def test_sharing_modes_at_two_ranks_equal_the_simulator(tmp_path, mode):
+    """mpiexec -n 2 (`python -m mpi_runs.train`) vs 2 virtual workers, least squares: the same
+    parameters, bit for bit, for each scaler-sharing mode (-n 4: the test above)."""
+    d = config_dict("ls", mode, workers={"n": 2, "batch": 16})
+    cfg = write_toml(d, tmp_path / "c.toml")
+    res, _ = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])], timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sim = simulate(d, tmp_path / "sim")
+    assert params_bits(load_params(tmp_path / "mpi" / "params.npz")) == params_bits(sim.params)
 
 
 @needs_mpi

@@ -155,7 +155,7 @@ def test_results_directory(tmp_path):
 
 @pytest.mark.parametrize("bad, match", [
     ({"workers": {"n": 3, "batch": 32}}, "split evenly"),
-    ({"codec": {"name": "qsgd"}}, "unknown codec"),
+    ({"codec": {"name": "no-such-codec"}}, "unknown codec"),
     ({"run": {"stepz": 3}}, "unknown key"),
     ({"exchange": {"mode": "allreduce", "share_scalers": False}}, "share_scalers"),
     ({"model": {"name": "mlp", "options": {"widht": 3}}}, "widht"),

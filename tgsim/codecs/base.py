@@ -38,8 +38,9 @@ class CodecProperties:
                       own bytes, exchanged whole and combined by `codec.aggregate`
     sums_exactly:     codes of workers that share statistics sum exactly (integer all-reduce: sum
                       the codes, decode once with the number of summands)
-    shared_stats:     "max": per-layer statistics MAX-reduced over workers before encoding (scaler
-                      sharing) when the exchange asks for it; None: none
+    shared_stats:     "max" | "mean": per-layer statistics MAX-reduced, or averaged (f32 of the float64
+                      sum in worker order / N), over workers before encoding (scaler sharing) when the
+                      exchange asks for it; None: none
     server_reencodes: the parameter server can encode the downlink again (exchange option
                       reternarize_downlink)
     stateful:         the codec keeps per-worker state across steps (checkpointed with the run)
@@ -59,8 +60,8 @@ class CodecProperties:
     def __post_init__(self):
         if self.wire not in WIRES:
             raise ValueError(f"wire must be one of {WIRES}, got {self.wire!r}")
-        if self.shared_stats not in (None, "max"):
-            raise ValueError(f"shared_stats must be None or 'max', got {self.shared_stats!r}")
+        if self.shared_stats not in (None, "max", "mean"):
+            raise ValueError(f"shared_stats must be None, 'max' or 'mean', got {self.shared_stats!r}")
         if self.combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {self.combine!r}")
 

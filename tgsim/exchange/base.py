@@ -35,6 +35,15 @@ class CommBytes:
         return self
 
 
+def mean_of_scalers(rows: np.ndarray, n: int) -> np.ndarray:
+    """float32 (L,): f32((Σ_w f64(rows[w])) · (1/n)), the rows (every worker's float32 scalers, in
+    worker order) added one at a time; the simulator and every MPI rank compute it alike."""
+    acc = np.zeros(rows.shape[1], dtype=np.float64)
+    for r in np.asarray(rows, dtype=np.float32):
+        acc += r.astype(np.float64)
+    return (acc * np.float64(1.0 / n)).astype(np.float32)
+
+
 def own_wire_bytes(wire: int, mean: dict, mode: str, workers: int) -> "CommBytes":
     """Bytes of one worker for a codec with its own messages (wire bytes each): all-gather sends and
     receives N-1 messages; a parameter server takes one and returns the float32 mean."""
@@ -56,6 +65,9 @@ class Exchange(Protocol):
 
     def max_scalers(self, local: np.ndarray) -> np.ndarray:
         """(n_local, L) local scalers -> (L,) maximum over all workers (MAX all-reduce)."""
+
+    def mean_scalers(self, local: np.ndarray) -> np.ndarray:
+        """(n_local, L) local scalers -> (L,) mean over all workers, `mean_of_scalers` of all rows."""
 
     def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
         """Mean over all workers of float32 layers: f32(Σ_w f64(g_w), ascending w, · 1/N)."""

@@ -14,7 +14,7 @@ import numpy as np
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, layer_payloads
 from tgsim.codecs.ordered_mean import ordered_mean
-from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.base import CommBytes, mean_of_scalers, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.ps_downlink import ps_downlink_size
 
 
@@ -94,6 +94,10 @@ class InProcessExchange:
 
     def max_scalers(self, local: np.ndarray) -> np.ndarray:
         return np.max(np.asarray(local, dtype=np.float32), axis=0)
+
+    def mean_scalers(self, local: np.ndarray) -> np.ndarray:
+        """f32(Σ_w f64(s_w) / N) per layer, workers in order (the MPI exchange gives the same bits)."""
+        return mean_of_scalers(np.asarray(local, dtype=np.float32), self.n_workers)
 
     def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
         n = self.n_workers

@@ -77,7 +77,7 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Message
 from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
-from tgsim.exchange.base import CommBytes, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.base import CommBytes, mean_of_scalers, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes, check_scalers, config_mismatch,
                                        malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
                                        read_status, server_failure, write_status)
@@ -163,6 +163,19 @@ class MPIExchange(PipelinedModes):
         b = ring_allreduce_bytes(out.nbytes, self.size)
         self._pending += CommBytes(b, b)
         return out
+
+    def mean_scalers(self, local: np.ndarray) -> np.ndarray:
+        """Allgather of every rank's (1, L) scalers, then `mean_of_scalers` in rank order (the bits of
+        the in-process exchange); the bytes of an all-gather, (N-1) L floats each way."""
+        local = np.asarray(local, dtype=np.float32)
+        if local.ndim != 2 or local.shape[0] != 1:
+            raise ValueError(f"MPIExchange holds one worker per rank: local scalers must be (1, L), got {local.shape}")
+        rows = np.empty((self.size, local.shape[1]), dtype=np.float32)
+        if local.size:
+            self.comm.Allgather([np.ascontiguousarray(local[0]), self.MPI.FLOAT], [rows, self.MPI.FLOAT])
+        b = (self.size - 1) * local[0].nbytes
+        self._pending += CommBytes(b, b)
+        return mean_of_scalers(rows, self.size)
 
     def mean_fp32(self, local_layers: Sequence[dict]) -> tuple[dict, CommBytes]:
         """f32(Σ_w f64(g_w), ascending rank w, · 1/N) per layer; `exact=False` uses MPI's Allreduce."""

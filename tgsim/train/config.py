@@ -76,6 +76,7 @@ class CodecConfig:
     density: float = 0.01        # topk / randomk: fraction of a layer's elements sent (when k = 0)
     k: int = 0                   # topk / randomk: elements sent per layer (0: use density)
     rotate: bool = False         # suresh: randomized Hadamard rotation seeded from the stream key
+    sharing: str = "max"         # codecs with a shared scaler: "max" over workers | "mean" | "none"
 
 
 EXCHANGE_MODES = ("allreduce", "ps", "allgather")
@@ -197,7 +198,7 @@ def validate(cfg: Config) -> None:
     if e.mode == "allreduce" and props.wire == "own":
         raise ConfigError(f"[exchange] mode 'allreduce' needs a codec whose codes sum exactly; {c.name!r} sends "
                           "whole messages: use 'ps' or 'allgather'")
-    if e.mode == "allreduce" and props.shared_stats == "max" and not e.share_scalers:
+    if e.mode == "allreduce" and props.wire == "tgm1" and (props.shared_stats is None or not e.share_scalers):
         raise ConfigError("[exchange] integer all-reduce of ternary codes needs share_scalers = true "
                           "(summing codes with different scalers is wrong)")
     if cfg.optimizer.name not in OPTIMIZERS:

@@ -2,7 +2,7 @@
 
 One step (docs/DESIGN.md "Data flow of one step"), for the workers local to this process:
     batches (counter-based: seed, step, worker) -> loss_and_grad (batched over the worker axis)
-    -> codec.prepare_many (checks, statistics) -> [shared statistics: MAX over workers]
+    -> codec.prepare_many (checks, statistics) -> [shared statistics: MAX or mean over workers]
     -> codec.encode_many -> exchange.aggregate -> mean
     -> optimizer update on every replica (identical bits) -> metrics
 The codec comes from the registry (tgsim.codecs.registry) by its config name; the trainer reads
@@ -163,8 +163,12 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
             raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
-    share = cfg.exchange.share_scalers and codec.properties.shared_stats == "max"
-    shared = ex.max_scalers(codec.local_scalers_many(stats, len(local))) if share else None
+    how = codec.properties.shared_stats
+    share = cfg.exchange.share_scalers and how is not None
+    shared = None
+    if share:
+        local_scalers = codec.local_scalers_many(stats, len(local))
+        shared = ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
     defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
     deferred = bool(codec.properties.wire == "tgm1" and defers and
                     defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))

@@ -40,6 +40,8 @@ from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, M
 from tgsim.codecs.packing import CODES_PER_BYTE, FORMATS, packed_size
 from tgsim.codecs.terngrad.moments import layer_moments
 from tgsim.codecs.terngrad.quantizer import CLIP_MODES, LayerScaling, scaling_from_moments
+
+SHARING_MODES = ("max", "mean", "none")
 from tgsim.errors import NonFiniteGradientError
 from tgsim.rng import StreamKey
 
@@ -184,6 +186,7 @@ class TernGrad:
     min_size: int = 0               # layers smaller than this stay float32
     float_layers: tuple[str, ...] = field(default_factory=tuple)
     kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
+    sharing: str = "max"            # shared scaler: "max" over workers (paper) | "mean" | "none"
 
     name = "terngrad"
 
@@ -192,6 +195,8 @@ class TernGrad:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {self.clip!r}")
         if self.packing not in FORMATS:
             raise ValueError(f"packing must be one of {FORMATS}, got {self.packing!r}")
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(f"sharing must be one of {SHARING_MODES}, got {self.sharing!r}")
         if not (self.clip_factor > 0 and math.isfinite(self.clip_factor)):
             raise ValueError(f"clip_factor must be a positive number, got {self.clip_factor}")
         object.__setattr__(self, "float_layers", tuple(self.float_layers))
@@ -201,16 +206,17 @@ class TernGrad:
     def from_config(cls, cfg) -> "TernGrad":
         """The codec of a [codec] config section (tgsim.train.config.CodecConfig)."""
         return cls(clip=cfg.clip, clip_factor=cfg.clip_factor, packing=cfg.packing, min_size=cfg.min_size,
-                   float_layers=tuple(cfg.float_layers), kernels=cfg.kernels)
+                   float_layers=tuple(cfg.float_layers), kernels=cfg.kernels, sharing=cfg.sharing)
 
     @property
     def properties(self) -> CodecProperties:
-        return CodecProperties(unbiased=self.unbiased, wire="tgm1", sums_exactly=True, shared_stats="max",
-                               server_reencodes=True)
+        return CodecProperties(unbiased=self.unbiased, wire="tgm1", sums_exactly=True,
+                               shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True)
 
     @property
     def unbiased(self) -> bool:
-        return self.clip == "none"
+        """Without clipping, and without a shared mean scaler (which clips at the mean)."""
+        return self.clip == "none" and self.sharing != "mean"
 
     @property
     def allreduce_compatible(self) -> bool:
@@ -403,16 +409,24 @@ class TernGrad:
             elif scalers.shape != (nw, n_layers):
                 raise ValueError(f"shared scalers of shape {scalers.shape}, expected ({n_layers},) or "
                                  f"({nw}, {n_layers})")
-            low = ~((scalers >= local) & np.isfinite(scalers))
+            low = ~((scalers >= (0 if self.sharing == "mean" else local)) & np.isfinite(scalers))
+            if low.any() and self.sharing == "mean":
+                w, i = (int(v) for v in np.argwhere(low)[0])
+                raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[w, i]} is not a "
+                                 "finite value >= 0")
             if low.any():
                 w, i = (int(v) for v in np.argwhere(low)[0])     # worker-major: the lowest worker first
                 raise ValueError(f"layer {layout.layers[i].name!r}: shared scaler {scalers[w, i]} is not a "
                                  f"finite value >= worker {int(workers[w])}'s local scaler {local[w, i]} "
                                  "(share with MAX)")
         msg_scalers = np.where(ternary, scalers, np.float32(0)).astype(np.float32)
+        bounds = [None if sc is None else sc.clip_bound for sc in scalings]
+        if self.sharing == "mean" and shared_scalers is not None:   # every worker clips at the shared mean
+            bounds = [None if b is None else np.minimum(b, scalers[:, i].astype(np.float64))
+                      for i, b in enumerate(bounds)]
         if deferred and self._defers(flats):
             return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
-                                    [None if sc is None else float(sc.clip_bound[w]) for sc in scalings],
+                                    [None if b is None else float(b[w]) for b in bounds],
                                     StreamKey(int(seed), int(step), int(workers[w]))) for w in range(nw)]
         parts = []
         for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
@@ -420,8 +434,7 @@ class TernGrad:
                 parts.append(flat)
                 continue
             kern = self.kernels_for(array_module(flat))
-            parts.append(kern.encode_many(flat, scalers[:, i], sc.clip_bound, seed, step, workers, i,
-                                          self.packing))
+            parts.append(kern.encode_many(flat, scalers[:, i], bounds[i], seed, step, workers, i, self.packing))
         rows = [tuple(p[w] for w in range(nw)) for p in parts]
         batch = PayloadBatch([p if spec.kind == KIND_TERNARY else None for spec, p in zip(layout.layers, parts)],
                              rows)
@@ -431,7 +444,8 @@ class TernGrad:
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
                scalings: Sequence[LayerScaling | None] | None = None, deferred: bool = False) -> Message:
         """Message of worker key.worker: `encode_many` of that one worker (one code path, the same
-        bits). shared_scalers: per-layer s >= local s_i (from a MAX all-reduce). deferred: a
+        bits). shared_scalers: per-layer s (a MAX all-reduce: s >= local s_i; a mean: every worker
+        clips at s). deferred: a
         `DeferredMessage` where the Numba kernels encode (see encode_many)."""
         if scalings is None:
             scalings = self.scaling(layers)      # the checks and errors of one worker's layers
