@@ -16,3 +16,6 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
     from tgsim.analysis import perfmodel
 
     perfmodel.register_cli(sub)    # perfmodel-fig5, perfmodel-validate
+    from tgsim.analysis import run_health
+
+    run_health.register_cli(sub)   # run-health RUN_DIR

@@ -108,12 +108,20 @@ class StepInfo:
     layer_stats: list = field(default_factory=list)
 
 
-def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
+def _layer_stats(grads: dict, scalers, scalings, decoded=None, mean=None, ex=None) -> list[dict]:
     """Per-layer metrics, averaged over the local workers, from the (W, *shape) gradients.
 
     scaler: the shared scaler (else the mean of the workers' max|g|); inf_l1: E_w[max|g| ||g||_1];
     l2sq: E_w[||g||_2^2]; clip_fraction: E_w[fraction of |g| > clip bound] (ternary layers with
-    scalings, else nan). One pass per layer over all workers' rows (tgsim.train.layer_stats.row_abs_stats:
+    scalings, else nan). The signs of a collapse of scaler sharing:
+      scaler_ratio        shared scaler / median of the local workers' own scalers (nan without
+                          sharing); all N workers in the simulator, the rank's own over MPI;
+      noise_to_signal     the aggregate's quantization noise relative to its size,
+                          (Σ_w ||decode_w - g_w||^2 / N^2) / ||mean||^2, summed over all workers
+                          (one collective per layer; `decoded`: the local workers' decoded messages);
+      zero_grad_fraction  fraction of the layer's elements whose gradient is exactly 0 for every
+                          local worker: for the bias of a layer followed by a ReLU, the units dead
+                          on the whole batch. One pass per layer over all workers' rows (tgsim.train.layer_stats.row_abs_stats:
     float64 sums, no float64 copy of the gradients); max|g| from pass 1's moments where the codec
     computed them (the same float32 values).
     """
@@ -132,8 +140,21 @@ def _layer_stats(grads: dict, scalers, scalings) -> list[dict]:
         else:
             clip = float(np.mean(st[:, 2] / n)) if n else 0.0
         scaler = float(scalers[i]) if scalers is not None else float(np.mean(absmax))
+        ratio = float("nan")
+        if scalers is not None and sc is not None:
+            med = float(np.median(np.asarray(sc.scaler, dtype=np.float64)))
+            ratio = float(scalers[i]) / med if med > 0 else float("nan")
+        noise = float("nan")
+        if decoded is not None:
+            local_sq = sum(float(np.sum((np.asarray(d[name], np.float64).reshape(-1) - flat[w].astype(np.float64)) ** 2))
+                           for w, d in enumerate(decoded))
+            signal = float(np.sum(np.asarray(mean[name], np.float64) ** 2))
+            total = ex.mean_scalar(local_sq) / ex.n_workers          # Σ over all workers / N^2
+            noise = total / signal if signal > 0 else float("nan")
+        zero = float(np.mean(np.all(flat == 0, axis=0))) if n else float("nan")
         rows.append(dict(layer=name, scaler=scaler, inf_l1=float(np.mean(absmax * st[:, 0])),
-                         l2sq=float(np.mean(st[:, 1])), clip_fraction=clip))
+                         l2sq=float(np.mean(st[:, 1])), clip_fraction=clip, scaler_ratio=ratio,
+                         noise_to_signal=noise, zero_grad_fraction=zero))
     return rows
 
 
@@ -178,10 +199,11 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
         del grads                   # the messages hold what the exchange needs
     rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
     mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, rkey)
+    decoded = [codec.decode(m) for m in msgs] if with_stats else None
     del msgs                        # the payloads, before the optimizer's temporaries
     lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
-    layer_rows = _layer_stats(grads, shared, stats) if with_stats else []
+    layer_rows = _layer_stats(grads, shared, stats, decoded, mean, ex) if with_stats else []
     loss = ex.mean_scalar(float(np.sum(losses)))
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 

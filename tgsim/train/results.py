@@ -24,7 +24,8 @@ from tgsim import blas
 from tgsim.train.config import Config, config_hash, to_dict
 
 METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "dist_opt", "bits_up", "bits_down", "lr",
-                  "scaler", "inf_l1", "l2sq", "clip_fraction", "skipped", "seconds"]
+                  "scaler", "inf_l1", "l2sq", "clip_fraction", "scaler_ratio", "noise_to_signal",
+                  "zero_grad_fraction", "skipped", "seconds"]
 
 
 def new_run_dir(base: str | Path, name: str) -> Path:

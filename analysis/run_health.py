@@ -1,0 +1,84 @@
+"""`tgsim analyze run-health RUN_DIR`: the signs of a scaler-sharing collapse in a run's metrics.csv.
+
+A run logs, per layer and logged step (tgsim.train.loop._layer_stats):
+
+    scaler_ratio        shared scaler / median worker's own scaler
+    noise_to_signal     (Σ_w ||decode_w - g_w||^2 / N^2) / ||aggregate||^2
+    zero_grad_fraction  fraction of elements with a zero gradient on every worker's batch
+
+Per layer this reports the first and last logged values, the maximum, and flags:
+
+    ratio     scaler_ratio > RATIO_ALERT at any step (one worker's scaler dominates the shared one:
+              every other worker's quantization variance grows with it)
+    noise     noise_to_signal > NOISE_ALERT at the last logged step (the update is mostly noise)
+    dying     zero_grad_fraction rose by more than DYING_ALERT from the first logged step to the last
+              (units stopped receiving gradient: dead ReLUs)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+RATIO_ALERT = 5.0
+NOISE_ALERT = 1.0
+DYING_ALERT = 0.25
+
+__all__ = ["DYING_ALERT", "NOISE_ALERT", "RATIO_ALERT", "run_health"]
+
+
+def run_health(run_dir) -> pd.DataFrame:
+    """One row per layer: first/last/max of the three signs and the alert flags."""
+    path = Path(run_dir) / "metrics.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a tgsim run directory (no metrics.csv)")
+    m = pd.read_csv(path)
+    need = {"scaler_ratio", "noise_to_signal", "zero_grad_fraction"}
+    if not need <= set(m.columns):
+        raise ValueError(f"{path} has no {sorted(need - set(m.columns))}: written by an older tgsim")
+    layers = m[(m["split"] == "train") & (m["layer"] != "model")].sort_values("step")
+    rows = []
+    for layer, d in layers.groupby("layer", sort=False):
+        ratio, noise, zero = (d[c].to_numpy(dtype=np.float64) for c in ("scaler_ratio", "noise_to_signal", "zero_grad_fraction"))
+        rows.append(dict(
+            layer=layer, steps=int(d["step"].iloc[-1]),
+            ratio_first=ratio[0], ratio_max=np.nanmax(ratio) if np.isfinite(ratio).any() else np.nan,
+            noise_first=noise[0], noise_last=noise[-1],
+            zero_first=zero[0], zero_last=zero[-1],
+            alert_ratio=bool(np.nanmax(ratio) > RATIO_ALERT) if np.isfinite(ratio).any() else False,
+            alert_noise=bool(noise[-1] > NOISE_ALERT),
+            alert_dying=bool(zero[-1] - zero[0] > DYING_ALERT)))
+    return pd.DataFrame(rows)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        df = run_health(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"tgsim analyze run-health: {e}")
+        return 2
+    if df.empty:
+        print(f"{args.run_dir}: no per-layer metrics (run with log_every <= steps)")
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    alerts = df[df[["alert_ratio", "alert_noise", "alert_dying"]].any(axis=1)]
+    if alerts.empty:
+        print("no alert: no layer's shared scaler dominates, the update is not noise-bound, no units die")
+    for r in alerts.itertuples():
+        why = [w for w, f in (("scaler_ratio max %.3g > %g" % (r.ratio_max, RATIO_ALERT), r.alert_ratio),
+                              ("noise_to_signal %.3g > %g at the end" % (r.noise_last, NOISE_ALERT), r.alert_noise),
+                              ("zero-gradient fraction %.2f -> %.2f" % (r.zero_first, r.zero_last), r.alert_dying))
+               if f]
+        print(f"ALERT {r.layer}: " + "; ".join(why))
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("run-health", help="signs of a scaler-sharing collapse in a run directory's metrics.csv",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="a `tgsim run` output directory (with metrics.csv)")
+    p.set_defaults(func=main)

@@ -1,0 +1,82 @@
+"""The collapse diagnostics in metrics.csv and `tgsim analyze run-health`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tgsim.analysis.run_health import run_health
+from tgsim.train.config import from_dict
+from tgsim.train.loop import run
+
+
+def _cfg(codec: dict, mode: str = "ps") -> dict:
+    return {"run": {"steps": 20, "eval_every": 0, "log_every": 5, "checkpoint_every": 0, "seed": 2},
+            "data": {"name": "digits"}, "model": {"name": "mlp", "options": {"hidden": [16]}},
+            "workers": {"n": 4, "batch": 32}, "codec": codec, "exchange": {"mode": mode},
+            "schedule": {"name": "constant", "lr": 0.1}}
+
+
+def test_metrics_carry_the_collapse_signs(tmp_path):
+    """TernGrad with MAX sharing: scaler_ratio >= 1 (the max over workers is at least their median),
+    noise_to_signal > 0; fp32: noise_to_signal is exactly 0 and scaler_ratio is nan (no sharing);
+    zero_grad_fraction in [0, 1] everywhere."""
+    tg = run(from_dict(_cfg({"name": "terngrad"})), out=tmp_path / "tg", quiet=True)
+    fp = run(from_dict(_cfg({"name": "fp32"}, "allreduce")), out=tmp_path / "fp", quiet=True)
+    m = pd.read_csv(tg.out / "metrics.csv")
+    layers = m[(m["split"] == "train") & (m["layer"] != "model")]
+    assert len(layers) == 4 * 4                                  # 4 logged steps x 4 layers
+    assert (layers["scaler_ratio"] >= 1.0).all()
+    assert (layers["noise_to_signal"] > 0).all()
+    assert layers["zero_grad_fraction"].between(0, 1).all()
+    f = pd.read_csv(fp.out / "metrics.csv")
+    fl = f[(f["split"] == "train") & (f["layer"] != "model")]
+    assert (fl["noise_to_signal"] == 0).all() and fl["scaler_ratio"].isna().all()
+
+
+def test_noise_to_signal_is_its_formula(tmp_path):
+    """One step by hand: (Σ_w ||decode_w - g_w||^2 / N^2) / ||mean||^2 from the same messages."""
+    from tgsim.codecs import TernGrad
+    from tgsim.exchange.inprocess import InProcessExchange
+    from tgsim.train.loop import _layer_stats
+
+    rng = np.random.default_rng(0)
+    grads = {"w": rng.standard_normal((3, 50)).astype(np.float32)}
+    codec, ex = TernGrad(clip="none", kernels="reference"), InProcessExchange(3)
+    stats = codec.prepare_many(grads)
+    shared = ex.max_scalers(codec.local_scalers_many(stats, 3))
+    msgs = codec.encode_many(grads, 1, 0, np.arange(3), shared, stats)
+    mean, _ = ex.aggregate(codec, msgs, "ps", True)
+    dec = [codec.decode(m) for m in msgs]
+    row = _layer_stats(grads, shared, stats, dec, mean, ex)[0]
+    want = sum(np.sum((d["w"].astype(np.float64) - grads["w"][w]) ** 2) for w, d in enumerate(dec)) / 9
+    assert row["noise_to_signal"] == pytest.approx(want / np.sum(mean["w"].astype(np.float64) ** 2), rel=1e-12)
+    assert row["scaler_ratio"] == pytest.approx(float(shared[0]) / float(np.median(stats[0].scaler)), rel=1e-12)
+
+
+def _metrics(tmp_path, ratio, zero, noise):
+    rows = [dict(step=s, split="train", layer="model", loss=1.0) for s in (1, 2, 3)]
+    rows += [dict(step=s, split="train", layer="fc.b", scaler_ratio=r, noise_to_signal=n, zero_grad_fraction=z)
+             for s, r, z, n in zip((1, 2, 3), ratio, zero, noise)]
+    pd.DataFrame(rows).to_csv(tmp_path / "metrics.csv", index=False)
+    return run_health(tmp_path).iloc[0]
+
+
+def test_run_health_flags_a_collapse_and_nothing_else(tmp_path):
+    """Positive controls: a ratio of 10, a last noise of 3 and units dying from 0 % to 60 % raise
+    the three alerts; a healthy history (ratio 1.3, noise 0.2, no dying) raises none."""
+    bad = _metrics(tmp_path, (1.3, 4.0, 10.0), (0.0, 0.3, 0.6), (0.2, 1.0, 3.0))
+    assert bad.alert_ratio and bad.alert_noise and bad.alert_dying
+    ok = _metrics(tmp_path, (1.3, 1.2, 1.3), (0.0, 0.0, 0.05), (0.2, 0.2, 0.2))
+    assert not (ok.alert_ratio or ok.alert_noise or ok.alert_dying)
+
+
+def test_run_health_cli_on_a_run(tmp_path, capsys):
+    from tgsim.cli import main
+
+    res = run(from_dict(_cfg({"name": "terngrad"})), out=tmp_path / "tg", quiet=True)
+    assert main(["analyze", "run-health", str(res.out)]) == 0
+    out = capsys.readouterr().out
+    assert "ratio_max" in out and "fc" in out
+    assert main(["analyze", "run-health", str(tmp_path / "nothing")]) == 2
