@@ -16,6 +16,9 @@ CODECS = {
     "fp32": "tgsim.codecs.fp32:Float32",
     "terngrad": "tgsim.codecs.terngrad:TernGrad",
     "fp16": "tgsim.codecs.fp16:Float16",
+    "bf16": "tgsim.codecs.bf16:BFloat16",
+    "sign": "tgsim.codecs.sign:SignSGD",
+    "scaled_sign": "tgsim.codecs.sign:ScaledSign",
 }
 
 
