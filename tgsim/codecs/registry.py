@@ -19,6 +19,7 @@ CODECS = {
     "bf16": "tgsim.codecs.bf16:BFloat16",
     "sign": "tgsim.codecs.sign:SignSGD",
     "scaled_sign": "tgsim.codecs.sign:ScaledSign",
+    "qsgd": "tgsim.codecs.qsgd:QSGD",
 }
 
 
