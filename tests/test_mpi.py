@@ -109,10 +109,12 @@ MODES = {
     "allgather-none": {"codec": {"sharing": "none"}, "exchange": {"mode": "allgather"}},
 }
 # every registered codec with its own wire format, in both modes that carry whole messages
-for _name in registry.names():
-    if registry.make_codec(from_dict({"codec": {"name": _name}}).codec).properties.wire == "own":
-        MODES[f"{_name}-ps"] = {"codec": {"name": _name}, "exchange": {"mode": "ps"}}
-        MODES[f"{_name}-allgather"] = {"codec": {"name": _name}, "exchange": {"mode": "allgather"}}
+OWN_WIRE = [name for name in registry.names()
+            if registry.make_codec(from_dict({"codec": {"name": name}}).codec).properties.wire == "own"]
+for _name in OWN_WIRE:
+    MODES[f"{_name}-ps"] = {"codec": {"name": _name}, "exchange": {"mode": "ps"}}
+    MODES[f"{_name}-allgather"] = {"codec": {"name": _name}, "exchange": {"mode": "allgather"}}
+CORE_MODES = [m for m in MODES if m.rsplit("-", 1)[0] not in OWN_WIRE]
 
 
 def config_dict(model: str, mode: str, **sections) -> dict:
@@ -224,45 +226,48 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout
 
 
-@needs_mpi
-def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
-    """mpiexec -n 4 vs 4 virtual workers, 100 steps, least squares and the MLP, every exchange mode:
-    identical parameters on every rank, and the same training losses in the metrics."""
-    names = [(m, mode) for m in MODELS for mode in MODES]
-    cli_case = ("mlp", "ps-reternarize")                   # through `python -m mpi_runs.train`
+_DRIVER = textwrap.dedent("""
+    import hashlib, json, sys, traceback
+    import numpy as np
+    from mpi4py import MPI
+    from tgsim.exchange.mpi import MPIExchange
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import run
+
+    ex = MPIExchange()
+    try:
+        cases = json.loads(open(sys.argv[1]).read())
+        digests = {}
+        for name, d in cases.items():
+            res = run(from_dict(d), out=f"{sys.argv[2]}/{name}", quiet=True, exchange=ex, writer=ex.rank == 0)
+            h = hashlib.sha256(b"".join(np.ascontiguousarray(res.params[k]).tobytes()
+                                        for k in sorted(res.params))).hexdigest()
+            digests[name] = ex.comm.gather(h, root=0)
+        if ex.rank == 0:
+            open(f"{sys.argv[2]}/digests.json", "w").write(json.dumps(digests))
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    """)
+
+
+def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
+    """mpiexec -n 4 runs every (model, mode) of `names` in one job (cli_case through `python -m
+    mpi_runs.train`); each must end with the simulator's parameters on every rank, bit for bit, and
+    the same training losses in the metrics."""
     driver_cases = {f"{m}-{mode}": config_dict(m, mode) for m, mode in names if (m, mode) != cli_case}
     (tmp_path / "cases.json").write_text(json.dumps(driver_cases))
     driver = tmp_path / "driver.py"
-    driver.write_text(textwrap.dedent("""
-        import hashlib, json, sys, traceback
-        import numpy as np
-        from mpi4py import MPI
-        from tgsim.exchange.mpi import MPIExchange
-        from tgsim.train.config import from_dict
-        from tgsim.train.loop import run
-
-        ex = MPIExchange()
-        try:
-            cases = json.loads(open(sys.argv[1]).read())
-            digests = {}
-            for name, d in cases.items():
-                res = run(from_dict(d), out=f"{sys.argv[2]}/{name}", quiet=True, exchange=ex, writer=ex.rank == 0)
-                h = hashlib.sha256(b"".join(np.ascontiguousarray(res.params[k]).tobytes()
-                                            for k in sorted(res.params))).hexdigest()
-                digests[name] = ex.comm.gather(h, root=0)
-            if ex.rank == 0:
-                open(f"{sys.argv[2]}/digests.json", "w").write(json.dumps(digests))
-        except Exception:
-            traceback.print_exc()
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
-        """))
-    cfg = write_toml(config_dict(*cli_case), tmp_path / "cli.toml")
-    res, _ = mpiexec([(4, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=150)
+    driver.write_text(_DRIVER)
+    res, _ = mpiexec([(4, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=timeout)
     assert res.returncode == 0, res.stdout + res.stderr
-    cli, _ = mpiexec([(4, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
-                     timeout=60)
-    assert cli.returncode == 0, cli.stdout + cli.stderr
+    cli = None
+    if cli_case is not None:
+        cfg = write_toml(config_dict(*cli_case), tmp_path / "cli.toml")
+        cli, _ = mpiexec([(4, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
+                         timeout=60)
+        assert cli.returncode == 0, cli.stdout + cli.stderr
     digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
     for model, mode in names:
         name = f"{model}-{mode}"
@@ -273,12 +278,30 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
         if name in digests:
             assert set(digests[name]) == {params_digest(sim.params)}, f"{name}: replicas differ across ranks"
         assert train_losses(out) == train_losses(tmp_path / "sim" / name), f"{name}: losses differ"
+    return cli
+
+
+@needs_mpi
+def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
+    """mpiexec -n 4 vs 4 virtual workers, 100 steps, least squares and the MLP, every exchange mode of
+    the packed-code and fp32 paths (the own-wire codecs: the next test): identical parameters on every
+    rank, and the same training losses in the metrics."""
+    cli_case = ("mlp", "ps-reternarize")                   # through `python -m mpi_runs.train`
+    cli = _mpi_equals_simulator(tmp_path, [(m, mode) for m in MODELS for mode in CORE_MODES], cli_case)
     assert "results:" in cli.stdout and "(4 ranks)" in cli.stdout
     by_rank = json.loads((tmp_path / "mpi" / "cli" / "comm_bytes_by_rank.json").read_text())
     assert [b["rank"] for b in by_rank] == [0, 1, 2, 3]
     # ps: every worker pushes the same slot size; the server (rank 0) receives 3 of them per step
     assert by_rank[1]["sent"] == by_rank[2]["sent"] == by_rank[3]["sent"] > 0
     assert by_rank[0]["received"] > by_rank[1]["sent"] * 2
+
+
+@needs_mpi
+@pytest.mark.parametrize("codec", OWN_WIRE)
+def test_each_own_wire_codec_over_mpi_equals_the_simulator(tmp_path, codec):
+    """One mpiexec -n 4 job per codec with its own wire: ps and allgather, least squares and the MLP."""
+    _mpi_equals_simulator(tmp_path, [(m, f"{codec}-{mode}") for m in MODELS for mode in ("ps", "allgather")],
+                          timeout=90)
 
 
 @needs_mpi
