@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
-from tgsim.errors import NonFiniteGradientError  # noqa: F401  (re-exported)
 
 WIRES = ("float32", "tgm1", "own")
 COMBINES = ("mean", "majority")

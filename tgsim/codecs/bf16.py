@@ -37,9 +37,8 @@ import numpy as np
 from tgsim.backend import array_module
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
-from tgsim.codecs.framing import HEADER, frame, unframe
+from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
-from tgsim.errors import PayloadError
 
 _MAGIC, _VERSION = b"TGB1", 1
 _OVERFLOW_BITS = 0x7F7F8000          # the smallest float32 magnitude that rounds to bfloat16 inf
@@ -165,15 +164,7 @@ class BFloat16(PlainCodec):
         """The message in `buf`, checked against the receiver's layers `like` (PayloadError names what)."""
         shapes = {k: tuple(v.shape) for k, v in like.layers.items()}
         body = unframe(buf, _MAGIC, _VERSION, shapes, "bf16 message")
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
-        if len(body) != 2 * sum(sizes):
-            raise PayloadError(f"bf16 message body is {len(body)} bytes, the layers need {2 * sum(sizes)}")
-        values = np.frombuffer(body, dtype="<u2")
-        out, off = {}, 0
-        for (k, s), n in zip(shapes.items(), sizes):
-            out[k] = values[off:off + n].astype(np.uint16).reshape(s)
-            off += n
-        return BFloat16Message(out)
+        return BFloat16Message(fixed_width_layers(body, shapes, "<u2", "bf16 message"))
 
     def decode(self, message: BFloat16Message) -> dict:
         return {k: from_bf16_bits(v) for k, v in message.layers.items()}

@@ -19,9 +19,8 @@ import numpy as np
 
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
-from tgsim.codecs.framing import HEADER, frame, unframe
+from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
-from tgsim.errors import PayloadError
 
 _MAGIC, _VERSION = b"TGF1", 1
 _F16_MAX = float(np.finfo(np.float16).max)
@@ -69,15 +68,7 @@ class Float16(PlainCodec):
         """The message in `buf`, checked against the receiver's layers `like` (PayloadError names what)."""
         shapes = {k: np.shape(v) for k, v in like.layers.items()}
         body = unframe(buf, _MAGIC, _VERSION, shapes, "fp16 message")
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
-        if len(body) != 2 * sum(sizes):
-            raise PayloadError(f"fp16 message body is {len(body)} bytes, the layers need {2 * sum(sizes)}")
-        values = np.frombuffer(body, dtype="<f2")
-        out, off = {}, 0
-        for (k, s), n in zip(shapes.items(), sizes):
-            out[k] = values[off:off + n].astype(np.float16).reshape(s)
-            off += n
-        return Float16Message(out)
+        return Float16Message(fixed_width_layers(body, shapes, "<f2", "fp16 message"))
 
     def decode(self, message: Float16Message) -> dict:
         return {k: v.astype(np.float32) for k, v in message.layers.items()}

@@ -14,6 +14,8 @@ import struct
 import zlib
 from typing import Mapping
 
+import numpy as np
+
 from tgsim.errors import PayloadError
 
 HEADER = struct.Struct("<4sBIIQ")
@@ -46,3 +48,18 @@ def unframe(buf, magic: bytes, version: int, shapes: Mapping, what: str) -> memo
     if len(buf) != HEADER.size + body:
         raise PayloadError(f"{what} body is {len(buf) - HEADER.size} bytes, header says {body}")
     return buf[HEADER.size:]
+
+
+def fixed_width_layers(body, shapes: Mapping, dtype: str, what: str) -> dict:
+    """name -> array (native byte order, shaped like the layer) of a body holding every layer's
+    values as `dtype` (e.g. "<f2"), layers in order; PayloadError when its length is not theirs."""
+    dt = np.dtype(dtype)
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
+    if len(body) != dt.itemsize * sum(sizes):
+        raise PayloadError(f"{what} body is {len(body)} bytes, the layers need {dt.itemsize * sum(sizes)}")
+    values = np.frombuffer(body, dtype=dt)
+    out, off = {}, 0
+    for (k, s), n in zip(shapes.items(), sizes):
+        out[k] = values[off:off + n].astype(dt.newbyteorder("=")).reshape(s)
+        off += n
+    return out
