@@ -20,6 +20,8 @@ CODECS = {
     "sign": "tgsim.codecs.sign:SignSGD",
     "scaled_sign": "tgsim.codecs.sign:ScaledSign",
     "qsgd": "tgsim.codecs.qsgd:QSGD",
+    "topk": "tgsim.codecs.sparse:TopK",
+    "randomk": "tgsim.codecs.sparse:RandomK",
 }
 
 
