@@ -101,3 +101,41 @@ def test_a_tenth_of_a_percent_is_seen_on_a_million_elements():
     assert not res["codec"].reject, res["codec"].table()
     assert res["bias"].reject and res["floor"].reject
     assert res["codec"].min_detectable[1] < 0.001
+
+
+def test_every_registered_codec_declares_its_unbiasedness_truly():
+    """`tgsim analyze unbiasedness --codec all`'s table: each registered codec (default config) is
+    rejected by its test exactly when it declares itself biased (deterministic codecs: exactly;
+    stochastic ones: the pooled test at alpha 1e-3, Gaussian layer of 20,000, seed 0)."""
+    from tgsim.analysis.unbiased_check import codec_table
+    from tgsim.codecs import registry
+
+    table = codec_table(registry.names())
+    assert table["consistent"].all(), table.to_string()
+    assert set(table["codec"]) == set(registry.names())
+
+
+class BiasedQSGD:
+    """A QSGD that declares itself unbiased but decodes 2 % too large (the positive control)."""
+
+    @classmethod
+    def from_config(cls, cfg):
+        from tgsim.codecs.qsgd import QSGD
+
+        class _Biased(QSGD):
+            name = "biased_qsgd"
+
+            def decode(self, message):
+                return {k: v * np.float32(1.02) for k, v in super().decode(message).items()}
+
+        return _Biased.from_config(cfg)
+
+
+def test_the_codec_table_catches_a_false_declaration(monkeypatch):
+    """Positive control: a codec that says unbiased and is 2 % biased comes out inconsistent."""
+    from tgsim.analysis.unbiased_check import codec_table
+    from tgsim.codecs import registry
+
+    monkeypatch.setitem(registry.CODECS, "biased_qsgd", "test_pooled_bias:BiasedQSGD")
+    table = codec_table(["qsgd", "biased_qsgd"])
+    assert table.set_index("codec")["consistent"].to_dict() == {"qsgd": True, "biased_qsgd": False}
