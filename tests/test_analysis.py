@@ -412,7 +412,7 @@ def test_cli_registers_all_checks_and_writes_csv(tmp_path, capsys):
 
 
 # the CSVs each check writes, and its `run` arguments at the full defaults (as they were before --quick)
-CHECK_CSVS = {"unbiasedness": ("unbiasedness", "unbiasedness_worst", "unbiasedness_power"),
+CHECK_CSVS = {"unbiasedness": ("unbiasedness", "unbiasedness_worst", "unbiasedness_power", "unbiasedness_pooled"),
               "variance": ("variance", "variance_bounds"),
               "bound": ("bound_points", "bound_fits", "bound_mlp", "bound_mlp_summary"),
               "assumption1": ("assumption1", "assumption1_summary"),
@@ -420,7 +420,7 @@ CHECK_CSVS = {"unbiasedness": ("unbiasedness", "unbiasedness_worst", "unbiasedne
                               "convergence_traces"),
               "clipping": ("clipping", "clipping_summary"),
               "sharing": ("sharing", "sharing_summary")}
-FULL_KWARGS = {"unbiasedness": dict(n=3000, R=2000, alpha=1e-3, seed=0),
+FULL_KWARGS = {"unbiasedness": dict(n=3000, R=2000, alpha=1e-3, seed=0, codec=""),
                "variance": dict(n=3000, R=1000, alpha=1e-3, seed=0),
                "bound": dict(seeds=(0, 1, 2, 3), steps=800, mlp_steps=300),
                "assumption1": dict(seeds=(0, 1, 2), steps=400),

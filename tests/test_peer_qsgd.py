@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import re
-import textwrap
 
 import numpy as np
 import pytest
@@ -489,6 +488,7 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     simulator, bit for bit, and the same training losses."""
     from test_mpi import (HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits, params_digest,
                           simulate)
+    from test_mpi import _DRIVER
     from test_mpi import train_losses as mpi_losses
 
     if not (HAVE_MPI4PY and MPIEXEC):
@@ -503,29 +503,7 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
         d["run"].update(steps=30, eval_every=10)
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     driver = tmp_path / "driver.py"
-    driver.write_text(textwrap.dedent("""
-        import hashlib, json, sys, traceback
-        import numpy as np
-        from mpi4py import MPI
-        from tgsim.exchange.mpi import MPIExchange
-        from tgsim.train.config import from_dict
-        from tgsim.train.loop import run
-
-        ex = MPIExchange()
-        try:
-            digests = {}
-            for name, d in json.loads(open(sys.argv[1]).read()).items():
-                res = run(from_dict(d), out=f"{sys.argv[2]}/{name}", quiet=True, exchange=ex, writer=ex.rank == 0)
-                h = hashlib.sha256(b"".join(np.ascontiguousarray(res.params[k]).tobytes()
-                                            for k in sorted(res.params))).hexdigest()
-                digests[name] = ex.comm.gather(h, root=0)
-            if ex.rank == 0:
-                open(f"{sys.argv[2]}/digests.json", "w").write(json.dumps(digests))
-        except Exception:
-            traceback.print_exc()
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
-        """))
+    driver.write_text(_DRIVER)
     res, _ = mpiexec([(4, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())

@@ -28,6 +28,24 @@ def first_nonfinite(layers: Mapping) -> NonFiniteGradientError | None:
     return err
 
 
+def first_beyond_float32(layers: Mapping, sends: str) -> ValueError | None:
+    """The error for the first worker's value beyond float32's range in a wider-than-float32 layer
+    (layers in order), naming the layer, the worker and what the codec sends as float32; or None."""
+    from tgsim.backend import array_module, to_numpy
+
+    f32_max = float(np.finfo(np.float32).max)
+    for name, g in layers.items():
+        if g.dtype in (np.float16, np.float32) or g.size == 0:
+            continue
+        xp = array_module(g)
+        big = to_numpy(xp.abs(g).reshape(g.shape[0], -1).max(axis=1))
+        if (big > f32_max).any():
+            w = int(np.argmax(big > f32_max))
+            return ValueError(f"layer {name!r}: gradient value {float(big[w]):.4g} of worker {w} is beyond "
+                              f"float32's range (max {f32_max:.4g}); {sends}")
+    return None
+
+
 class Float32Message(dict):
     """One worker's float32 layers (a dict name -> array), with the protocol's bytes."""
 

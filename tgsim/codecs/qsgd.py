@@ -70,7 +70,7 @@ import numpy as np
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import elias
 from tgsim.codecs.base import CodecProperties
-from tgsim.codecs.fp32 import first_nonfinite
+from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
@@ -299,15 +299,9 @@ class QSGD:
         err = first_nonfinite(layers)
         if err is not None:
             raise err
-        for name, g in layers.items():
-            if g.dtype in (np.float16, np.float32) or g.size == 0:
-                continue
-            xp = array_module(g)
-            big = to_numpy(xp.abs(g).reshape(g.shape[0], -1).max(axis=1))
-            if (big > F32_MAX).any():
-                w = int(np.argmax(big > F32_MAX))
-                raise ValueError(f"layer {name!r}: gradient value {float(big[w]):.4g} of worker {w} is beyond "
-                                 f"float32's range (max {F32_MAX:.4g}); qsgd sends float32 norms")
+        err = first_beyond_float32(layers, "qsgd sends float32 norms")
+        if err is not None:
+            raise err
         return None
 
     def _pack(self, q):

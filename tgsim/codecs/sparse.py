@@ -67,7 +67,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.codecs.base import CodecProperties, PlainCodec
-from tgsim.codecs.fp32 import first_nonfinite
+from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
@@ -264,13 +264,9 @@ class _Sparse(PlainCodec):
             n = int(np.prod(g.shape[1:], dtype=np.int64))
             if n > MAX_ELEMENTS:
                 raise ValueError(f"layer {name!r}: {n} elements; {self.name} sends u32 counts and indices")
-            if g.dtype in (np.float16, np.float32) or g.size == 0:
-                continue
-            big = _host(np.abs(g).reshape(g.shape[0], -1).max(axis=1))
-            if (big > F32_MAX).any():
-                w = int(np.argmax(big > F32_MAX))
-                raise ValueError(f"layer {name!r}: gradient value {float(big[w]):.4g} of worker {w} is beyond "
-                                 f"float32's range (max {F32_MAX:.4g}); {self.name} sends float32 values")
+        err = first_beyond_float32(layers, f"{self.name} sends float32 values")
+        if err is not None:
+            raise err
         return None
 
     def _select(self, v: np.ndarray, key: StreamKey):
