@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow bench venv lock clean
+.PHONY: demo test test-slow mutation bench venv lock clean
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today.
 $(STAMP): pyproject.toml $(LOCK)
@@ -29,6 +29,12 @@ test: $(STAMP)
 # The slow statistical tier (e.g. the pooled unbiasedness test at 0.1 % on 10^6 elements).
 test-slow: $(STAMP)
 	TGSIM_SLOW=1 $(BIN)/python -m pytest -m slow
+
+# Mutation testing (slow, not part of `make test`): tools/mutation.py mutates optim.py,
+# analysis/unbiasedness.py and the NumPy codec/exchange modules one change at a time and reports
+# which mutants the tests miss. One module: `make mutation ARGS=tgsim/train/optim.py`.
+mutation: $(STAMP)
+	$(BIN)/python tools/mutation.py $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/tgsim bench codec $(ARGS)
