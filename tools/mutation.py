@@ -23,7 +23,7 @@ into a trampoline, which the Numba @njit kernels do not survive. This runner is 
   mutant runs only the tests that execute its line, fastest first, with `-x`; a mutant on a line
   no test executes is reported as "uncovered" (it survives without running anything); one on a
   line that runs at import (module constants, class bodies, defaults) runs the fastest 12 tests
-  that execute some line of the module.
+  that execute some line of the module, and every test of tests/test_mutants_*.py that does.
 * Each mutant's pytest is a fork of this process, which has imported numpy, scipy, pandas,
   numba and pytest once (but never tgsim): about 0.3 s a mutant instead of 2 s.
 * killed: a test failed or errored (or the run timed out: 3x the traced time + 20 s);
@@ -325,9 +325,11 @@ def run_mutant(tree: Path, m: Mutant, new_source: str, traced: dict) -> None:
     lines_by_test = traced["tests"]
     if m.line in traced["import"]:
         # module-level code (constants, class bodies, defaults) runs at import, before any test:
-        # the fastest IMPORT_LINE_TESTS tests of the selection stand for all of them
+        # the fastest IMPORT_LINE_TESTS tests of the selection stand for all of them, together with
+        # every test written to kill mutants (tests/test_mutants_*.py), whatever its speed
         users = [t for t in lines_by_test if lines_by_test[t]["lines"]]
-        tests = sorted(users, key=lambda t: lines_by_test[t]["duration"])[:IMPORT_LINE_TESTS]
+        fastest = sorted(users, key=lambda t: lines_by_test[t]["duration"])[:IMPORT_LINE_TESTS]
+        tests = fastest + [t for t in users if "test_mutants_" in t and t not in fastest]
     else:
         tests = sorted((t for t, v in lines_by_test.items() if m.line in v["lines"]),
                        key=lambda t: lines_by_test[t]["duration"])
