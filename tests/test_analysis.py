@@ -393,6 +393,13 @@ def test_sharing_formula_and_positive_control():
     assert bad.loc[bad["ratio"] > 2, "reject"].mean() > 0.5
     summ = sharing.summarize(df)
     assert (summ.loc[summ["layer"] == "model", "aggregate_ratio"] > 1).all()
+    # the mean mode: the codec with sharing = "mean" matches var + bias^2 (part of `reject` above);
+    # positive control: the MAX's formula claimed for it is rejected
+    assert df["pvalue_mean"].notna().sum() == 64
+    bad = sharing.sharing_table(**kw, formula_mean=lambda g, s_mean, s_sh: s_sh * np.abs(g).sum() - float(g @ g))
+    assert bad.loc[bad["ratio"] > 2, "reject"].mean() > 0.5
+    layers = summ[summ["layer"] != "model"]
+    assert (layers["mean_over_max"] < 1).all()          # the mean's MSE is below the MAX's here
 
 
 # ---------------------------------------------------------------------------------------------
