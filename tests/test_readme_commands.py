@@ -55,7 +55,7 @@ QUICK = {
                    ["fused moments+encode 2bit clip=explicit", "fused weighted_sum"]),
     ".venv/bin/tgsim run tgsim/configs/demo.toml --out results/my-run --set run.steps=500":
         (lambda t: _tgsim("run", "tgsim/configs/demo.toml", "--out", str(t / "my-run"), "--set", "run.steps=20",
-                          "--set", "run.checkpoint_every=10", "--quiet"),
+                          "--set", "run.checkpoint_every=10", "--set", "run.log_every=5", "--quiet"),
          ["test loss", "bits/worker up", "results: "]),
     ".venv/bin/tgsim run --resume --out results/my-run":
         (lambda t: _tgsim("run", "--resume", "--out", str(t / "my-run"), "--quiet"),
@@ -63,6 +63,10 @@ QUICK = {
     ".venv/bin/tgsim codecs": (lambda t: _tgsim("codecs"), ["codec", "terngrad", "fp32"]),
     ".venv/bin/tgsim analyze unbiasedness": (lambda t: _tgsim("analyze", "unbiasedness", "--quick", "--out", str(t)),
                                              ["wrote "]),
+    ".venv/bin/tgsim analyze unbiasedness --codec all":
+        (lambda t: _tgsim("analyze", "unbiasedness", "--codec", "all", "--out", str(t)), ["consistent", "randomk"]),
+    ".venv/bin/tgsim analyze run-health results/my-run":
+        (lambda t: _tgsim("analyze", "run-health", str(t / "my-run")), ["ratio_max", "zero_last"]),
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench sim": (lambda t: _tgsim("bench", "sim", "--quick"),
