@@ -180,3 +180,18 @@ def test_installed_package_finds_netem(tmp_path):
     assert netem == target / "tgsim" / "bench" / "netem.sh" and netem.is_file()
     helped = subprocess.run(["bash", str(netem), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and "exchange_rank" in helped.stdout
+
+
+def test_bench_every_codec_gives_a_row_of_ratios():
+    """`tgsim bench codec --codec all`: one row per registered codec, finite positive ratios, and the
+    bits per element of the real payloads (fp32 32, fp16 16, terngrad 2 + its scaler)."""
+    from tgsim.bench import codecs_all
+    from tgsim.codecs import registry
+
+    rows = codecs_all.run(registry.names(), n_elements=1 << 12, workers=2, repeats=1)
+    assert [r["codec"] for r in rows] == list(registry.names())
+    for r in rows:
+        assert r["encode_x_read"] > 0 and r["aggregate_x_floor"] > 0
+    bits = {r["codec"]: r["bits_per_element"] for r in rows}
+    assert bits["fp32"] == 32 and 16 < bits["fp16"] < 16.1 and 2 < bits["terngrad"] < 2.2
+    assert rows[[r["codec"] for r in rows].index("terngrad")]["encode_x_reference"] > 0

@@ -69,6 +69,8 @@ QUICK = {
         (lambda t: _tgsim("analyze", "run-health", str(t / "my-run")), ["ratio_max", "zero_last"]),
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
+    ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
+                                                ["encode_x_read", "randomk"]),
     ".venv/bin/tgsim bench sim": (lambda t: _tgsim("bench", "sim", "--quick"),
                                   ["simulator throughput", "peak memory of one step"]),
     ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--out", str(t / "bx.csv")),

@@ -102,6 +102,17 @@ def _cmd_codecs(args) -> int:
 def _cmd_bench_codec(args) -> int:
     from tgsim.bench import codec
 
+    if args.codec:
+        from tgsim.bench import codecs_all
+        from tgsim.codecs import registry
+
+        names = registry.names() if args.codec == "all" else (args.codec,)
+        for name in names:
+            registry.codec_class(name)
+        n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 1 << 22)
+        repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
+        print(codecs_all.format_rows(codecs_all.run(names, n, args.workers, repeats), n, args.workers))
+        return 0
     n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 16_777_216)
     repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
     print(codec.header(n))
@@ -156,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--workers", type=int, default=8, help="payloads summed in the decode benchmark")
     bc.add_argument("--repeats", type=int, help="timed calls per row (default 5)")
     bc.add_argument("--quick", action="store_true", help="2^18 elements, 2 repeats: a smoke test, not a measurement")
+    bc.add_argument("--codec", help="'all' or a registered codec: encode and aggregate of every codec as ratios "
+                    "(default 2^22 elements; tgsim.bench.codecs_all) instead of TernGrad's kernels")
     bc.set_defaults(func=_cmd_bench_codec)
     bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop and against one process "
                                      "on the whole batch; peak memory")

@@ -1,0 +1,92 @@
+"""Every registered codec, one run: encode and decode-sum throughput as ratios.
+
+    tgsim bench codec --codec all|NAME [--elements N] [--workers W] [--repeats R] [--quick]
+
+For each codec (its default config, tgsim.codecs.registry) on one Gaussian float32 layer of n
+elements, in the same process and run:
+
+  encode      prepare_many + encode_many of W workers' copies of the layer (the protocol's pass 1
+              and 2), per worker;
+  aggregate   codec.aggregate of the W messages (decode and sum into the float32 mean), the
+              exchange's work for codecs with their own wire (the packed-code wire's integer sums
+              are in `tgsim bench codec`);
+  floors      a read pass over the float32 layer (np.add.reduce; encode) and over the W messages'
+              bytes plus a write of the float32 result (np.bitwise_or.reduce + fill; aggregate),
+              single-threaded NumPy like most codecs, measured in the same run;
+  reference   codecs with a `kernels` option (terngrad, bf16): the same two steps with
+              kernels = "reference" (the array code); `x reference` = its time / the default's.
+
+Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tgsim.bench.timing import time_call
+
+
+def _steps(codec, layers: dict, workers: np.ndarray):
+    def encode():
+        stats = codec.prepare_many(layers)
+        shared = None
+        if codec.properties.shared_stats is not None:
+            local = codec.local_scalers_many(stats, len(workers))
+            shared = local.max(axis=0) if codec.properties.shared_stats == "max" else local.mean(axis=0)
+        return codec.encode_many(layers, 1, 0, workers, shared, stats)
+
+    return encode
+
+
+def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) -> list[dict]:
+    from tgsim.codecs import registry
+    from tgsim.train.config import CodecConfig
+
+    g = np.random.default_rng(0).standard_normal(n_elements).astype(np.float32)
+    layers = {"g": np.repeat(g[None], workers, axis=0)}
+    ids = np.arange(workers)
+    floor_read = time_call(lambda: np.add.reduce(g), repeats).median
+    out = np.empty(n_elements, dtype=np.float32)
+    floor_write = time_call(lambda: out.fill(0.0), repeats).median
+    rows = []
+    for name in names:
+        cfg = dataclasses.replace(CodecConfig(), name=name)
+        variants = {"default": registry.make_codec(cfg)}
+        if getattr(variants["default"], "kernels", None) not in (None, "reference"):
+            variants["reference"] = registry.make_codec(dataclasses.replace(cfg, kernels="reference"))
+        t = {}
+        for label, codec in variants.items():
+            encode = _steps(codec, layers, ids)
+            te = time_call(encode, repeats if label == "default" else min(repeats, 2))
+            msgs = te.result
+            ta = time_call(lambda: codec.aggregate(msgs, divide_by=workers), repeats if label == "default" else
+                           min(repeats, 2))
+            t[label] = (te.median, ta.median, msgs)
+        enc, agg, msgs = t["default"]
+        wire = int(np.mean([m.wire_bytes for m in msgs]))
+        payload = np.frombuffer(b"".join(m.to_bytes() for m in msgs), dtype=np.uint8)
+        floor_agg = time_call(lambda: np.bitwise_or.reduce(payload), repeats).median + floor_write
+        rows.append(dict(
+            codec=name, encode_ms_per_worker=1e3 * enc / workers,
+            encode_x_read=enc / workers / floor_read,
+            encode_x_reference=(t["reference"][0] / enc) if "reference" in t else float("nan"),
+            aggregate_ms=1e3 * agg, aggregate_x_floor=agg / floor_agg,
+            aggregate_x_reference=(t["reference"][1] / agg) if "reference" in t else float("nan"),
+            bits_per_element=8 * wire / n_elements))
+    return rows
+
+
+def format_rows(rows: list[dict], n_elements: int, workers: int) -> str:
+    head = (f"every codec (default config), a Gaussian layer of {n_elements:,} float32 elements, {workers} "
+            "workers; x read / x floor: times the read pass of the layer (encode, per worker) and the read of "
+            "the messages + write of the mean (aggregate) measured in this run; x reference: the array code's "
+            "time / the default kernels' (codecs with a kernels option)")
+    cols = list(rows[0])
+    fmt = {c: (lambda v: f"{v:.3g}") for c in cols if c != "codec"}
+    cells = [[r["codec"]] + [fmt[c](r[c]) for c in cols[1:]] for r in rows]
+    width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, width))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, width)) for row in cells]
+    return "\n".join(lines)
