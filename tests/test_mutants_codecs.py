@@ -82,3 +82,20 @@ def test_layer_scaling_defaults_and_no_sigma_without_clipping():
     exp = quantizer.layer_scaling(g, "explicit")
     assert exp.clip_bound == float(np.float32(2.5 * exp.sigma)) and exp.sigma > 0
     assert exp == quantizer.layer_scaling(g, "explicit", 2.5)
+
+
+def test_lane_count_is_the_cuda_kernels_and_empty_edges():
+    """moments: LANES is the CUDA header's TG_LANES (the CPU and GPU sums share the lane order);
+    an empty layer's lane sums are (0, 0, 0) and σ of no elements is 0; layer_moments computes σ by
+    default."""
+    import re
+    from pathlib import Path
+
+    from tgsim.codecs.terngrad import moments
+
+    header = (Path(moments.__file__).resolve().parents[2] / "cuda" / "philox.cuh").read_text()
+    assert int(re.search(r"#define TG_LANES (\d+)", header).group(1)) == moments.LANES == 65536
+    assert moments.lane_sums(np.zeros(0, np.float32)) == (0.0, 0.0, 0.0)
+    assert moments.moments_from_sums(0, 0.0, 0.0, 0.0) == 0.0
+    g = np.arange(10, dtype=np.float32)
+    assert moments.layer_moments(g).sigma == pytest.approx(np.std(np.arange(10.0)), rel=1e-15)

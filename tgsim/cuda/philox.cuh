@@ -23,7 +23,7 @@
 #define TG_PHILOX_W1 0xBB67AE85u
 #define TG_PHILOX_ROUNDS 10
 
-#define TG_LANES 65536           // stats.LANES
+#define TG_LANES 65536           // terngrad/moments.py LANES
 #define TG_FMT_2BIT 0
 #define TG_FMT_BASE3 1
 #define TG_NO_BAD 0xFFFFFFFFFFFFFFFFull   // "no invalid byte" value of first_bad
