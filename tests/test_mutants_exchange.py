@@ -35,6 +35,8 @@ def test_own_wire_bytes_by_hand():
     assert (ps.sent, ps.received) == (30, 32)
     with pytest.raises(ValueError, match="allreduce"):
         own_wire_bytes(30, mean, "allreduce", 4)
+    vote = own_wire_bytes(30, mean, "ps", 4, "majority")      # signSGD's vote: 8 elements in 2 bytes
+    assert (vote.sent, vote.received) == (30, 2)
 
 
 def test_mean_of_scalers_by_hand():

@@ -21,6 +21,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from tgsim.codecs import packing
+
 
 @dataclass
 class CommBytes:
@@ -44,13 +46,21 @@ def mean_of_scalers(rows: np.ndarray, n: int) -> np.ndarray:
     return (acc * np.float64(1.0 / n)).astype(np.float32)
 
 
-def own_wire_bytes(wire: int, mean: dict, mode: str, workers: int) -> "CommBytes":
+def own_downlink_bytes(mean: dict, combine: str = "mean") -> int:
+    """Bytes of a parameter server's answer to codecs with their own messages: the float32 mean, or
+    for combine = "majority" the vote in {-1, 0, +1} packed 2 bits an element (tgsim.codecs.packing),
+    all layers in one run."""
+    n = sum(int(np.size(v)) for v in mean.values())
+    return packing.packed_size(n, "2bit") if combine == "majority" else 4 * n
+
+
+def own_wire_bytes(wire: int, mean: dict, mode: str, workers: int, combine: str = "mean") -> "CommBytes":
     """Bytes of one worker for a codec with its own messages (wire bytes each): all-gather sends and
-    receives N-1 messages; a parameter server takes one and returns the float32 mean."""
+    receives N-1 messages; a parameter server takes one and returns `own_downlink_bytes`."""
     if mode == "allgather":
         return CommBytes((workers - 1) * wire, (workers - 1) * wire)
     if mode == "ps":
-        return CommBytes(wire, sum(4 * int(np.size(v)) for v in mean.values()))
+        return CommBytes(wire, own_downlink_bytes(mean, combine))
     raise ValueError(f"mode {mode!r} needs a codec whose codes sum exactly (its messages travel whole)")
 
 

@@ -114,7 +114,7 @@ class InProcessExchange:
             mean = codec.aggregate(local_messages, divide_by=self.n_workers)
             sizes = [m.wire_bytes for m in local_messages]      # equal, except for variable-size codecs
             wire = sizes[0] if len(set(sizes)) == 1 else sum(sizes) / len(sizes)   # then: the mean worker
-            return mean, own_wire_bytes(wire, mean, mode, self.n_workers)
+            return mean, own_wire_bytes(wire, mean, mode, self.n_workers, codec.properties.combine)
         return self._packed_codes(codec, local_messages, mode, shared, reternarize_key)
 
     def _packed_codes(self, codec, local_messages, mode, shared, reternarize_key=None):

@@ -77,7 +77,7 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Message
 from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
-from tgsim.exchange.base import CommBytes, mean_of_scalers, own_wire_bytes, ring_allreduce_bytes
+from tgsim.exchange.base import CommBytes, mean_of_scalers, own_downlink_bytes, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes, check_scalers, config_mismatch,
                                        malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
                                        read_status, server_failure, write_status)
@@ -288,7 +288,8 @@ class MPIExchange(PipelinedModes):
 
     def _own_messages(self, codec, msg, mode: str) -> tuple[dict, CommBytes]:
         """A codec's own messages, exchanged whole: all-gather (every rank parses every message and
-        aggregates) or a parameter server (rank 0 gathers, aggregates, broadcasts the float32 mean).
+        aggregates) or a parameter server (rank 0 gathers, aggregates, broadcasts the float32 mean, or
+        for combine = "majority" the vote packed 2 bits an element).
         A malformed message raises PeerPayloadError naming its sender on every rank."""
         n, root = self.size, 0
         buf = np.frombuffer(msg.to_bytes(), dtype=np.uint8)
@@ -309,18 +310,25 @@ class MPIExchange(PipelinedModes):
                     error = str(e)
             raise_if_server_failed(self.comm, error, root=root)
             like = codec.decode(msg)
-            flat = np.concatenate([mean[k].reshape(-1) for k in like]) if self.rank == root else \
-                np.empty(sum(int(v.size) for v in like.values()), dtype=np.float32)
-            self.comm.Bcast([flat, self.MPI.FLOAT], root=root)
+            total = sum(int(v.size) for v in like.values())
+            if codec.properties.combine == "majority":    # the vote in {-1, 0, +1}: 2 bits an element
+                down = packing.pack(np.concatenate([mean[k].reshape(-1) for k in like]).astype(np.int8), "2bit") \
+                    if self.rank == root else np.empty(packing.packed_size(total, "2bit"), dtype=np.uint8)
+                self.comm.Bcast([down, self.MPI.BYTE], root=root)
+                flat = packing.unpack(down, total, "2bit").astype(np.float32)
+            else:
+                flat = np.concatenate([mean[k].reshape(-1) for k in like]) if self.rank == root else \
+                    np.empty(total, dtype=np.float32)
+                self.comm.Bcast([flat, self.MPI.FLOAT], root=root)
             mean, off = {}, 0
             for k, v in like.items():
                 mean[k] = flat[off:off + v.size].reshape(v.shape)
                 off += v.size
         else:
             raise ValueError(f"mode {mode!r} needs a codec whose codes sum exactly ({codec.name} sends whole messages)")
-        if mode == "ps" and self.rank == root:     # the server: N-1 messages in, N-1 float32 means out
-            return mean, CommBytes((n - 1) * 4 * sum(int(np.size(v)) for v in mean.values()), sum(sizes) - buf.size)
-        return mean, own_wire_bytes(buf.size, mean, mode, n)
+        if mode == "ps" and self.rank == root:     # the server: N-1 messages in, N-1 answers out
+            return mean, CommBytes((n - 1) * own_downlink_bytes(mean, codec.properties.combine), sum(sizes) - buf.size)
+        return mean, own_wire_bytes(buf.size, mean, mode, n, codec.properties.combine)
 
     def _parse_and_aggregate(self, codec, msg, recv: np.ndarray, sizes: Sequence[int]) -> dict:
         """codec.aggregate of the messages in `recv` (rank order), each parsed against `msg`."""
