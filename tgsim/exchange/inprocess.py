@@ -39,8 +39,7 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
     layout = messages[0].layout
     if mode == "allgather" or not shared:
         mean = codec.aggregate(messages, divide_by=n)
-        down = sum(4 * s.size for s in layout.layers if s.kind != KIND_TERNARY) + \
-            sum(4 + packing.packed_size(s.size, codec.packing) for s in layout.layers if s.kind == KIND_TERNARY)
+        down = 0                  # no downlink in an all-gather; ps sets it below (allreduce needs sharing)
     else:
         mean, down = {}, 0
         for i, spec in enumerate(layout.layers):
