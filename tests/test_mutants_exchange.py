@@ -139,3 +139,46 @@ def test_bytes_at_127_workers_fp32_and_variable_size_messages():
     assert len(set(sizes)) > 1
     _, b = ex4.aggregate(rk, msgs, "allgather", False)
     assert b.sent == pytest.approx(3 * sum(sizes) / 4, rel=1e-12)
+
+
+# -- the parameter server's downlink format (tgsim/exchange/ps_downlink.py) -------------------------
+def test_code_dtype_boundaries():
+    """int8 sums up to 127 ranks, int16 up to 32767, refused beyond."""
+    from tgsim.exchange.ps_downlink import code_dtype
+
+    assert code_dtype(127) is np.int8 and code_dtype(128) is np.int16 and code_dtype(32767) is np.int16
+    with pytest.raises(ValueError, match="32767"):
+        code_dtype(32768)
+
+
+def test_downlink_decode_refuses_what_is_malformed_and_takes_a_zero_scaler():
+    """ps_decode_base on the real downlink of 4 workers: round trip to the in-process ps mean; a
+    negative or NaN scaler, a buffer cut inside either layer or extended raise PayloadError (a cut
+    float layer raised NumPy's ValueError before); a zero scaler (an all-zero layer) is valid and
+    decodes to zeros."""
+    from tgsim.errors import PayloadError
+    from tgsim.exchange.ps_downlink import ps_decode_base, ps_downlink
+
+    codec, ex, msgs = _messages(4)
+    down = ps_downlink(codec, msgs, True)
+    layout = msgs[0].layout
+    mean = ps_decode_base(layout, down, 4, True)
+    want, _ = ex.aggregate(codec, msgs, "ps", True)
+    assert all(np.array_equal(mean[k], want[k]) for k in want)
+    from tgsim.codecs.message import KIND_TERNARY
+
+    i = [s.kind for s in layout.layers].index(KIND_TERNARY)
+    off = sum(4 * s.size for s in layout.layers[:i])          # the float layers before it, if any
+    for bad in (-1.0, float("nan")):
+        b = down.copy()
+        b[off:off + 4] = np.array([bad], np.float32).view(np.uint8)
+        with pytest.raises(PayloadError, match="invalid scaler"):
+            ps_decode_base(layout, b, 4, True)
+    for cut in (1, 21):                       # into the last (float) layer, into the ternary one
+        with pytest.raises(PayloadError, match="too short"):
+            ps_decode_base(layout, down[:-cut], 4, True)
+    with pytest.raises(PayloadError, match="the layout needs"):
+        ps_decode_base(layout, np.concatenate([down, np.zeros(1, np.uint8)]), 4, True)
+    b = down.copy()
+    b[off:off + 4] = np.array([0.0], np.float32).view(np.uint8)
+    assert not np.any(ps_decode_base(layout, b, 4, True)[layout.layers[i].name])

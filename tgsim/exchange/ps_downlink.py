@@ -82,6 +82,8 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
     for spec in layout.layers:
         if spec.kind != KIND_TERNARY or not shared:
             nb = 4 * spec.size
+            if buf.size < off + nb:
+                raise PayloadError(f"downlink is {buf.size} bytes, too short for layer {spec.name!r}")
             mean[spec.name] = xp.asarray(buf[off:off + nb].copy().view(np.float32).reshape(spec.shape))
             off += nb
             continue
