@@ -176,3 +176,25 @@ def test_every_rank_raises_the_servers_text(status, cls):
     me.raise_if_server_failed(_Bcast(None), None)
     with pytest.raises(PeerPayloadError, match="^the server's words$"):
         me.raise_if_server_failed(_Bcast("the server's words"), None)
+
+
+def test_a_key_missing_on_rank_0_is_shown_as_a_question_mark():
+    """Rank 0 without a key the others have: rank 0 shows "?", and ranks 1-2 differ from it."""
+    everyone = [{"a": "1"}, {"a": "1", "b": "2"}, {"a": "1", "b": "2"}]
+    msg = me.config_mismatch(everyone, keys=["a", "b"])
+    assert "b differs from rank 0's on ranks 1-2 (rank 0: ?; ranks 1-2: 2)" in msg
+
+
+def test_blame_codes_looks_past_a_float_layer():
+    """Layers a (ternary), bias (float), b (ternary): invalid codes in b, after the float layer, are
+    still found and blamed on their sender (rank 2)."""
+    from tgsim.codecs import packing
+
+    codec, msgs = _messages()
+    layout = msgs[0].layout
+    slots = [_slot(m) for m in msgs]
+    at = 8 + len(layout.header_bytes()) + 4 + packing.packed_size(37 * 13, codec.packing) + 4 * 13 + 4
+    slots[2][at] = 0xFF                                  # layer 'b': its scaler, then codes
+    msgs = [me.parse_slot(s, layout, r, "rank 0") for r, s in enumerate(slots)]
+    e = me.blame_codes(codec, msgs, "rank 0", ValueError("kernel said no"))
+    assert str(e).startswith("rank 0 received a malformed payload from rank 2: layer 'b': invalid code 0b11")
