@@ -23,6 +23,8 @@ from tgsim.rng import StreamKey, uniform
 from tgsim.testing import CodecContract, pooled_controls
 from tgsim.train.config import from_dict
 
+from test_peer_qsgd import LS as QSGD_LS, train_losses
+
 ALPHA = 1e-3
 
 
@@ -329,17 +331,7 @@ def test_randomk_bits_are_the_expected_payload(n, density):
 
 # -- training -------------------------------------------------------------------------------------
 
-LS = {"run": {"name": "sparse-ls", "seed": 3, "steps": 50, "eval_every": 0, "log_every": 10},
-      "data": {"name": "least_squares"}, "model": {"name": "least_squares"},
-      "workers": {"n": 4, "batch": 32}, "exchange": {"mode": "ps"},
-      "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
-
-
-def train_losses(out) -> np.ndarray:
-    import pandas as pd
-
-    m = pd.read_csv(out / "metrics.csv")
-    return m[(m["split"] == "train") & (m["layer"] == "model")].sort_values("step")["loss"].to_numpy()
+LS = {**QSGD_LS, "run": {**QSGD_LS["run"], "name": "sparse-ls"}}     # the qsgd tests' least-squares run
 
 
 @pytest.mark.parametrize("name", ["topk", "randomk"])
