@@ -53,6 +53,10 @@ def test_noise_to_signal_is_its_formula(tmp_path):
     want = sum(np.sum((d["w"].astype(np.float64) - grads["w"][w]) ** 2) for w, d in enumerate(dec)) / 9
     assert row["noise_to_signal"] == pytest.approx(want / np.sum(mean["w"].astype(np.float64) ** 2), rel=1e-12)
     assert row["scaler_ratio"] == pytest.approx(float(shared[0]) / float(np.median(stats[0].scaler)), rel=1e-12)
+    # zero_grad_fraction: element 0 is zero for every worker, element 1 for one worker only -> 1/50
+    grads["w"][:, 0] = 0.0
+    grads["w"][1, 1] = 0.0
+    assert _layer_stats(grads, None, None)[0]["zero_grad_fraction"] == 1 / 50
 
 
 def _metrics(tmp_path, ratio, zero, noise):

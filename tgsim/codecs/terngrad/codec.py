@@ -420,10 +420,10 @@ class TernGrad:
                                  f"finite value >= worker {int(workers[w])}'s local scaler {local[w, i]} "
                                  "(share with MAX)")
         msg_scalers = np.where(ternary, scalers, np.float32(0)).astype(np.float32)
+        # A shared mean below a worker's own scaler needs no clip bound of its own: elements with
+        # x >= s are kept with probability 1 by the rule (t s < x 2^24 for every t < 2^24), which is
+        # clipping at s (the same codes as min(x, s)).
         bounds = [None if sc is None else sc.clip_bound for sc in scalings]
-        if self.sharing == "mean" and shared_scalers is not None:   # every worker clips at the shared mean
-            bounds = [None if b is None else np.minimum(b, scalers[:, i].astype(np.float64))
-                      for i, b in enumerate(bounds)]
         if deferred and self._defers(flats):
             return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
                                     [None if b is None else float(b[w]) for b in bounds],
