@@ -97,6 +97,30 @@ def _collect(results: Iterable[dict], bar: tqdm) -> list[dict]:
     return out
 
 
+def t_half_width(x) -> float:
+    """Half-width of the 95 % Student-t interval of the mean of `x` (NaNs dropped; nan for < 2 values)."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def collapse_signs(run_dir: str) -> dict:
+    """A run's scaler-sharing collapse signs from its metrics.csv (`tgsim analyze run-health`):
+    the largest shared/median scaler ratio over layers and logged steps, whether any layer's units
+    died (run-health's ALERT), and the largest final fraction of all-zero gradient elements."""
+    import numpy as np
+
+    from tgsim.analysis.run_health import run_health
+
+    h = run_health(run_dir)
+    ratio = h["ratio_max"].to_numpy(np.float64)
+    return {"ratio_max": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else float("nan"),
+            "dying": bool(h["alert_dying"].any()), "zero_last_max": float(h["zero_last"].max())}
+
+
 def train_many(jobs: list[tuple[dict, dict]], desc: str = "runs") -> list[dict]:
     """Run every (base, sections) job; returns one summary dict per job, in job order.
 

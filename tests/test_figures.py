@@ -126,6 +126,31 @@ def test_mnist1d_figure_script_quick_form(tmp_path):
     assert not any(mark in proc.stderr for mark in BAR_MARKS), proc.stderr[-2000:]
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script, rows, keys", [
+    ("terngrad_sharing_regimes.py", 3 * 2 * 2 * 5, ["batch_per_worker", "momentum", "effective_lr", "variant"]),
+    ("terngrad_workers_scaling.py", 6 * 2 * 4, ["optimizer", "workers", "variant"]),
+])
+def test_sharing_sweep_scripts_quick_form(tmp_path, script, rows, keys):
+    """Each sweep of the sharing modes writes one row per run with its collapse signs, a summary with
+    the gap to fp32 (exactly 0 on fp32's own rows) and a PNG; the quick form runs one seed."""
+    stem = script[:-3]
+    proc = _run(script, tmp_path, "--quick", TGSIM_JOBS="2", CI="1")
+    out = tmp_path / "quick"
+    df = pd.read_csv(out / f"{stem}.csv")
+    assert len(df) == rows and (df.seed == 0).all() and df.test_accuracy.between(0, 1).all()
+    tern = df[df.variant != "fp32"]
+    per_step = df.bits_up_per_worker / df.steps
+    assert (per_step[tern.index] * 10 < per_step[df.variant == "fp32"].min()).all()
+    shared = tern[~tern.variant.str.contains("none")]
+    assert (shared.ratio_max >= 1).all() and df[df.variant == "fp32"].ratio_max.isna().all()
+    summary = pd.read_csv(out / f"{stem}_summary.csv")
+    assert len(summary) == rows and list(summary.columns[:len(keys)]) == keys
+    assert (summary[summary.variant == "fp32"].gap_to_fp32 == 0).all()
+    for name in (f"{stem}.csv", f"{stem}_summary.csv", f"{stem}.png"):
+        assert (out / name).stat().st_size > 0 and f"wrote {out / name}" in proc.stdout
+
+
 def test_train_many_returns_results_in_job_order(tmp_path):
     proc = subprocess.run([sys.executable, "-c", TRAIN_MANY], env=_env(tmp_path, TGSIM_JOBS="2"),
                           capture_output=True, text=True, timeout=300)
