@@ -70,11 +70,20 @@ def _one_thread() -> None:
 
 
 def _job(job):
+    """One run's summary; a run whose gradient turned non-finite (it diverged) is a row too, with
+    NaN results, `diverged` set to where it happened and no run directory (`out` None)."""
+    from tgsim.errors import NonFiniteGradientError
+
     base, sections = job
-    r = train(base, **sections)
+    try:
+        r = train(base, **sections)
+    except NonFiniteGradientError as e:
+        nan = float("nan")
+        return {"test_accuracy": nan, "test_loss": nan, "eval_split": "", "bits_up": nan, "bits_down": nan,
+                "skipped": 0, "dist_opt": nan, "out": None, "diverged": f"{e.layer}, {e.where}"}
     return {"test_accuracy": r.test_accuracy, "test_loss": r.test_loss, "eval_split": r.eval_split,
             "bits_up": r.bits_up, "bits_down": r.bits_down, "skipped": r.skipped, "dist_opt": r.dist_opt,
-            "out": str(r.out)}
+            "out": str(r.out), "diverged": ""}
 
 
 def progress_disabled() -> bool | None:
@@ -107,14 +116,17 @@ def t_half_width(x) -> float:
     return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
-def collapse_signs(run_dir: str) -> dict:
+def collapse_signs(run_dir: str | None) -> dict:
     """A run's scaler-sharing collapse signs from its metrics.csv (`tgsim analyze run-health`):
     the largest shared/median scaler ratio over layers and logged steps, whether any layer's units
-    died (run-health's ALERT), and the largest final fraction of all-zero gradient elements."""
+    died (run-health's ALERT), and the largest final fraction of all-zero gradient elements
+    (NaN / False for a run that diverged and left no directory: `run_dir` None)."""
     import numpy as np
 
     from tgsim.analysis.run_health import run_health
 
+    if run_dir is None:
+        return {"ratio_max": float("nan"), "dying": False, "zero_last_max": float("nan")}
     h = run_health(run_dir)
     ratio = h["ratio_max"].to_numpy(np.float64)
     return {"ratio_max": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else float("nan"),

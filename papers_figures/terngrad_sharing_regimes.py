@@ -86,7 +86,7 @@ rows = []
 for (v, b, m, e, s), r in zip(grid, results):
     rows.append({"variant": v, "batch_per_worker": b, "momentum": m, "effective_lr": e, "lr": e * (1 - m),
                  "seed": s, "steps": steps_for(b), "test_accuracy": r["test_accuracy"],
-                 "test_loss": r["test_loss"], "bits_up_per_worker": r["bits_up"], **collapse_signs(r["out"])})
+                 "test_loss": r["test_loss"], "bits_up_per_worker": r["bits_up"], "diverged": r["diverged"], **collapse_signs(r["out"])})
 df = pd.DataFrame(rows)
 df.to_csv(OUT / "terngrad_sharing_regimes.csv", index=False)
 
@@ -96,7 +96,8 @@ keys = ["batch_per_worker", "momentum", "effective_lr", "variant"]
 summary = df.groupby(keys, sort=False).agg(
     acc_mean=("test_accuracy", "mean"), acc_ci95=("test_accuracy", t_half_width),
     acc_min=("test_accuracy", "min"), ratio_max=("ratio_max", "median"),
-    dying_runs=("dying", "sum"), runs=("seed", "count")).reset_index()
+    dying_runs=("dying", "sum"), diverged_runs=("diverged", lambda d: int((d != "").sum())),
+    runs=("seed", "count")).reset_index()
 fp32 = summary[summary.variant == "fp32"].set_index(keys[:-1]).acc_mean
 summary["gap_to_fp32"] = summary.acc_mean.to_numpy() - fp32.loc[
     list(summary[keys[:-1]].itertuples(index=False, name=None))].to_numpy()

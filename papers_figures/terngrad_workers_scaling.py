@@ -64,7 +64,7 @@ grid = [(v, n, o, s) for n in WORKERS for o in OPTIMIZERS for v in VARIANTS for 
 results = train_many([job(*g) for g in grid], "workers scaling")
 df = pd.DataFrame([{"variant": v, "workers": n, "batch_per_worker": TOTAL_BATCH // n, "optimizer": o, "seed": s,
                     "steps": STEPS, "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"],
-                    "bits_up_per_worker": r["bits_up"], **collapse_signs(r["out"])}
+                    "bits_up_per_worker": r["bits_up"], "diverged": r["diverged"], **collapse_signs(r["out"])}
                    for (v, n, o, s), r in zip(grid, results)])
 df.to_csv(OUT / "terngrad_workers_scaling.csv", index=False)
 
@@ -73,7 +73,8 @@ keys = ["optimizer", "workers", "variant"]
 summary = df.groupby(keys, sort=False).agg(
     acc_mean=("test_accuracy", "mean"), acc_ci95=("test_accuracy", t_half_width),
     acc_min=("test_accuracy", "min"), ratio_max=("ratio_max", "median"),
-    dying_runs=("dying", "sum"), runs=("seed", "count")).reset_index()
+    dying_runs=("dying", "sum"), diverged_runs=("diverged", lambda d: int((d != "").sum())),
+    runs=("seed", "count")).reset_index()
 fp32 = summary[summary.variant == "fp32"].set_index(keys[:-1]).acc_mean
 summary["gap_to_fp32"] = summary.acc_mean.to_numpy() - fp32.loc[
     list(summary[keys[:-1]].itertuples(index=False, name=None))].to_numpy()

@@ -69,6 +69,17 @@ def test_non_finite_names_the_layer(bad, clip, where):
         assert np.array_equal(layers[k], before[k], equal_nan=True)
 
 
+def test_non_finite_error_crosses_a_process_pool_unchanged():
+    """A run in a worker process (papers_figures' train_many) raises it in the parent: pickled, it
+    keeps its layer, count, place and message."""
+    import pickle
+
+    e = NonFiniteGradientError("conv1.w", 60, "worker 0, step 749")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is NonFiniteGradientError and str(back) == str(e)
+    assert (back.layer, back.count, back.where) == ("conv1.w", 60, "worker 0, step 749")
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_non_finite_in_other_float_dtypes(dtype):
     g = np.ones(9, dtype=dtype)

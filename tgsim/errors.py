@@ -22,10 +22,14 @@ class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or Inf; names the layer so the step can be skipped or the run stopped."""
 
     def __init__(self, layer: str, count: int | None = None, where: str = ""):
-        self.layer, self.count = layer, count
+        self.layer, self.count, self.where = layer, count, where
         what = f"{count} non-finite values" if count is not None else "non-finite values"
         at = f" at {where}" if where else ""
         super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf){at}; refusing to encode")
+
+    def __reduce__(self):
+        """Pickle by the constructor's arguments, so the error crosses a process pool unchanged."""
+        return type(self), (self.layer, self.count, self.where)
 
 
 class PayloadError(ValueError):
