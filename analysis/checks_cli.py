@@ -59,8 +59,9 @@ CHECKS = (
           lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed, codec=a.codec),
           (Opt("--n", int, 3000, 300, "synthetic vector size"), Opt("--R", int, 2000, 200, "codec draws per vector"),
            Opt("--alpha", float, 1e-3, 1e-3, "family-wise level"), _seed(),
-           Opt("--codec", str, "", "", "a registered codec, or 'all': the pooled test of each codec's declared "
-               "unbiasedness (instead of the TernGrad shape study)")),
+           Opt("--codec", str, "", "", "a registered codec (NAME+ef: with error feedback), or 'all' (every codec, "
+               "with and without error feedback): the test of each codec's declared unbiasedness (instead of "
+               "the TernGrad shape study)")),
           quick_run=dict(recorded_steps=5, Rs=(100, 1000))),
     Check("variance", "E||Q(g)-g||^2 and E||Q(g)||^2 of TernGrad and its peers vs exact formulas and published "
           "bounds", "variance",

@@ -214,26 +214,116 @@ def pooled_tests(shapes: dict[str, np.ndarray], R: int, alpha: float = 1e-3, see
     return pd.DataFrame(rows)
 
 
+EF_DRAWS = 64      # draws of an error-feedback row: its bias lies along the state e (|z| in the hundreds)
+
+
+class _AtState:
+    """An error-feedback codec at a fixed worker state e (tgsim.codecs.error_feedback): every worker
+    encodes p = g + e with the inner codec, so a decoded draw is D(C(g + e)) and its mean is g + e for
+    an unbiased inner codec. The protocol methods that `decoded_draws` calls."""
+
+    def __init__(self, codec, e: np.ndarray):
+        self.codec, self.e = codec, np.asarray(e, np.float32)
+        self.name, self.properties = codec.name, codec.properties
+
+    def _p(self, layers):
+        from tgsim.codecs import error_feedback
+
+        return error_feedback.compensate(layers, {k: np.broadcast_to(self.e.reshape(1, *v.shape[1:]), v.shape)
+                                                  for k, v in layers.items()})
+
+    def prepare_many(self, layers):
+        return self.codec.prepare_many(self._p(layers))
+
+    def local_scalers_many(self, stats, workers=None):
+        return self.codec.local_scalers_many(stats, workers)
+
+    def encode_many(self, layers, seed, step, workers, shared_scalers=None, stats=None, **kw):
+        return self.codec.encode_many(self._p(layers), seed, step, workers, shared_scalers, stats, **kw)
+
+    def decode(self, message):
+        return self.codec.decode(message)
+
+
+def _error_feedback_row(codec, g: np.ndarray, seed: int) -> dict:
+    """The test of an error-feedback codec at the state e = g - D(C(g)) (one earlier step on the same
+    gradient from e = 0: a state every run can reach): deterministic inner codecs exactly (D(C(g + e))
+    == g or not), stochastic ones by the pooled z-test of EF_DRAWS draws on the directions g, sign(g)
+    and e (the bias of an unbiased inner codec is e). bias_along_state: <mean draw - g, e> / ||e||^2
+    (1: the draws' mean is g + e; nan where e = 0, as around fp32)."""
+    from tgsim.analysis.pooled_bias import decoded_draws, deterministic_draw, directions, pooled_bias_test
+    from tgsim.codecs import error_feedback
+
+    first = decoded_draws(codec, g, 0, 1, seed + 5)[0].astype(np.float32)
+    e = error_feedback.new_residual({"g": g[None]}, [{"g": first}])["g"][0]
+    at = _AtState(codec, e)
+    e64, g64 = e.astype(np.float64), g.astype(np.float64)
+    ee = float(e64 @ e64)
+    q = deterministic_draw(at, g, seed + 1)
+    if q is not None:
+        return dict(test="exact (deterministic), at state e", R=1, reject=bool(np.any(q != g64)),
+                    min_detectable_bias=0.0,
+                    largest_relative_error=float(np.max(np.abs(q - g64) / np.maximum(np.abs(g64), 1e-30))),
+                    bias_along_state=float((q - g64) @ e64 / ee) if ee > 0 else float("nan"))
+    u = directions(g)
+    u["state e"] = e64
+    names = tuple(u)
+    dirs = np.stack([u[k] for k in names])
+    proj = np.concatenate([decoded_draws(at, g, f, min(32, EF_DRAWS - f), seed + 11) @ dirs.T
+                           for f in range(0, EF_DRAWS, 32)])
+    res = pooled_bias_test(proj, dirs @ g64, names)
+    return dict(test="pooled z-test, at state e", R=res.draws, reject=res.reject,
+                min_detectable_bias=float(res.min_detectable[:2].max()),
+                largest_relative_error=float(np.max(np.abs(res.relative_bias[:2]))),
+                bias_along_state=float((proj[:, -1].mean() - dirs[-1] @ g64) / ee))
+
+
+def error_feedback_names(names) -> tuple[str, ...]:
+    """"NAME+ef" for each of `names` that error feedback can wrap (tgsim.codecs.error_feedback)."""
+    import dataclasses
+
+    from tgsim.codecs import error_feedback, registry
+    from tgsim.errors import ConfigError
+    from tgsim.train.config import CodecConfig
+
+    out = []
+    for name in names:
+        try:
+            error_feedback.ErrorFeedback(registry.make_codec(dataclasses.replace(CodecConfig(), name=name)))
+        except ConfigError:
+            continue
+        out.append(name + error_feedback.SUFFIX)
+    return tuple(out)
+
+
 def codec_table(names, n: int = 20_000, seed: int = 0) -> pd.DataFrame:
     """One row per registered codec (its default config): declared unbiasedness against the test.
 
     Deterministic codecs (three draws alike) are compared exactly (Q(g) == g or not); stochastic ones
     go through the pooled test (tgsim.testing.pooled_controls: R from a pilot so that 0.75 % is seen
     with power 0.99, alpha 1e-3), on a Gaussian layer of n. `consistent`: the test's verdict is the
-    declaration (unbiased and accepted, or biased and rejected)."""
+    declaration (unbiased and accepted, or biased and rejected). A name "NAME+ef" is that codec with
+    error feedback, tested at one reachable worker state (`_error_feedback_row`)."""
     import dataclasses
 
     from tgsim.analysis.pooled_bias import deterministic_draw
-    from tgsim.codecs import registry
+    from tgsim.codecs import error_feedback, registry
     from tgsim.testing import POOLED_MAX_DRAWS, pooled_controls, pooled_draws_needed
     from tgsim.train.config import CodecConfig
 
     g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     rows = []
     for name in names:
-        codec = registry.make_codec(dataclasses.replace(CodecConfig(), name=name))
-        q = deterministic_draw(codec, g, seed + 1)
+        base, ef = error_feedback.split_name(name)
+        codec = registry.make_codec(dataclasses.replace(CodecConfig(), name=base))
         row = dict(codec=name, declared_unbiased=codec.properties.unbiased, n=n)
+        if ef:
+            codec = error_feedback.ErrorFeedback(codec)     # ConfigError for a codec it cannot wrap
+            row.update(declared_unbiased=codec.properties.unbiased, **_error_feedback_row(codec, g, seed))
+            row["consistent"] = row["reject"] == (not row["declared_unbiased"])
+            rows.append(row)
+            continue
+        q = deterministic_draw(codec, g, seed + 1)
         if q is not None:
             reject = bool(np.any(q != g.astype(np.float64)))
             row.update(test="exact (deterministic)", R=1, reject=reject, min_detectable_bias=0.0,
@@ -254,11 +344,11 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
     from tgsim.analysis.common import single_thread, write_csv
 
     if codec:
-        from tgsim.codecs import registry
+        from tgsim.codecs import error_feedback, registry
 
-        names = registry.names() if codec == "all" else (codec,)
+        names = registry.names() + error_feedback_names(registry.names()) if codec == "all" else (codec,)
         for name in names:
-            registry.codec_class(name)            # ValueError naming the known ones
+            registry.codec_class(error_feedback.split_name(name)[0])     # ValueError naming the known ones
         with single_thread():
             table = codec_table(names, seed=seed)
         write_csv(table, out, "unbiasedness_codecs")
@@ -266,6 +356,9 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
             print("declared unbiasedness of each codec (default config) against the test, Gaussian layer of "
                   f"{table['n'].iloc[0]:,}, alpha = 1e-3:")
             print(table.drop(columns="n").to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+            if table["codec"].str.endswith("+ef").any():
+                print("NAME+ef: the codec with error feedback, tested at the worker state e = g - D(C(g)); "
+                      "bias_along_state = <mean draw - g, e> / ||e||^2 (1: the mean is g + e)")
         return {"unbiasedness_codecs": table}
     with single_thread():
         shapes = gradient_shapes(n, seed, recorded_steps)

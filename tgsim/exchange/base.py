@@ -95,3 +95,7 @@ class Exchange(Protocol):
 
     def check_same_config(self, digest: str, shard_plan: str | None = None) -> None:
         """Raise on every worker if any worker was started with a different config or shard plan."""
+
+    def gather_rows(self, local: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """(n_local, M) rows of this process's workers -> (N, M) rows of all workers in worker order on
+        `root` (the process that writes checkpoints), None elsewhere (error feedback's residuals)."""

@@ -85,6 +85,13 @@ class InProcessExchange:
     def check_same_config(self, digest: str, shard_plan: str | None = None) -> None:
         return None  # one process, one config
 
+    def gather_rows(self, local: np.ndarray, root: int = 0) -> np.ndarray:
+        """Every worker is local: its rows, as they are."""
+        local = np.asarray(local)
+        if local.shape[0] != self.n_workers:
+            raise ValueError(f"gather_rows: {local.shape[0]} rows for {self.n_workers} workers")
+        return local
+
     def any_true(self, flag: bool) -> bool:
         return bool(flag)
 

@@ -148,6 +148,16 @@ class MPIExchange(PipelinedModes):
         if problem is not None:
             raise RankConfigMismatchError(problem)
 
+    def gather_rows(self, local: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Collective: this rank's (1, M) row -> (N, M) rows in rank order on `root` (one MPI Gather;
+        checkpoints of error feedback's residuals, not counted in the training bytes), None elsewhere."""
+        local = np.ascontiguousarray(local)
+        if local.ndim != 2 or local.shape[0] != 1:
+            raise ValueError(f"MPIExchange holds one worker per rank: local rows must be (1, M), got {local.shape}")
+        rows = np.empty((self.size, local.shape[1]), dtype=local.dtype) if self.rank == root else None
+        self.comm.Gather(local, rows, root=root)
+        return rows
+
     def gather_totals(self) -> list[dict]:
         """Collective: every rank's cumulative bytes, in rank order (on every rank)."""
         return self.comm.allgather({"rank": self.rank, "sent": self.totals.sent, "received": self.totals.received})

@@ -77,9 +77,11 @@ class CodecConfig:
     k: int = 0                   # topk / randomk: elements sent per layer (0: use density)
     rotate: bool = False         # suresh: randomized Hadamard rotation seeded from the stream key
     sharing: str = "max"         # codecs with a shared scaler: "max" over workers | "mean" | "none"
+    error_feedback: bool = False  # wrap the codec in error feedback (tgsim.codecs.error_feedback): per-worker residuals
 
 
 EXCHANGE_MODES = ("allreduce", "ps", "allgather")
+LOCAL_MODES = ("none", "average", "pqasgd")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ class ExchangeConfig:
     mode: str = "ps"             # "allreduce" (integer codes / fp32) | "ps" (parameter server) | "allgather"
     share_scalers: bool = True   # MAX all-reduce of per-layer scalers before encoding
     reternarize_downlink: bool = False   # ps only: the server ternarizes the averaged gradient again
+    # local steps (tgsim/train/local_sgd.py): "none" = the synchronous gradient exchange every step;
+    # "average" = local SGD, the models averaged exactly every `every` steps; "pqasgd" = the model
+    # difference since the last sync sent through the codec every `every` steps (Jiang & Agrawal 2018)
+    local: str = "none"
+    every: int = 1               # the sync period p of the local modes (steps)
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,40 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"[schedule] unknown schedule {cfg.schedule.name!r}; expected one of {SCHEDULES}")
     if cfg.data.sharding not in ("iid", "dirichlet"):
         raise ConfigError(f"[data] sharding must be 'iid' or 'dirichlet', got {cfg.data.sharding!r}")
+    _check_local_steps(cfg, props)
+
+
+def _check_local_steps(cfg: Config, props) -> None:
+    """[exchange] local / every: the combinations tgsim/train/local_sgd.py cannot run, and why."""
+    e, r, o = cfg.exchange, cfg.run, cfg.optimizer
+    if e.local not in LOCAL_MODES:
+        raise ConfigError(f"[exchange] local must be one of {LOCAL_MODES}, got {e.local!r}")
+    if e.every < 1:
+        raise ConfigError(f"[exchange] every must be >= 1 (the sync period in steps), got {e.every}")
+    if e.local == "none":
+        if e.every != 1:
+            raise ConfigError(f"[exchange] every = {e.every} needs local = 'average' (local SGD) or 'pqasgd': "
+                              "local = 'none' exchanges the gradients at every step")
+        return
+    if e.local == "average" and props.wire != "float32":
+        raise ConfigError(f"[exchange] local = 'average' averages the models exactly in float32, so the codec "
+                          f"{cfg.codec.name!r} would not be used: use a float32 codec (fp32), or local = 'pqasgd' "
+                          "to send the model difference through the codec")
+    if props.stateful or getattr(cfg.codec, "error_feedback", False):
+        raise ConfigError(f"[exchange] local = {e.local!r} does not carry per-worker codec state (error feedback's "
+                          "residuals, a stateful codec's state) between syncs; use local = 'none' for it")
+    if r.checkpoint_every % e.every:
+        raise ConfigError(f"[run] checkpoint_every = {r.checkpoint_every} must be a multiple of [exchange] every = "
+                          f"{e.every}: checkpoints are written at sync steps only (between syncs every worker "
+                          "holds its own model, which a checkpoint does not store)")
+    if e.every > 1 and o.name == "adam":
+        raise ConfigError(f"[exchange] every = {e.every} with optimizer 'adam': the local steps are plain SGD steps "
+                          "at the schedule's learning rate, which for Adam is a step size, not an SGD learning rate; "
+                          "use sgd, momentum or nesterov (Adam applies with every = 1)")
+    if e.every > 1 and o.weight_decay != 0.0:
+        raise ConfigError(f"[exchange] every = {e.every} with [optimizer] weight_decay = {o.weight_decay}: the decay "
+                          "would act on the synchronized model once per period, not at each local step; put the "
+                          "L2 term in the model (model.options.l2), which every local gradient includes")
 
 
 def to_dict(cfg: Config) -> dict:

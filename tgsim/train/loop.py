@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgsim.codecs import registry
+from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, NonFiniteGradientError
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, results
@@ -81,6 +81,8 @@ def build(cfg: Config, exchange=None) -> Setup:
     if b > small:
         raise ConfigError(f"per-worker batch {b} is larger than the smallest shard ({small} samples)")
     codec = registry.make_codec(cfg.codec)
+    if cfg.codec.error_feedback:
+        codec = error_feedback.ErrorFeedback(codec)     # ConfigError for a codec it cannot wrap
     exchange = exchange or InProcessExchange(cfg.workers.n)
     if exchange.n_workers != cfg.workers.n:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
@@ -158,16 +160,23 @@ def _layer_stats(grads: dict, scalers, scalings, decoded=None, mean=None, ex=Non
     return rows
 
 
-def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False):
+def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False, residual=None):
     """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
 
     The codec works on all local workers at once (prepare_many / encode_many: for a packed-code
     codec one kernel call per layer for the W local workers), with the bits of per-worker calls.
+    residual: with error feedback, the local workers' residuals {layer: (W, *shape)}, updated in
+    place (tgsim.codecs.error_feedback: the codec encodes p = g + e, then e <- p - decode); a skipped
+    step leaves them as they were. The per-layer statistics are then those of p.
     """
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     x, y = local_batch(setup, step)
     losses, grads = setup.model.loss_and_grad(params, x, y)
     local = ex.local_workers
+    if codec.properties.stateful != (residual is not None):
+        raise ValueError(f"codec {codec.name!r}: pass the error-feedback residuals exactly when the codec is stateful")
+    if residual is not None:
+        grads = error_feedback.compensate(grads, residual)
 
     bad = None
     stats = None
@@ -191,21 +200,58 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
         local_scalers = codec.local_scalers_many(stats, len(local))
         shared = ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
     defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
-    deferred = bool(codec.properties.wire == "tgm1" and defers and
+    deferred = bool(codec.properties.wire == "tgm1" and defers and residual is None and   # EF decodes them first
                     defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
     msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared, stats,
                              **({"deferred": True} if deferred else {}))
+    decoded = None
+    if residual is not None:        # error feedback: e <- p - decode(C(p)), before the exchange
+        decoded = [codec.decode(m) for m in msgs]
+        residual.update(error_feedback.new_residual(grads, decoded))
     if not with_stats:
         del grads                   # the messages hold what the exchange needs
+        decoded = None
     rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
     mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, rkey)
-    decoded = [codec.decode(m) for m in msgs] if with_stats else None
+    if with_stats and decoded is None:
+        decoded = [codec.decode(m) for m in msgs]
     del msgs                        # the payloads, before the optimizer's temporaries
     lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
     layer_rows = _layer_stats(grads, shared, stats, decoded, mean, ex) if with_stats else []
     loss = ex.mean_scalar(float(np.sum(losses)))
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
+
+
+def _start_residual(setup: Setup, state: dict) -> dict | None:
+    """The local workers' error-feedback residuals at the first step (None for a stateless codec):
+    zeros, or on resume this process's rows of the checkpoint's (all N workers', "ef_residual")."""
+    if not setup.codec.properties.stateful:
+        return None
+    shapes = setup.model.layer_shapes()
+    local = setup.exchange.local_workers
+    if not state:
+        return error_feedback.zeros(shapes, len(local))
+    if "ef_residual" not in state:
+        raise ConfigError(f"codec {setup.codec.name!r} keeps per-worker residuals, but the checkpoint to resume "
+                          "from holds none (written without error feedback?): it cannot give the bits of an "
+                          "uninterrupted run")
+    try:
+        return error_feedback.local_rows(state["ef_residual"], shapes, local)
+    except ValueError as e:
+        raise ConfigError(f"resume: {e}") from e
+
+
+def _residual_to_save(ex, residual) -> dict:
+    """{"ef_residual": every worker's residuals (N, *shape)} for the checkpoint on the process that
+    gathers them ({} without error feedback and on the other MPI ranks). A collective: every process
+    calls it."""
+    if residual is None:
+        return {}
+    rows = ex.gather_rows(error_feedback.pack_rows(residual))
+    if rows is None:
+        return {}
+    return {"ef_residual": error_feedback.unpack_rows(rows, {k: v.shape[1:] for k, v in residual.items()})}
 
 
 @dataclass
@@ -241,6 +287,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     bits_up = bits_down = 0.0
     skipped = 0
     ckpt_dir = out / "checkpoints"
+    state = {}
     if resume:
         found = checkpoint.latest_good(ckpt_dir)
         if found is not None:
@@ -253,6 +300,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if params is None:
         params = setup.model.init(cfg.run.seed)
         opt_state = setup.optimizer.init(params)
+    residual = _start_residual(setup, state)        # error feedback's per-worker state, else None
     metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
     if writer:
         results.write_manifest(out, cfg, {"backend": "numpy", "kernels": cfg.codec.kernels,
@@ -266,9 +314,14 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
                    dynamic_ncols=True, disable=None)     # None: no bar where stderr is not a terminal (logs, CI)
     t0 = time.perf_counter()
     test = (float("nan"), float("nan"))
+    step_fn = train_step
+    if cfg.exchange.local != "none":        # local SGD / PQASGD: tgsim/train/local_sgd.py
+        from tgsim.train import local_sgd
+
+        step_fn = local_sgd.LocalSteps(setup)
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
-        params, opt_state, info = train_step(setup, params, opt_state, step, with_stats)
+        params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, residual=residual)
         bits_up += 8 * info.sent
         bits_down += 8 * info.received
         skipped += info.skipped
@@ -288,10 +341,11 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
             if metrics is not None:
                 metrics.flush()
+            ef_rows = _residual_to_save(ex, residual)    # on every process: a gather over MPI
             if writer:
                 totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
                           "skipped": np.int64(skipped)}
-                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals},
+                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals, **ef_rows},
                                 cfg.run.keep_checkpoints)
             if hasattr(ex, "barrier"):
                 ex.barrier()
