@@ -7,6 +7,8 @@ Every quantizer maps a vector v (float64, 1-D) and a NumPy Generator to R draws,
     random_sparsification(v, k, rng, R)   Z_i v_i / p_i, p_i = min(λ|v_i|, 1), Σ p_i = k
     top_k(v, k, rng, R)             keep the k largest |v_i|                    (deterministic)
     stochastic_binary(v, rng, R)    v_i -> max w.p. (v_i - min)/(max - min) else min (Suresh et al.)
+    suresh(v, k, rng, R)            k levels from min to max, stochastic rounding (Suresh et al. π_sk;
+                                    k = 2 is stochastic binary; s is k in draw/exact_error/bounds)
     terngrad(v, rng, R)             TernGrad without clipping (reference; the checks use the codec)
 
 Exact errors E||Q(v) - v||^2 (``*_error``) and second moments E||Q(v)||^2 (``*_second_moment``;
@@ -26,6 +28,11 @@ published bounds (``bounds(name, v, ...)`` -> {bound name: (quantity, value)}):
         without zero entries; with zeros (sign(0) = 0) the exact error is
         ||v||^2 - 2 c ||v||_1 + c^2 nnz(v), c = ||v||_1 / n (``scaled_sign_error``), and the bound
         is checked against that.
+    Suresh k-level (Suresh et al. 2017, Theorem 2 with one vector): error <= n/(4(k-1)^2)
+        (max - min)^2 <= n/(2(k-1)^2) ||v||^2; with the randomized Hadamard rotation (Theorem 3,
+        ``suresh_rotated_bound``): <= (2 ln d + 2)/(k-1)^2 ||v||^2, d the rotated (padded) length,
+        in expectation over the rotation; given the rotation the error is exact
+        (``suresh_rotated_error``). The codec is tgsim/codecs/suresh.py.
     random sparsification: no closed bound used (the exact formula is the claim).
 """
 
@@ -35,7 +42,7 @@ import math
 
 import numpy as np
 
-PEERS = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "terngrad")
+PEERS = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "suresh", "terngrad")
 
 
 def _vec(v) -> np.ndarray:
@@ -168,6 +175,55 @@ def stochastic_binary_error(v) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# stochastic k-level quantization (Suresh et al. 2017, π_sk; the rotated π_srk's error given D)
+# ---------------------------------------------------------------------------------------------
+def suresh_grid(v, k: int) -> tuple[float, float, np.ndarray]:
+    """(min v, spacing Δ = (max - min)/(k - 1), x = (v - min)/Δ in [0, k-1]; 0 where Δ = 0)."""
+    v = _vec(v)
+    if k < 2:
+        raise ValueError(f"suresh needs k >= 2 levels, got {k}")
+    lo, hi = float(v.min()), float(v.max())
+    step = (hi - lo) / (k - 1)
+    x = (v - lo) / step if step > 0 else np.zeros_like(v)
+    return lo, step, np.minimum(x, k - 1)
+
+
+def suresh(v, k: int, rng: np.random.Generator, R: int = 1) -> np.ndarray:
+    """R draws: each v_i rounded to B(r) = min + r Δ, r = floor(x_i) + 1 w.p. x_i - floor(x_i)."""
+    lo, step, x = suresh_grid(v, k)
+    r = np.floor(x)
+    up = rng.random((R, x.size)) < (x - r)
+    return lo + (r + up) * step
+
+
+def suresh_error(v, k: int) -> float:
+    """Σ_i (v_i - B(r_i)) (B(r_i + 1) - v_i) = Δ^2 Σ_i f_i (1 - f_i), r_i = floor(x_i), f_i = x_i - r_i:
+    the exact variance of one draw (stochastic_binary_error for k = 2)."""
+    _, step, x = suresh_grid(v, k)
+    f = x - np.floor(x)
+    return step * step * float(np.sum(f * (1 - f)))
+
+
+def suresh_rotated_error(y, k: int, n: int) -> float:
+    """The exact error of the n kept coordinates of R^T Q(y), given the rotation: y = R v' the
+    rotated, zero-padded vector (length d, R = H D / sqrt(d)). Given D the coordinates of Q(y) - y
+    are independent and every entry of R is ±1/sqrt(d), so each decoded coordinate has variance
+    (1/d) Σ_j Var Q(y)_j: (n/d) suresh_error(y, k)."""
+    y = _vec(y)
+    return n / y.size * suresh_error(y, k)
+
+
+def suresh_bound(n: int, k: int, norm2: float) -> float:
+    """Theorem 2 (one vector): n/(2(k-1)^2) ||v||^2."""
+    return n / (2 * (k - 1) ** 2) * norm2
+
+
+def suresh_rotated_bound(d: int, k: int, norm2: float) -> float:
+    """Theorem 3 (one vector, rotated length d): (2 ln d + 2)/(k-1)^2 ||v||^2, in expectation over D."""
+    return (2 * math.log(d) + 2) / (k - 1) ** 2 * norm2
+
+
+# ---------------------------------------------------------------------------------------------
 # TernGrad (pure reference, no clipping)
 # ---------------------------------------------------------------------------------------------
 def terngrad(v, rng: np.random.Generator, R: int = 1) -> np.ndarray:
@@ -188,7 +244,7 @@ def terngrad_error(v) -> float:
 # one table of everything
 # ---------------------------------------------------------------------------------------------
 def draw(name: str, v, rng: np.random.Generator, R: int, *, s: int = 4, k: float | None = None) -> np.ndarray:
-    """R draws of peer `name` (s: QSGD levels; k: kept elements for sparsification / top-k)."""
+    """R draws of peer `name` (s: QSGD levels, suresh's k levels; k: kept elements for sparsification / top-k)."""
     n = np.size(v)
     k = max(1, int(round(0.1 * n))) if k is None else k
     if name == "qsgd":
@@ -201,6 +257,8 @@ def draw(name: str, v, rng: np.random.Generator, R: int, *, s: int = 4, k: float
         return top_k(v, int(k), rng, R)
     if name == "stochastic_binary":
         return stochastic_binary(v, rng, R)
+    if name == "suresh":
+        return suresh(v, s, rng, R)
     if name == "terngrad":
         return terngrad(v, rng, R)
     raise ValueError(f"unknown peer {name!r}; valid: {PEERS}")
@@ -215,12 +273,13 @@ def exact_error(name: str, v, *, s: int = 4, k: float | None = None) -> float:
         "random_sparsification": lambda: random_sparsification_error(v, k),
         "top_k": lambda: top_k_error(v, int(k)),
         "stochastic_binary": lambda: stochastic_binary_error(v),
+        "suresh": lambda: suresh_error(v, s),
         "terngrad": lambda: terngrad_error(v),
     }[name]()
 
 
 def is_unbiased(name: str) -> bool:
-    return name in ("qsgd", "random_sparsification", "stochastic_binary", "terngrad")
+    return name in ("qsgd", "random_sparsification", "stochastic_binary", "suresh", "terngrad")
 
 
 def is_deterministic(name: str) -> bool:
@@ -255,6 +314,10 @@ def bounds(name: str, v, *, s: int = 4, k: float | None = None) -> dict[str, tup
     if name == "stochastic_binary":
         rng_ = float(v.max() - v.min())
         return {"suresh_range": ("error", n / 4 * rng_**2), "suresh_norm": ("error", n / 2 * nv2)}
+    if name == "suresh":
+        rng_ = float(v.max() - v.min())
+        return {"suresh_k_range": ("error", n / (4 * (s - 1) ** 2) * rng_**2),
+                "suresh_k_norm": ("error", suresh_bound(n, s, nv2))}
     if name == "scaled_sign":
         return {"one_minus_1_over_n": ("error", (1 - 1 / n) * nv2)}
     return {}
@@ -270,5 +333,6 @@ def bits_per_element(name: str, n: int, *, s: int = 4, k: float | None = None) -
         "random_sparsification": k * (idx + 1) / n + 32 / n,   # kept p<1 values are ±1/λ: one float
         "top_k": k * (idx + 32) / n,
         "stochastic_binary": 1 + 64 / n,
+        "suresh": math.ceil(math.log2(s)) + 64 / n,
         "terngrad": 2 + 32 / n,
     }[name]

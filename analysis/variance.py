@@ -35,7 +35,7 @@ from tgsim.analysis.common import gradient_shapes, terngrad_error, terngrad_seco
 from tgsim.codecs import TernGrad
 
 QSGD_LEVELS = (1, 4, 64)
-PEER_NAMES = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary")
+PEER_NAMES = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "suresh")
 
 
 def _empirical_rows(base: dict, err: np.ndarray, sq: np.ndarray, f_err: float, f_sq: float,

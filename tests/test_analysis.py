@@ -144,9 +144,9 @@ def test_variance_matches_exact_formulas(var_tables):
     """CLT interval, two-sided alpha = 1e-3 per test, R = 400 draws, seed 0 (peers: rng [0, shape, 7];
     TernGrad codec: draw seeds 100*shape + clip), shapes n = 300 Gaussian/log-normal/sparse: no exact
     formula (TernGrad none/explicit/implicit incl. the clipping bias, QSGD s = 1, 4, 32, scaled sign,
-    sparsification, top-k, stochastic binary) is rejected."""
+    sparsification, top-k, stochastic binary, Suresh et al.'s k = 4 levels) is rejected."""
     var, _ = var_tables
-    assert len(var) == 3 * (3 + 3 + 4) * 2
+    assert len(var) == 3 * (3 + 3 + 5) * 2
     assert not var["reject"].any(), var[var["reject"]]
 
 

@@ -20,6 +20,7 @@ CODECS = {
     "sign": "tgsim.codecs.sign:SignSGD",
     "scaled_sign": "tgsim.codecs.sign:ScaledSign",
     "qsgd": "tgsim.codecs.qsgd:QSGD",
+    "suresh": "tgsim.codecs.suresh:Suresh",
     "topk": "tgsim.codecs.sparse:TopK",
     "randomk": "tgsim.codecs.sparse:RandomK",
 }
