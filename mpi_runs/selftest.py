@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", action="store_true", help="also check the error paths")
     p.add_argument("--dump", help="directory for rank<r>.npz with the MPI results")
     args = p.parse_args(argv)
+    from tgsim.exchange.mpi_env import mpi_or_exit
 
+    mpi_or_exit("mpi_runs.selftest")        # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
     from tgsim.exchange.mpi import MPIExchange
 
     ex = MPIExchange()

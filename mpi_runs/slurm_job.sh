@@ -43,7 +43,9 @@ fi
 
 # Every task sees all GPUs of its node; tgsim picks GPU (node-local rank mod GPUs). With
 # --gpus-per-task=1 instead, each task sees one GPU and picks it. --kill-on-bad-exit ends the whole
-# job when one rank dies, so no rank waits forever in a collective. Add --mpi=pmix (or pmi2) if your
-# site's MPI needs it (`srun --mpi=list`).
-srun --kill-on-bad-exit=1 --cpu-bind=cores \
+# job when one rank dies, so no rank waits forever in a collective. --mpi=pmix connects srun to
+# Open MPI 5 and to MPICH built with PMIx; set SRUN_MPI=pmi2 (or what `srun --mpi=list` offers) for
+# another. Without it every task starts as a rank 0 of size 1: mpi_runs.train stops with a one-line
+# error saying so (tgsim/exchange/mpi_env.py).
+srun --mpi="${SRUN_MPI:-pmix}" --kill-on-bad-exit=1 --cpu-bind=cores \
     python -m mpi_runs.train "${CONFIG}" --out "${OUT}" --quiet "${RESUME[@]}"

@@ -100,8 +100,9 @@ def _fail(e: BaseException, comm, err_comm, rank: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mpi4py import MPI
+    from tgsim.exchange.mpi_env import mpi_or_exit
 
+    MPI = mpi_or_exit("mpi_runs.train")     # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     err_comm = comm.Dup()            # the failure handshake never mixes with the exchange's collectives

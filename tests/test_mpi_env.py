@@ -1,0 +1,161 @@
+"""tgsim/exchange/mpi_env.py: which launcher started a rank, which MPI mpi4py loaded, and the one-line
+errors of the MPI entry points (mocked environments; two end-to-end runs without mpiexec)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tgsim.exchange import mpi_env as me
+
+REPO = Path(__file__).resolve().parents[1]
+
+# MPI_Get_library_version() as the libraries print it (first lines)
+MPICH = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\nMPICH ABI:          18:2:6\n"
+OPENMPI = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, repo rev: v5.0.11"
+INTEL = "Intel(R) MPI Library 2021.13 for Linux* OS\n"
+CRAY = "MPI VERSION    : CRAY MPICH version 8.1.28.2 (ANL base 3.4a2)\nMPI BUILD INFO : ..."
+MVAPICH = "MVAPICH2 Version      :\t2.3.7\nMVAPICH2 Release date :\tWed March 02 22:00:00 EST 2022"
+
+# the variables each launcher sets in a rank's environment (rank 1 of 4), besides the user's
+HYDRA = {"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"}
+PRTE = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1",
+        "PMIX_NAMESPACE": "prterun-vm-1@1", "OMPI_VERSION": "5.0.11"}
+SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NODEID": "0"}   # batch script
+SRUN = {**SLURM_JOB, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "1"}
+USER = {"HOME": "/root", "PATH": "/usr/bin"}
+
+
+# -- who launched this rank ---------------------------------------------------------------------------------
+
+def test_launcher_is_read_from_each_launchers_variables():
+    assert me.launcher(USER) is None
+    assert me.launcher({**USER, **SLURM_JOB}) is None               # the batch script itself: no launcher
+    assert me.launcher({**USER, **HYDRA}) == me.Launcher("mpich", 4, "PMI_SIZE=4")
+    assert me.launcher({**USER, **PRTE}) == me.Launcher("openmpi", 4, "OMPI_COMM_WORLD_SIZE=4")
+    assert me.launcher({**USER, **SRUN}) == me.Launcher("srun", 4, "SLURM_STEP_NUM_TASKS=4", "")
+    assert me.launcher({**SRUN, "PMIX_RANK": "1"}).pmi == "pmix"
+    assert me.launcher({**SRUN, "PMI_FD": "5", "PMI_SIZE": "4"}).pmi == "pmi2"
+    # mpirun inside an sbatch script: the ranks carry the batch step's SLURM_* and Open MPI's own
+    assert me.launcher({**SLURM_JOB, **PRTE}).kind == "openmpi"
+    assert me.launcher({"PALS_RANKID": "3", "PMI_SIZE": "8"}) == me.Launcher("pmi", 8, "PMI_SIZE=8")
+
+
+def test_describe_names_the_launcher_and_its_evidence():
+    assert me.launcher(PRTE).describe() == "Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE=4)"
+    assert me.launcher(HYDRA).describe() == "MPICH's Hydra mpiexec (PMI_SIZE=4)"
+    assert me.launcher(SRUN).describe() == "srun (SLURM_STEP_NUM_TASKS=4, no --mpi plugin)"
+    assert me.launcher({**SRUN, "PMIX_RANK": "1"}).describe() == "srun (SLURM_STEP_NUM_TASKS=4, --mpi=pmix)"
+
+
+# -- which library mpi4py loaded ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,family,name", [
+    (MPICH, "mpich", "MPICH 5.0.2"), (OPENMPI, "openmpi", "Open MPI 5.0.11"),
+    (INTEL, "mpich", "Intel(R) MPI Library 2021.13 for Linux* OS"), (CRAY, "mpich", "CRAY MPICH 8.1.28.2"),
+    (MVAPICH, "mpich", "MVAPICH2 2.3.7"), ("Microsoft MPI 10.1\n", "", "Microsoft MPI 10.1"), ("", "", "an unknown MPI"),
+])
+def test_library_family_and_name(text, family, name):
+    assert me.library_family(text) == family
+    assert me.library_name(text) == name
+
+
+# -- before MPI_Init: launcher and library of different MPIs -----------------------------------------------
+
+def test_open_mpis_launcher_with_mpich_in_mpi4py_names_both_and_the_mpiexec_to_use(tmp_path):
+    (tmp_path / "python").touch()
+    (tmp_path / "mpiexec").touch()
+    with pytest.raises(me.MPIEnvironmentError) as e:
+        me.check_before_init({**USER, **PRTE}, MPICH, python=str(tmp_path / "python"))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("this rank was started by Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE=4) but mpi4py "
+                          "loaded MPICH 5.0.2: mpiexec and mpi4py come from different MPIs; launch with "
+                          f"{tmp_path / 'mpiexec'} (the mpiexec next to this Python")
+    assert msg.endswith("(TGSIM_MPI_CHECK=0 skips this check)")
+
+
+def test_hydra_with_open_mpi_in_mpi4py_and_no_mpiexec_nearby_says_how_to_rebuild_mpi4py(tmp_path):
+    with pytest.raises(me.MPIEnvironmentError, match=r"^this rank was started by MPICH's Hydra mpiexec "
+                       r"\(PMI_SIZE=4\) but mpi4py loaded Open MPI 5\.0\.11: .* rebuild mpi4py against the "
+                       r"launcher's MPI: MPICC=\$\(which mpicc\) pip install --no-binary=mpi4py"):
+        me.check_before_init({**USER, **HYDRA}, OPENMPI, python=str(tmp_path / "python"))
+
+
+@pytest.mark.parametrize("env,version", [
+    (HYDRA, MPICH), (HYDRA, INTEL), (HYDRA, MVAPICH), (PRTE, OPENMPI),   # the same MPI
+    (USER, MPICH), (SRUN, OPENMPI), ({**SRUN, "PMIX_RANK": "1"}, MPICH),  # nothing to compare before MPI_Init
+    (HYDRA, "Microsoft MPI 10.1"),                                       # a library it does not know
+    ({**PRTE, "TGSIM_MPI_CHECK": "0"}, MPICH),                           # switched off
+])
+def test_before_init_passes(env, version):
+    me.check_before_init(env, version)
+
+
+# -- after MPI_Init: one rank where the launcher started several, or no launcher at all ----------------
+
+def test_no_launcher_and_one_rank_says_to_use_mpiexec():
+    with pytest.raises(me.MPIEnvironmentError) as e:
+        me.check_after_init(USER, MPICH, 1, "mpi_runs.train")
+    assert str(e.value) == ("started without mpiexec, so MPI runs it as a one-rank job (one worker per rank): "
+                            "start it with mpiexec -n N python -m mpi_runs.train ... (srun under Slurm); "
+                            "`tgsim run` simulates N workers in one process (TGSIM_MPI_CHECK=0 skips this check)")
+    with pytest.raises(me.MPIEnvironmentError, match="started without mpiexec"):
+        me.check_after_init(SLURM_JOB, OPENMPI, 1, "mpi_runs.train")     # in the batch script, without srun
+
+
+def test_a_launcher_of_n_processes_and_one_rank_in_each_is_a_mismatch():
+    with pytest.raises(me.MPIEnvironmentError, match=r"^a PMI launcher \(PMI_SIZE=4\) started 4 processes but "
+                       r"MPICH 5\.0\.2 sees 1 rank in each: the launcher and mpi4py come from different MPIs"):
+        me.check_after_init({"PALS_RANKID": "1", "PMI_SIZE": "4"}, MPICH, 1)
+    with pytest.raises(me.MPIEnvironmentError, match=r"^srun \(SLURM_STEP_NUM_TASKS=4, no --mpi plugin\) started 4 "
+                       r"processes but Open MPI 5\.0\.11 sees 1 rank in each: .*pass srun --mpi=pmix"):
+        me.check_after_init(SRUN, OPENMPI, 1)
+
+
+@pytest.mark.parametrize("env,size", [
+    (HYDRA, 4), (PRTE, 4), (SRUN, 4), ({**HYDRA, "PMI_SIZE": "1"}, 1),  # mpiexec -n 1 is a launch
+    ({**USER, "TGSIM_MPI_CHECK": "0"}, 1), (USER, 3),                   # switched off; an unknown launcher
+])
+def test_after_init_passes(env, size):
+    me.check_after_init(env, MPICH, size, "mpi_runs.train")
+
+
+# -- the entry points ---------------------------------------------------------------------------------------
+
+def test_without_mpi4py_load_mpi_names_the_extras(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)          # `import mpi4py` raises ImportError
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    with pytest.raises(me.MPIEnvironmentError, match=r"^mpi4py is not installed \(.*\); pip install -e "
+                       r"'\.\[mpich\]' \(or '\.\[openmpi\]'"):
+        me.load_mpi("mpi_runs.train", environ=USER)
+
+
+def _entry(code: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in {*HYDRA, *PRTE, *SRUN, "PMIX_RANK", "TGSIM_MPI_CHECK"}}
+    e.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
+             PYTHONPATH=os.pathsep.join([str(REPO), e.get("PYTHONPATH", "")]), **env)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+
+
+def test_train_without_mpi4py_ends_in_one_line_naming_the_fix():
+    """`python -m mpi_runs.train tgsim/configs/demo.toml` without mpi4py: exit status 2, one line."""
+    res = _entry("import sys; sys.modules['mpi4py'] = None\n"
+                 "from mpi_runs.train import main; sys.exit(main(['tgsim/configs/demo.toml']))")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("mpi_runs.train: mpi4py is not installed (") and ".[mpich]" in res.stderr
+
+
+def test_selftest_started_without_mpiexec_ends_in_one_line():
+    pytest.importorskip("mpi4py")
+    res = _entry("import sys; from mpi_runs.selftest import main; sys.exit(main([]))")
+    if "mpi4py found no MPI library" in res.stderr:
+        pytest.skip(f"mpi4py has no MPI library here: {res.stderr.strip()}")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith("mpi_runs.selftest: started without mpiexec, so MPI runs it as a one-rank job")
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
