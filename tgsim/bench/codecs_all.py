@@ -13,8 +13,11 @@ elements, in the same process and run:
   floors      a read pass over the float32 layer (np.add.reduce; encode) and over the W messages'
               bytes plus a write of the float32 result (np.bitwise_or.reduce + fill; aggregate),
               single-threaded NumPy like most codecs, measured in the same run;
-  reference   codecs with a `kernels` option (terngrad, bf16): the same two steps with
-              kernels = "reference" (the array code); `x reference` = its time / the default's.
+  reference   codecs with a `kernels` option (terngrad, bf16, qsgd, suresh): the same two steps
+              with kernels = "reference" (the array code); `x reference` = its time / the
+              default's (kernels = "auto": Numba on the host), and `ref x read` / `ref x floor` the
+              reference's own time over the same read pass / floor, so one run shows the reference,
+              the Numba kernels and the read pass side by side.
 
 Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing).
 """
@@ -68,12 +71,16 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
         wire = int(np.mean([m.wire_bytes for m in msgs]))
         payload = np.frombuffer(b"".join(m.to_bytes() for m in msgs), dtype=np.uint8)
         floor_agg = time_call(lambda: np.bitwise_or.reduce(payload), repeats).median + floor_write
+        ref = t.get("reference")
+        nan = float("nan")
         rows.append(dict(
             codec=name, encode_ms_per_worker=1e3 * enc / workers,
             encode_x_read=enc / workers / floor_read,
-            encode_x_reference=(t["reference"][0] / enc) if "reference" in t else float("nan"),
+            encode_x_reference=(ref[0] / enc) if ref else nan,
+            encode_ref_x_read=(ref[0] / workers / floor_read) if ref else nan,
             aggregate_ms=1e3 * agg, aggregate_x_floor=agg / floor_agg,
-            aggregate_x_reference=(t["reference"][1] / agg) if "reference" in t else float("nan"),
+            aggregate_x_reference=(ref[1] / agg) if ref else nan,
+            aggregate_ref_x_floor=(ref[1] / floor_agg) if ref else nan,
             bits_per_element=8 * wire / n_elements))
     return rows
 
@@ -82,7 +89,8 @@ def format_rows(rows: list[dict], n_elements: int, workers: int) -> str:
     head = (f"every codec (default config), a Gaussian layer of {n_elements:,} float32 elements, {workers} "
             "workers; x read / x floor: times the read pass of the layer (encode, per worker) and the read of "
             "the messages + write of the mean (aggregate) measured in this run; x reference: the array code's "
-            "time / the default kernels' (codecs with a kernels option)")
+            "time / the default kernels' (codecs with a kernels option; the default, 'auto', is Numba on the host); "
+            "ref x read / ref x floor: the array code's time over the same read pass / floor")
     cols = list(rows[0])
     fmt = {c: (lambda v: f"{v:.3g}") for c in cols if c != "codec"}
     cells = [[r["codec"]] + [fmt[c](r[c]) for c in cols[1:]] for r in rows]

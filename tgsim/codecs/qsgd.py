@@ -39,6 +39,12 @@ Array code, NumPy or CuPy (`array_module`; the CuPy path is written but untested
 the uniforms of layers from 2^15 elements come from the Numba Philox (the same words), and the
 Elias-gamma coder is Numba (tgsim.codecs.elias says why). Messages hold host (NumPy) arrays.
 
+Kernels ([codec] kernels): "auto" and "numba" encode NumPy gradients and decode-sum the messages
+with the fused Numba kernels of tgsim.codecs.numba_qsgd (norms, Philox words, levels and packed
+bits in one pass over the layer; the mean without a float64 decode of each message), the same bytes
+and float32 bits as this array code; "reference" and "cuda" run the array code (CuPy gradients
+always do; "numba" refuses them).
+
     mean = f32(Σ_w f64(v̂_w) · (1/N)), workers in order (tgsim.codecs.ordered_mean)
 
 Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
@@ -82,6 +88,7 @@ _NBITS = struct.Struct("<Q")
 NORMS = ("l2", "max")
 CODINGS = ("fixed", "elias")
 MAX_LEVELS = 2**16 - 1
+KERNELS = ("auto", "reference", "numba", "cuda")
 F32_MAX = float(np.finfo(np.float32).max)
 _NUMBA_UNIFORM_FROM = 1 << 15       # elements from which the uniforms come from the Numba Philox
 
@@ -267,7 +274,8 @@ class QSGD:
     name = "qsgd"
     properties = CodecProperties(unbiased=True, wire="own", combine="mean")
 
-    def __init__(self, levels: int = 7, bucket: int = 512, norm: str = "l2", coding: str = "fixed"):
+    def __init__(self, levels: int = 7, bucket: int = 512, norm: str = "l2", coding: str = "fixed",
+                 kernels: str = "auto"):
         def integer(v):
             return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -279,15 +287,27 @@ class QSGD:
             raise ValueError(f"qsgd norm must be one of {NORMS}, got {norm!r}")
         if coding not in CODINGS:
             raise ValueError(f"qsgd coding must be one of {CODINGS}, got {coding!r}")
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
         self.levels, self.bucket, self.norm, self.coding = int(levels), int(bucket), norm, coding
+        self.kernels = kernels
         self._params = (self.levels, self.bucket, NORMS.index(norm), CODINGS.index(coding))
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(levels=cfg.levels, bucket=cfg.bucket, norm=cfg.norm, coding=cfg.coding)
+        return cls(levels=cfg.levels, bucket=cfg.bucket, norm=cfg.norm, coding=cfg.coding,
+                   kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
-        return f"QSGD(levels={self.levels}, bucket={self.bucket}, norm={self.norm!r}, coding={self.coding!r})"
+        extra = "" if self.kernels == "auto" else f", kernels={self.kernels!r}"
+        return (f"QSGD(levels={self.levels}, bucket={self.bucket}, norm={self.norm!r}, coding={self.coding!r}"
+                f"{extra})")
+
+    def _numba(self, on_host: bool) -> bool:
+        """Whether the Numba kernels run: kernels "auto"/"numba" on NumPy arrays."""
+        if self.kernels == "numba" and not on_host:
+            raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' or 'auto' for CuPy arrays")
+        return on_host and self.kernels in ("auto", "numba")
 
     def local_scalers_many(self, stats, workers: int | None = None):
         raise TypeError("qsgd shares no statistics (properties.shared_stats is None)")
@@ -317,6 +337,14 @@ class QSGD:
             norms, levels, payload, nbits = {}, {}, {}, {}
             for li, (k, g) in enumerate(layers.items()):
                 key = StreamKey(int(seed), int(step), int(worker), li)
+                if self._numba(isinstance(g, np.ndarray)):
+                    from tgsim.codecs import numba_qsgd
+
+                    fixed = self.coding == "fixed"
+                    norms[k], levels[k], pay, bits = numba_qsgd.encode(
+                        g[i], key, self.levels, self.bucket, self.norm, level_dtype(self.levels), pack=fixed)
+                    payload[k], nbits[k] = (pay, bits) if fixed else self._pack(levels[k])
+                    continue
                 nrm, q = quantize(g[i], key, self.levels, self.bucket, self.norm)
                 norms[k], levels[k] = to_numpy(nrm), to_numpy(q)
                 payload[k], nbits[k] = self._pack(levels[k])
@@ -383,7 +411,15 @@ class QSGD:
                 for k, shape in message.shapes.items()}
 
     def aggregate(self, messages: Sequence[QSGDMessage], divide_by: int | None = None) -> dict:
-        return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
+        divide_by = len(messages) if divide_by is None else divide_by
+        if messages and self._numba(True):
+            from tgsim.codecs import numba_qsgd
+
+            return {k: numba_qsgd.decode_sum([m.levels[k] for m in messages], [m.norms[k] for m in messages],
+                                             self.levels, self.bucket, int(np.prod(shape, dtype=np.int64)),
+                                             divide_by).reshape(shape)
+                    for k, shape in messages[0].shapes.items()}
+        return ordered_mean([self.decode(m) for m in messages], divide_by)
 
     # -- bits -----------------------------------------------------------------------------------
     def bits_per_element(self, n: int, workers: int) -> dict:

@@ -46,6 +46,12 @@ stream's words of layers from 256 elements come from the Numba Philox (the same 
 the array reference's per-call cost dominated the training step of small models).
 Messages hold host (NumPy) arrays; packing is tgsim.codecs.packing.pack_uint.
 
+Kernels ([codec] kernels): "auto" and "numba" encode NumPy gradients and decode-sum the messages
+with the Numba kernels of tgsim.codecs.numba_suresh (range, then levels and packed bits in one
+task-parallel pass; the rotation and its inverse; the mean without a float64 decode of each
+message), the same bytes and float32 bits as this array code; "reference" and "cuda" run the array
+code (CuPy gradients always do; "numba" refuses them).
+
     mean = f32(Σ_w f64(decode_w) · (1/N)), workers in order (tgsim.codecs.ordered_mean)
 
 Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
@@ -86,6 +92,7 @@ PARAMS = struct.Struct("<IB")
 KEY = struct.Struct("<QII")
 RANGE = struct.Struct("<ff")
 MIN_LEVELS, MAX_LEVELS = 2, 2**16
+KERNELS = ("auto", "reference", "numba", "cuda")
 SIGN_OFFSET = 2**33                   # the rotation's signs: words [2^33, 2^33 + d) of the layer's stream
 F32_MAX = float(np.finfo(np.float32).max)
 _NUMBA_WORDS_FROM = 1 << 8            # words from which the host takes them from the Numba Philox (its call
@@ -241,22 +248,51 @@ class Suresh:
     name = "suresh"
     properties = CodecProperties(unbiased=True, wire="own", combine="mean")
 
-    def __init__(self, levels: int = 7, rotate: bool = False):
+    def __init__(self, levels: int = 7, rotate: bool = False, kernels: str = "auto"):
         if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) \
                 or not MIN_LEVELS <= levels <= MAX_LEVELS:
             raise ValueError(f"suresh levels (k, both ends included) must be an integer in [{MIN_LEVELS}, "
                              f"{MAX_LEVELS}], got {levels!r}")
         if not isinstance(rotate, (bool, np.bool_)):
             raise ValueError(f"suresh rotate must be true or false, got {rotate!r}")
-        self.levels, self.rotate = int(levels), bool(rotate)
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
+        self.levels, self.rotate, self.kernels = int(levels), bool(rotate), kernels
         self._params = (self.levels, int(self.rotate))
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(levels=cfg.levels, rotate=cfg.rotate)
+        return cls(levels=cfg.levels, rotate=cfg.rotate, kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
-        return f"Suresh(levels={self.levels}, rotate={self.rotate})"
+        extra = "" if self.kernels == "auto" else f", kernels={self.kernels!r}"
+        return f"Suresh(levels={self.levels}, rotate={self.rotate}{extra})"
+
+    def _numba(self, on_host: bool) -> bool:
+        """Whether the Numba kernels run: kernels "auto"/"numba" on NumPy arrays."""
+        if self.kernels == "numba" and not on_host:
+            raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' or 'auto' for CuPy arrays")
+        return on_host and self.kernels in ("auto", "numba")
+
+    def _encode_numba(self, v: np.ndarray, key: StreamKey):
+        """(lo, hi, levels, payload) of one worker's non-empty NumPy layer v by the Numba kernels."""
+        from tgsim.codecs import numba_suresh
+
+        n = int(v.size)
+        if self.rotate:
+            d = padded_size(n)
+            y = numba_suresh.rotate(v, key, d, 1.0 / math.sqrt(d))
+        else:
+            y = np.ascontiguousarray(v).reshape(-1)
+            if y.dtype not in (np.float32, np.float64):
+                y = y.astype(np.float32)                   # float16 and others: exact in float32
+        lo, hi = outward_range(y)
+        step = spacing(lo, hi, self.levels)
+        if step == 0.0:
+            q = np.zeros(int(y.size), np.uint8 if self.levels <= 256 else np.uint16)
+            return lo, hi, q, np.zeros(-(-int(y.size) * code_bits(self.levels) // 8), np.uint8)
+        q, payload = numba_suresh.levels_and_payload(y, key, self.levels, float(lo), step)
+        return lo, hi, q, payload
 
     def local_scalers_many(self, stats, workers: int | None = None):
         raise TypeError("suresh shares no statistics (properties.shared_stats is None)")
@@ -295,6 +331,13 @@ class Suresh:
                 key = StreamKey(int(seed), int(step), int(worker), li)
                 if g[i].size == 0:
                     ranges[k], levels[k] = np.zeros(0, np.float32), np.zeros(0, np.uint8)
+                elif self._numba(isinstance(g, np.ndarray)):
+                    try:
+                        lo, hi, levels[k], payload[k] = self._encode_numba(g[i], key)
+                    except ValueError as e:
+                        raise ValueError(f"layer {k!r} of worker {int(worker)}: {e}") from None
+                    ranges[k] = np.array([lo, hi], np.float32)
+                    continue
                 else:
                     try:
                         lo, hi, q = quantize(self.transform(g[i], key), key, self.levels)
@@ -379,7 +422,21 @@ class Suresh:
                 for i, (k, shape) in enumerate(message.shapes.items())}
 
     def aggregate(self, messages: Sequence[SureshMessage], divide_by: int | None = None) -> dict:
-        return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
+        divide_by = len(messages) if divide_by is None else divide_by
+        if messages and self._numba(True):
+            from tgsim.codecs import numba_suresh
+
+            out = {}
+            for li, (k, shape) in enumerate(messages[0].shapes.items()):
+                n = int(np.prod(shape, dtype=np.int64))
+                keys, scale = None, 1.0
+                if self.rotate and n:
+                    keys = [StreamKey(*m.key, li) for m in messages]
+                    scale = 1.0 / math.sqrt(padded_size(n))
+                out[k] = numba_suresh.decode_sum([m.levels[k] for m in messages], [m.ranges[k] for m in messages],
+                                                 self.levels, n, divide_by, keys, scale).reshape(shape)
+            return out
+        return ordered_mean([self.decode(m) for m in messages], divide_by)
 
     # -- bits -----------------------------------------------------------------------------------
     def bits_per_element(self, n: int, workers: int) -> dict:
