@@ -83,6 +83,9 @@ QUICK = {
         (lambda t: _python("papers_figures/least_squares_robbins_monro.py", "--quick"), [".csv", ".png"]),
     ".venv/bin/python papers_figures/mnist1d_terngrad_vs_fp32.py":
         (lambda t: _python("papers_figures/mnist1d_terngrad_vs_fp32.py", "--quick"), [".csv", ".png"]),
+    # quick forms run by tests/test_figures.py::test_sharing_sweep_scripts_quick_form (not twice)
+    ".venv/bin/python papers_figures/terngrad_sharing_regimes.py": (None, []),
+    ".venv/bin/python papers_figures/terngrad_workers_scaling.py": (None, []),
 }
 
 
