@@ -67,6 +67,9 @@ QUICK = {
         (lambda t: _tgsim("analyze", "unbiasedness", "--codec", "all", "--out", str(t)), ["consistent", "randomk"]),
     ".venv/bin/tgsim analyze run-health results/my-run":
         (lambda t: _tgsim("analyze", "run-health", str(t / "my-run")), ["ratio_max", "zero_last"]),
+    # quick forms run by tests/test_compare.py (not twice)
+    ".venv/bin/tgsim compare variance": (None, []),
+    ".venv/bin/tgsim compare speedup": (None, []),
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),

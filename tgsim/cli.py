@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tgsim.analysis import cli as analysis_cli  # light: imports nothing heavy until a check runs
 
     analysis_cli.add_subcommands(a)
+    from tgsim.analysis import compare_cli  # light: the comparisons import their modules when they run
+
+    compare_cli.register(sub)      # compare variance | speedup
 
     b = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     bsub = b.add_subparsers(dest="what", required=True)

@@ -1,0 +1,106 @@
+"""`tgsim compare variance | speedup`: the reviewers' questions at equal communication (issue 19).
+
+    tgsim compare variance [--quick] [--out DIR] [--seed S] [--R R] [--n N] [--codecs a,b] [--kinds a,b]
+    tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--jobs J]
+
+Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
+summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
+for reporting); an option given on the command line wins over its --quick value. Heavy imports happen
+only when a command runs (tgsim.analysis.compare_variance, tgsim.analysis.compare_speedup).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# option dest -> (full default, --quick value); None: the module's own default
+VARIANCE = {"R": (30, 10), "n": (1 << 15, 1 << 14), "seed": (0, 0), "recorded_steps": (50, 3),
+            "kinds": ("gaussian,student_t2,lognormal,sparse,mnist1d", "gaussian,mnist1d"), "codecs": ("", "")}
+SPEEDUP = {"seeds": (3, 3), "workers": ("1,2,4,8,16,32,64", "1,2,4,8"),
+           "methods": ("fp32,terngrad,qsgd,scaled_sign+ef,topk+ef,randomk,pqasgd", "fp32,terngrad,topk+ef"),
+           "fixed_m": (16, 4), "jobs": (1, 1)}
+# --quick's problem and sweep (tgsim.analysis.compare_speedup.Problem keywords; K M b <= n holds)
+SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
+SPEEDUP_QUICK_SWEEPS = {"qsgd": ("levels", (1, 7))}
+
+
+def _resolve(args, table: dict) -> None:
+    for dest, (full, quick) in table.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, quick if args.quick else full)
+
+
+def _list(text: str, cast=str) -> tuple:
+    return tuple(cast(x.strip()) for x in str(text).split(",") if x.strip())
+
+
+def _variance(args) -> int:
+    from tgsim.analysis import compare_variance as cv
+
+    _resolve(args, VARIANCE)
+    codecs = _list(args.codecs) or cv.CODECS
+    unknown = [c for c in codecs if c not in cv.SPECS]
+    if unknown:
+        raise SystemExit(f"tgsim compare variance: unknown codec(s) {unknown}; valid: {', '.join(cv.SPECS)}")
+    cv.run(args.out, codecs=codecs, kinds=_list(args.kinds), n=args.n, R=args.R, seed=args.seed,
+           recorded_steps=args.recorded_steps)
+    return 0
+
+
+def _speedup(args) -> int:
+    from tgsim.analysis import compare_speedup as cs
+
+    _resolve(args, SPEEDUP)
+    methods = _list(args.methods)
+    unknown = [m for m in methods if m not in cs.METHODS]
+    if unknown:
+        raise SystemExit(f"tgsim compare speedup: unknown method(s) {unknown}; valid: {', '.join(cs.METHODS)}")
+    extra = dict(problem=cs.Problem(**SPEEDUP_QUICK_PROBLEM), sweeps=SPEEDUP_QUICK_SWEEPS) if args.quick else {}
+    cs.run(args.out, workers=_list(args.workers, int), methods=methods, seeds=tuple(range(args.seeds)),
+           fixed_M=args.fixed_m or None, jobs=args.jobs, **extra)
+    return 0
+
+
+def _help(table: dict, dest: str) -> str:
+    full, quick = table[dest]
+    return f"(default {full or 'all'}; --quick {quick or 'all'})"
+
+
+def register(sub) -> None:
+    """Add `compare` with `variance` and `speedup` to the top-level sub-parser action `sub`."""
+    c = sub.add_parser("compare", help="codecs at equal communication: variance at equal bits, speedup in workers "
+                                       "(CSV + figure)")
+    csub = c.add_subparsers(dest="what", required=True)
+
+    v = csub.add_parser("variance", help="MSE of the N-worker mean at 1..16 bits per element (measured payloads) "
+                                         "against the exact formulas")
+    v.add_argument("--out", default="results/compare-variance", help="directory (default %(default)s)")
+    v.add_argument("--quick", action="store_true", help="2 vector kinds, 2^14 elements, R = 10: a smoke test")
+    v.add_argument("--seed", type=int, default=None, help=_help(VARIANCE, "seed"))
+    v.add_argument("--R", type=int, default=None, help="rounds of 32 workers' encodings " + _help(VARIANCE, "R"))
+    v.add_argument("--n", type=int, default=None, help="synthetic vector size " + _help(VARIANCE, "n"))
+    v.add_argument("--kinds", default=None, help="comma-separated vector kinds " + _help(VARIANCE, "kinds"))
+    v.add_argument("--codecs", default=None, help="comma-separated codec labels (default all but suresh-rot)")
+    v.add_argument("--recorded-steps", type=int, default=None,
+                   help="fp32 steps of the MNIST-1D convnet before its gradients are taken " +
+                        _help(VARIANCE, "recorded_steps"))
+    v.set_defaults(func=_variance)
+
+    s = csub.add_parser("speedup", help="iterations to a fixed distance to w* against workers M and against the "
+                                        "compression ratio (least squares)")
+    s.add_argument("--out", default="results/compare-speedup", help="directory (default %(default)s)")
+    s.add_argument("--quick", action="store_true", help="M = 1..8, 3 methods, a smaller problem: a smoke test")
+    s.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 " + _help(SPEEDUP, "seeds"))
+    s.add_argument("--workers", default=None, help="comma-separated M " + _help(SPEEDUP, "workers"))
+    s.add_argument("--methods", default=None, help="comma-separated methods " + _help(SPEEDUP, "methods"))
+    s.add_argument("--fixed-m", type=int, default=None, help="M of the compression sweep, 0: none " +
+                   _help(SPEEDUP, "fixed_m"))
+    s.add_argument("--jobs", type=int, default=None, help="processes " + _help(SPEEDUP, "jobs"))
+    s.set_defaults(func=_speedup)
+
+
+def main(argv=None) -> int:  # pragma: no cover - convenience: python -m tgsim.analysis.compare_cli
+    p = argparse.ArgumentParser(prog="tgsim")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,413 @@
+"""`tgsim compare speedup`: iterations to a fixed suboptimality against the worker count M, per method,
+and against the compression ratio at a fixed M (Jiang & Agrawal 2018: does sparsity or quantization
+cost the linear speedup?).
+
+Problem: least squares with a known optimum (model and data "least_squares", `Setup.optimum` = w*,
+the training-set minimiser from the normal equations), f(w) = 1/(2n) ||X w - y||^2, rows x = z * s
+with the spectrum s_i^2 from 1 to 1/cond (the Hessian H = E[x x^T]), labels y = x.w_true + σ e.
+M workers, each with its own fixed per-worker batch b (`batch_mode = "per_worker"`): the total batch
+M b grows with M, the linear-speedup regime. Plain SGD, Robbins-Monro rate γ_t = γ0 / (1 + t/τ), the
+same rule for every method and M (fp32's; not tuned per method). Defaults (`Problem`): d = 64,
+cond = 1, σ = 6, b = 64, γ0 = 0.25, τ = 16, ε = 0.02, n = 2^18 rows. Batches are drawn without
+replacement within each worker's shard; once a run passes an epoch the noise of the epoch's batches
+cancels at w* (random reshuffling) and K drops faster than 1/M, so n is chosen with K M b <= n
+(one epoch at most) where the speedup is linear.
+
+Why this regime is noise-dominated. Near w* the averaged gradient is H (w - w*) + ξ with
+Cov ξ ≈ σ^2 H / (M b). With γ_t = a / (t + τ), a = γ0 τ, and a μ > 1/2 (μ = 1/cond the smallest
+eigenvalue of H), the classical asymptotics of SGD on a quadratic give
+
+    E ||w_t - w*||^2 ≈ a^2 σ^2 / ((2 a μ' - 1) M b t)      summed over the eigen-directions μ'
+
+so the iterations to reach E||w - w*||^2 / ||w*||^2 = ε^2 are K_ε ∝ 1 / (M ε^2): log K_ε against
+log M has slope -1 (linear speedup) as long as K_ε is much longer than the deterministic transient
+~ log(1/ε) / (γ0 μ). When M is large enough that K_ε reaches the transient, the curve flattens:
+that M is where the speedup stops being linear. A compressor Q with E||Q(g) - g||^2 <= q ||g||^2
+(unbiased) multiplies the noise term by about (1 + q) (Jiang & Agrawal's factor), which shifts
+log K up by log(1 + q) without changing the slope, as long as the variance term still dominates;
+a biased compressor with error feedback adds a delay-like term instead.
+
+Measured: K = the first iteration t (1-based) with ||w_t - w*|| / ||w*|| <= ε (`dist_opt` of
+metrics.csv, computed at every step here: `Setup.distance_to_optimum`), capped at `cap_factor`
+times fp32's K at the same (M, seed) (and at least `min_cap`): a method slower than that is
+reported "not reached" (K = NaN, `status` says why), as is a run whose distance diverged
+(> 1e6 or non-finite). The local-step method (PQASGD, `[exchange] local = "pqasgd"`) is measured
+on x_s, the last synchronized model, so its K is a sync step; K counts iterations (local steps).
+
+Outputs (`--out DIR`, default results/compare-speedup):
+  speedup_runs.csv   one row per (sweep, method, knob, M, seed): K, status, cap, steps run, measured
+                     uplink bits per element per iteration (from the exchange's byte counts),
+                     compression ratio 32 / bits, seconds
+  speedup.csv        one row per (sweep, method, knob, M): seeds reached, geometric mean of K with a
+                     95 % t-interval over seeds (on log K; nan unless every seed reached ε),
+                     speedup K_fp32(M=1) / K, efficiency
+                     speedup / M, local slope d log K / d log M to the previous M
+  speedup_fit.csv    one row per method: slope of log K on log M (least squares over every reached
+                     (M, seed), 95 % t-interval), the same over the linear part, and M_linear: the
+                     largest M up to which every local slope is <= -0.8 (the first M whose local slope
+                     rises above -0.8 ends it)
+  speedup.png        K against M (log-log, one line per method, ideal 1/M from fp32's M = 1) and K
+                     against the compression ratio at the fixed M
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_OUT = "results/compare-speedup"
+LINEAR_SLOPE = -0.8          # a local slope above this ends the linear regime
+
+# method -> (codec section, exchange section); the problem's other sections come from `config`
+METHODS = {
+    "fp32": ({"name": "fp32"}, {}),
+    "terngrad": ({"name": "terngrad", "clip": "none"}, {}),
+    "qsgd": ({"name": "qsgd", "levels": 7, "bucket": 512}, {}),
+    "scaled_sign+ef": ({"name": "scaled_sign", "error_feedback": True}, {}),
+    "topk+ef": ({"name": "topk", "density": 0.1, "error_feedback": True}, {}),
+    "randomk": ({"name": "randomk", "density": 0.25}, {}),
+    "pqasgd": ({"name": "qsgd", "levels": 7, "bucket": 512}, {"local": "pqasgd", "every": 4}),
+}
+# compression sweep at fixed M: method -> (codec key, values)
+SWEEPS = {
+    "topk+ef": ("density", (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)),
+    "randomk": ("density", (0.1, 0.25, 0.5, 1.0)),
+    "qsgd": ("levels", (1, 3, 7, 31, 255)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The least-squares problem and the schedule (defaults: the full form)."""
+
+    dim: int = 64
+    n: int = 262144          # training rows: K M b <= n, so a run stays in its first epoch (see below)
+    cond: float = 1.0        # H = I: μ = 1, transient ~ log(1/ε) / γ0
+    noise: float = 6.0       # σ of the labels: sets K(M = 1) (∝ σ^2)
+    batch: int = 64          # per worker
+    lr: float = 0.25         # γ0 (mean-square stable: γ0 (1 + (d + 2) / b) < 2 with room for the codecs)
+    tau: float = 16.0        # γ_t = γ0 / (1 + t/τ); a μ = γ0 τ μ = 4 > 1/2
+    eps: float = 0.02        # target ||w - w*|| / ||w*||
+
+
+def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_over: dict | None = None):
+    """The run config of `method` with M workers (tgsim.train.config.Config)."""
+    from tgsim.train.config import from_dict
+
+    codec, exchange = METHODS[method]
+    codec = {**codec, **(codec_over or {})}
+    return from_dict({
+        "run": {"name": f"speedup-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
+        "data": {"name": "least_squares", "options": {"n": problem.n, "dim": problem.dim, "noise": problem.noise,
+                                                       "cond": problem.cond}},
+        "model": {"name": "least_squares"},
+        "workers": {"n": M, "batch": problem.batch, "batch_mode": "per_worker"},
+        "codec": codec,
+        "exchange": {"mode": "ps", **exchange},
+        "optimizer": {"name": "sgd"},
+        "schedule": {"name": "robbins_monro", "lr": problem.lr, "tau": problem.tau},
+    })
+
+
+class _Setups:
+    """tgsim.train.loop.build, with the dataset, model and optimum of a seed built once (they do not
+    depend on M or the codec): the shards, codec, optimizer and exchange are made as build makes them."""
+
+    def __init__(self):
+        self.base = {}
+
+    def __call__(self, cfg):
+        from tgsim.codecs import error_feedback, registry
+        from tgsim.data import shard
+        from tgsim.exchange import InProcessExchange
+        from tgsim.train.loop import Setup, build
+        from tgsim.train.optim import make_optimizer
+
+        key = (cfg.run.seed, repr(cfg.data), repr(cfg.model))
+        if key not in self.base:
+            self.base[key] = build(cfg)
+            return self.base[key]
+        b = self.base[key]
+        shards = shard(b.dataset.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha,
+                       seed=cfg.run.seed)
+        codec = registry.make_codec(cfg.codec)
+        if cfg.codec.error_feedback:
+            codec = error_feedback.ErrorFeedback(codec)
+        return Setup(cfg, b.dataset, shards, b.model, codec, make_optimizer(cfg.optimizer),
+                     InProcessExchange(cfg.workers.n), b.optimum)
+
+
+def _count_bytes(codec, sizes: list):
+    """Record the wire bytes of the first message of every encode_many call (worker 0's)."""
+    orig = codec.encode_many
+
+    def encode_many(*args, **kwargs):
+        msgs = orig(*args, **kwargs)
+        sizes.append(int(msgs[0].wire_bytes))
+        return msgs
+
+    object.__setattr__(codec, "encode_many", encode_many)     # the instance only (frozen dataclasses too)
+
+
+def hitting_time(cfg, eps: float, setups=None) -> dict:
+    """Train per cfg until ||w - w*|| / ||w*|| <= eps or cfg.run.steps iterations, measuring the
+    distance at every step. Returns {K (nan if not reached), status, steps, dist_final, bits_up,
+    seconds}; bits_up: a worker's message bytes (wire_bytes, as the exchange counts them) summed over
+    the run, times 8, per model element and iteration (PQASGD sends every p iterations)."""
+    from tgsim.codecs import error_feedback
+    from tgsim.errors import NonFiniteGradientError
+    from tgsim.train.loop import train_step
+
+    t0 = time.perf_counter()
+    setup = (setups or _Setups())(cfg)
+    sizes: list[int] = []
+    _count_bytes(setup.codec, sizes)
+    params = setup.model.init(cfg.run.seed)
+    opt = setup.optimizer.init(params)
+    residual = (error_feedback.zeros(setup.model.layer_shapes(), cfg.workers.n)
+                if setup.codec.properties.stateful else None)
+    step_fn = train_step
+    if cfg.exchange.local != "none":
+        from tgsim.train import local_sgd
+
+        step_fn = local_sgd.LocalSteps(setup)
+    keys = list(setup.optimum)
+    w_star = np.concatenate([np.asarray(setup.optimum[k], np.float64).ravel() for k in keys])
+    norm = float(np.linalg.norm(w_star))
+    K, status, dist, t = float("nan"), f"not reached in {cfg.run.steps}", float("nan"), 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(cfg.run.steps):
+            try:
+                params, opt, _ = step_fn(setup, params, opt, t, False, residual=residual)
+            except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
+                status = f"diverged ({type(e).__name__})"
+                break
+            w = np.concatenate([np.asarray(params[k], np.float64).ravel() for k in keys])
+            dist = float(np.linalg.norm(w - w_star)) / norm
+            if not math.isfinite(dist) or dist > 1e6:
+                status = "diverged"
+                break
+            if dist <= eps:
+                K, status = t + 1, "reached"
+                break
+    steps = t + 1
+    return dict(K=K, status=status, steps=steps, dist_final=dist, bits_up=8 * sum(sizes) / (steps * w_star.size),
+                seconds=time.perf_counter() - t0)
+
+
+def t_interval(logs) -> tuple[float, float, float]:
+    """(geometric mean, lower, upper) of exp(log K) with a 95 % t-interval over seeds (nan if < 2)."""
+    from scipy import stats
+
+    x = np.asarray([v for v in logs if math.isfinite(v)], dtype=np.float64)
+    if x.size == 0:
+        return (float("nan"),) * 3
+    m = float(x.mean())
+    if x.size < 2:
+        return math.exp(m), float("nan"), float("nan")
+    h = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return math.exp(m), math.exp(m - h), math.exp(m + h)
+
+
+def fit_slope(M, K, seed) -> dict:
+    """Slope β of log K = α_seed + β log M (least squares with one intercept per seed: the runs of a
+    seed share its data set and optimum) with a 95 % t-interval; finite K only."""
+    from scipy import stats
+
+    d = pd.DataFrame({"x": np.log(np.asarray(M, np.float64)), "y": np.log(np.asarray(K, np.float64)),
+                      "seed": np.asarray(seed)})
+    d = d[np.isfinite(d.y)]
+    d = d[d.groupby("seed").x.transform("nunique") >= 2]
+    nan = dict(slope=float("nan"), slope_lo=float("nan"), slope_hi=float("nan"), points=len(d))
+    if len(d) < 2:
+        return nan
+    x = d.x - d.groupby("seed").x.transform("mean")
+    y = d.y - d.groupby("seed").y.transform("mean")
+    sxx = float((x * x).sum())
+    beta = float((x * y).sum()) / sxx
+    dof = len(d) - d.seed.nunique() - 1
+    if dof < 1:
+        return dict(nan, slope=beta)
+    se = math.sqrt(float(((y - beta * x) ** 2).sum()) / dof / sxx)
+    h = float(stats.t.ppf(0.975, dof)) * se
+    return dict(slope=beta, slope_lo=beta - h, slope_hi=beta + h, points=len(d))
+
+
+def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(speedup.csv, speedup_fit.csv) from the per-run rows."""
+    rows = []
+    keys = ["sweep", "method", "knob", "knob_value"]
+    for key, g in runs.groupby(keys, sort=False, dropna=False):
+        prev = None
+        base = runs[(runs.method == "fp32") & (runs.workers == runs.workers.min()) & (runs.sweep == "workers")]
+        k1 = t_interval(np.log(base.K))[0] if len(base) else float("nan")
+        for M, gm in g.groupby("workers"):
+            # over all seeds, or nan where some seed did not reach eps (a mean of the reached ones would flatter)
+            gmean, lo, hi = t_interval(np.log(gm.K)) if gm.K.notna().all() else (float("nan"),) * 3
+            local = float("nan")
+            if prev is not None and math.isfinite(gmean) and math.isfinite(prev[1]):
+                local = math.log(gmean / prev[1]) / math.log(M / prev[0])
+            rows.append(dict(zip(keys, key), workers=M, seeds=len(gm), reached=int(gm.K.notna().sum()),
+                             K_gmean=gmean, K_lo=lo, K_hi=hi, speedup=k1 / gmean, efficiency=k1 / gmean / M,
+                             local_slope=local, bits_up=float(gm.bits_up.mean()),
+                             compression=32.0 / float(gm.bits_up.mean()) if gm.bits_up.mean() > 0 else float("nan")))
+            prev = (M, gmean)
+    table = pd.DataFrame(rows)
+    fits = []
+    for method, g in runs[runs.sweep == "workers"].groupby("method", sort=False):
+        t = table[(table.sweep == "workers") & (table.method == method)].sort_values("workers")
+        m_lin = float(t.workers.iloc[0]) if len(t) else float("nan")
+        for M, s in zip(t.workers.iloc[1:], t.local_slope.iloc[1:]):
+            if not (s <= LINEAR_SLOPE):       # nan (not reached) ends it too
+                break
+            m_lin = float(M)
+        lin = g[g.workers <= m_lin]
+        f_all, f_lin = fit_slope(g.workers, g.K, g.seed), fit_slope(lin.workers, lin.K, lin.seed)
+        fits.append(dict(method=method, **f_all, M_linear=m_lin, **{f"linear_{k}": v for k, v in f_lin.items()},
+                         not_reached=int(g.K.isna().sum()), runs=len(g)))
+    return table, pd.DataFrame(fits)
+
+
+def _figure(table: pd.DataFrame, path: Path, fixed_M: int | None, fp32_K: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    sweep = table[table.sweep == "compression"]
+    fig, axes = plt.subplots(1, 2 if len(sweep) else 1, figsize=(11 if len(sweep) else 6, 4.2), squeeze=False)
+    ax = axes[0, 0]
+    w = table[table.sweep == "workers"]
+    sns.lineplot(data=w, x="workers", y="K_gmean", hue="method", marker="o", ax=ax, errorbar=None)
+    for method, g in w.groupby("method", sort=False):
+        ax.fill_between(g.workers, g.K_lo, g.K_hi, alpha=0.12)
+    fp = w[w.method == "fp32"].sort_values("workers")
+    if len(fp) and math.isfinite(fp.K_gmean.iloc[0]):
+        ms = np.array(sorted(w.workers.unique()), dtype=float)
+        ax.plot(ms, fp.K_gmean.iloc[0] * ms[0] / ms, "k:", label="ideal 1/M (fp32)")
+    ax.set(xscale="log", yscale="log", xlabel="workers M (fixed per-worker batch)",
+           ylabel="iterations K to ||w-w*||/||w*|| <= eps")
+    ms = sorted(w.workers.unique())
+    ax.set_xticks(ms, [str(int(m)) for m in ms])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    if len(sweep):
+        ax = axes[0, 1]
+        sns.lineplot(data=sweep, x="compression", y="K_gmean", hue="method", marker="o", ax=ax, errorbar=None)
+        ref = t_interval([math.log(k) for (M, _), k in fp32_K.items() if M == fixed_M and k > 0])[0]
+        if math.isfinite(ref):
+            ax.axhline(ref, color="k", ls=":", label=f"fp32, M = {fixed_M}")
+        ax.set(xscale="log", yscale="log", xlabel="compression ratio 32 / (uplink bits per element)",
+               ylabel="iterations K", title=f"M = {fixed_M}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+_SETUPS = None      # per process: the setups cache of _job
+
+
+def _job(args) -> dict:
+    """One run of the sweep (in a worker process with jobs > 1): args = (job, problem, cap)."""
+    global _SETUPS
+    from tgsim.analysis.common import single_thread
+
+    (sweep, method, key, value, M, seed), problem, cap = args
+    _SETUPS = _SETUPS or _Setups()
+    cfg = config(problem, M, method, seed, cap, {key: value} if key else None)
+    with single_thread():
+        r = hitting_time(cfg, problem.eps, _SETUPS)
+    return dict(sweep=sweep, method=method, knob=key or "", knob_value=value if key else np.nan,
+                workers=M, seed=seed, eps=problem.eps, cap=cap, **r)
+
+
+def _map(fn, items, jobs: int, bar):
+    """fn over items, in `jobs` spawned processes (1: here), updating the progress bar."""
+    if jobs <= 1:
+        out = []
+        for it in items:
+            out.append(fn(it))
+            bar.update(1)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        out = []
+        for r in pool.map(fn, items):
+            out.append(r)
+            bar.update(1)
+        return out
+
+
+def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METHODS), seeds=(0, 1, 2),
+        problem: Problem = Problem(), fixed_M: int | None = 16, sweeps=None, cap_factor: float = 8.0,
+        min_cap: int = 400, fp32_cap: int = 40000, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
+    """Every (method, M, seed) of the worker sweep and every (method, knob, seed) of the compression
+    sweep at fixed_M (None: no sweep), fp32 first (its K sets the others' caps), in `jobs` processes;
+    writes the CSVs and the figure to `out` (None: nothing written). See the module docstring."""
+    from tqdm import tqdm
+
+    sweeps = SWEEPS if sweeps is None else sweeps
+    methods = tuple(methods)
+    if "fp32" not in methods:
+        methods = ("fp32", *methods)       # every cap is relative to fp32's K
+    Ms = sorted(set(workers) | ({fixed_M} if fixed_M is not None else set()))
+    first = [("workers", "fp32", None, None, M, s) for s in seeds for M in Ms]
+    rest = [("workers", m, None, None, M, s) for s in seeds for m in methods if m != "fp32" for M in workers]
+    if fixed_M is not None:
+        rest += [("compression", m, key, v, fixed_M, s) for s in seeds for m, (key, values) in sweeps.items()
+                 for v in values]
+    t0 = time.perf_counter()
+    with tqdm(total=len(first) + len(rest), desc="compare speedup", unit="run", disable=quiet or None) as bar:
+        rows = _map(_job, [(j, problem, fp32_cap) for j in first], jobs, bar)
+        fp32_K = {(r["workers"], r["seed"]): r["K"] for r in rows}
+
+        def cap(M, seed):
+            ref = fp32_K[(M, seed)]
+            return max(min_cap, int(cap_factor * ref)) if math.isfinite(ref) else fp32_cap
+
+        rows += _map(_job, [(j, problem, cap(j[4], j[5])) for j in rest], jobs, bar)
+    runs = pd.DataFrame(rows)
+    runs = runs[(runs.method != "fp32") | runs.workers.isin(workers)].reset_index(drop=True)
+    runs["compression"] = 32.0 / runs.bits_up
+    table, fits = summarize(runs)
+    res = {"speedup_runs": runs, "speedup": table, "speedup_fit": fits}
+    seconds = time.perf_counter() - t0
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in res.items():
+            df.to_csv(out / f"{name}.csv", index=False)
+        _figure(table, out / "speedup.png", fixed_M, fp32_K)
+    if not quiet:
+        _print_summary(res, problem, seconds, out, jobs)
+    return res
+
+
+def _print_summary(res: dict, problem: Problem, seconds: float, out, jobs: int = 1) -> None:
+    table, fits = res["speedup"], res["speedup_fit"]
+    w = table[table.sweep == "workers"]
+    piv = w.pivot(index="workers", columns="method", values="K_gmean")
+    print(f"iterations K to ||w-w*||/||w*|| <= {problem.eps} (geometric mean over seeds; nan: not reached), "
+          f"least squares dim {problem.dim}, per-worker batch {problem.batch}, lr {problem.lr}/(1+t/{problem.tau}):")
+    print(piv.round(0).to_string())
+    print(f"\nslope of log K on log M (95 % interval), and M_linear (local slopes <= {LINEAR_SLOPE} up to it):")
+    print(fits[["method", "slope", "slope_lo", "slope_hi", "M_linear", "linear_slope", "not_reached"]]
+          .round(3).to_string(index=False))
+    c = table[table.sweep == "compression"]
+    if len(c):
+        print(f"\ncompression sweep at M = {int(c.workers.iloc[0])}: K against compression ratio")
+        print(c[["method", "knob", "knob_value", "compression", "K_gmean", "K_lo", "K_hi", "reached", "seeds"]]
+              .round(2).to_string(index=False))
+    if out is not None:
+        print(f"\nwrote {out}/speedup_runs.csv, speedup.csv, speedup_fit.csv, speedup.png ({seconds:.0f} s, "
+              f"{jobs} process{'es' if jobs > 1 else ''})")
