@@ -13,7 +13,8 @@ elements, in the same process and run:
   floors      a read pass over the float32 layer (np.add.reduce; encode) and over the W messages'
               bytes plus a write of the float32 result (np.bitwise_or.reduce + fill; aggregate),
               single-threaded NumPy like most codecs, measured in the same run;
-  reference   codecs with a `kernels` option (terngrad, bf16, qsgd, suresh): the same two steps
+  reference   codecs with a `kernels` option (terngrad, fp16, bf16, sign, scaled_sign, qsgd, suresh,
+              topk, randomk): the same two steps
               with kernels = "reference" (the array code); `x reference` = its time / the
               default's (kernels = "auto": Numba on the host), and `ref x read` / `ref x floor` the
               reference's own time over the same read pass / floor, so one run shows the reference,

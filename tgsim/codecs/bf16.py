@@ -16,6 +16,8 @@ worker. Gradients of another dtype are cast to float32 first (float64 is thus ro
 
 Kernels ([codec] kernels): "auto" and "numba" round NumPy arrays in one Numba loop, "reference" and
 "cuda" with the array code (five integer passes; CuPy arrays always take it); the bits are the same.
+The decode-sum of NumPy messages runs in tgsim.codecs.numba_half
+(acc += f64(bits << 16 as float32) per task, ordered_mean's bits) under the same kernels setting.
 At 2^22 elements on this project's 2-core test machine: array code 3.2 ms, Numba 0.6 ms, against
 0.25 ms for a read pass (`g.max()`) and 0.6 ms for `g.sum()`.
 
@@ -170,6 +172,14 @@ class BFloat16(PlainCodec):
         return {k: from_bf16_bits(v) for k, v in message.layers.items()}
 
     def aggregate(self, messages: Sequence[BFloat16Message], divide_by: int | None = None) -> dict:
+        host = messages and all(isinstance(v, np.ndarray) for v in messages[0].layers.values())
+        if host and self.kernels in ("auto", "numba"):
+            from tgsim.codecs import numba_half
+
+            d = len(messages) if divide_by is None else divide_by
+            return {k: numba_half.decode_sum([m.layers[k] for m in messages], int(v.size), d,
+                                             bf16=True).reshape(v.shape)
+                    for k, v in messages[0].layers.items()}
         return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
 
     def bits_per_element(self, n: int, workers: int) -> dict:

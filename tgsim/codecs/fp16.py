@@ -6,6 +6,11 @@
 The relative error per element is at most 2^-11 for |g| in float16's normal range [2^-14, 65504];
 smaller values lose precision (subnormals, then 0); larger ones would overflow and are refused.
 
+Kernels ([codec] kernels): "auto" and "numba" cast float32 NumPy gradients and decode-sum the
+messages with the Numba kernels of tgsim.codecs.numba_half (NumPy's float32 -> float16 rounding on
+the bits; the mean through a table of the 65536 float16 values as float64), the same bytes and
+float32 bits as this array code; "reference" and "cuda" run the array code ("numba" refuses CuPy).
+
 Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
 (magic b"TGF1", version 1), then every layer's float16 values, little-endian.
 """
@@ -24,6 +29,7 @@ from tgsim.codecs.ordered_mean import ordered_mean
 
 _MAGIC, _VERSION = b"TGF1", 1
 _F16_MAX = float(np.finfo(np.float16).max)
+KERNELS = ("auto", "reference", "numba", "cuda")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,21 @@ class Float16(PlainCodec):
     name = "fp16"
     properties = CodecProperties(unbiased=False, wire="own")
 
+    def __init__(self, kernels: str = "auto"):
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
+        self.kernels = kernels
+
+    @classmethod
+    def from_config(cls, cfg) -> "Float16":
+        return cls(kernels=getattr(cfg, "kernels", "auto"))
+
+    def _numba(self, on_host: bool) -> bool:
+        """Whether the Numba kernels run: kernels "auto"/"numba" on NumPy arrays."""
+        if self.kernels == "numba" and not on_host:
+            raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' or 'auto' for CuPy arrays")
+        return on_host and self.kernels in ("auto", "numba")
+
     def prepare_many(self, layers: Mapping) -> None:
         """NonFiniteGradientError for a NaN/Inf gradient (first worker first); ValueError for a value
         beyond float16's range (65504), naming the layer and the worker."""
@@ -61,6 +82,11 @@ class Float16(PlainCodec):
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[Float16Message]:
+        if all(self._numba(isinstance(g, np.ndarray)) for g in layers.values()):
+            from tgsim.codecs import numba_half
+
+            cast = {k: numba_half.to_fp16(g) for k, g in layers.items()}
+            return [Float16Message({k: c[i] for k, c in cast.items()}) for i in range(len(workers))]
         return [Float16Message({k: np.asarray(g[i]).astype(np.float16) for k, g in layers.items()})
                 for i in range(len(workers))]
 
@@ -74,6 +100,13 @@ class Float16(PlainCodec):
         return {k: v.astype(np.float32) for k, v in message.layers.items()}
 
     def aggregate(self, messages: Sequence[Float16Message], divide_by: int | None = None) -> dict:
+        if messages and self._numba(True):
+            from tgsim.codecs import numba_half
+
+            d = len(messages) if divide_by is None else divide_by
+            return {k: numba_half.decode_sum([np.asarray(m.layers[k], dtype=np.float16) for m in messages],
+                                             int(np.size(v)), d, bf16=False).reshape(np.shape(v))
+                    for k, v in messages[0].layers.items()}
         return ordered_mean([m.layers for m in messages], len(messages) if divide_by is None else divide_by)
 
     def bits_per_element(self, n: int, workers: int) -> dict:

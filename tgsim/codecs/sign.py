@@ -22,6 +22,12 @@ scaled_sign: (||g||_1 / n) sign(g) per layer (analysis.peers.scaled_sign)
 
 Both work on f32(g) (other dtypes are cast first) and hold the planes in NumPy or CuPy like `g`.
 
+Kernels ([codec] kernels): "auto" and "numba" encode NumPy gradients and decode-sum the messages with
+the Numba kernels of tgsim.codecs.numba_sign (one pass per row: the planes, and scaled_sign's lanes
+of the l1 norm; the vote or the float32 mean straight from the packed planes), the same bytes and
+float32 bits as this array code; "reference" and "cuda" run the array code (CuPy gradients always
+do; "numba" refuses them).
+
 Wire: the frame of tgsim.codecs.framing, then a body (little-endian; a plane is one bit per element,
 element j at bit j % 8 of byte j // 8 (np.packbits, bitorder "little"), each layer's plane padded
 with zero bits to whole bytes, ceil(n_l / 8) bytes):
@@ -48,6 +54,7 @@ from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
 
 _SIGN_MAGIC, _SCALED_MAGIC, _VERSION = b"TGS1", b"TGC1", 1
+KERNELS = ("auto", "reference", "numba", "cuda")
 LANES = 65536             # the lanes of the scale's float64 sum (l1_norm)
 
 
@@ -124,6 +131,29 @@ def _check_nonfinite(layers: Mapping) -> None:
         raise err
 
 
+class _Kernels(PlainCodec):
+    """The `kernels` option the two sign codecs share."""
+
+    def __init__(self, kernels: str = "auto"):
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
+        self.kernels = kernels
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(kernels=getattr(cfg, "kernels", "auto"))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()" if self.kernels == "auto" else \
+            f"{type(self).__name__}(kernels={self.kernels!r})"
+
+    def _numba(self, on_host: bool) -> bool:
+        """Whether the Numba kernels run: kernels "auto"/"numba" on NumPy arrays."""
+        if self.kernels == "numba" and not on_host:
+            raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' or 'auto' for CuPy arrays")
+        return on_host and self.kernels in ("auto", "numba")
+
+
 # ---------------------------------------------------------------------------------------------
 # sign: signSGD with majority vote
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +170,7 @@ class SignMessage:
         return HEADER.size + sum(int(p.size) for p in self.signs.values())
 
 
-class SignSGD(PlainCodec):
+class SignSGD(_Kernels):
     """signSGD with majority vote (registered as "sign"): 1 bit per element, the server's vote."""
 
     name = "sign"
@@ -154,7 +184,14 @@ class SignSGD(PlainCodec):
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[SignMessage]:
         """One message per local worker: the packed sign bits of its layers (one pass per layer)."""
-        packed = {k: _pack_rows(_as_rows(g) < 0) for k, g in layers.items()}
+        packed = {}
+        for k, g in layers.items():
+            if self._numba(isinstance(g, np.ndarray)):
+                from tgsim.codecs import numba_sign
+
+                packed[k] = numba_sign.sign_planes(g)
+            else:
+                packed[k] = _pack_rows(_as_rows(g) < 0)
         shapes = {k: tuple(g.shape[1:]) for k, g in layers.items()}
         return [SignMessage(shapes, {k: p[i] for k, p in packed.items()}) for i in range(len(workers))]
 
@@ -181,6 +218,12 @@ class SignSGD(PlainCodec):
         """The majority vote sign(Σ_w decode_w) per element, float32 in {-1, 0, +1} (0 on a tie);
         exact integer counts, so the order of the messages does not matter. `divide_by` is unused."""
         n_msgs = len(messages)
+        if n_msgs and self._numba(all(isinstance(p, np.ndarray) for p in messages[0].signs.values())):
+            from tgsim.codecs import numba_sign
+
+            return {k: numba_sign.majority_vote([m.signs[k] for m in messages],
+                                                int(np.prod(s, dtype=np.int64))).reshape(s)
+                    for k, s in messages[0].shapes.items()}
         count = np.uint8 if n_msgs < 2**8 else np.uint16 if n_msgs < 2**16 else np.uint32
         out = {}
         for k, s in messages[0].shapes.items():
@@ -225,7 +268,7 @@ class ScaledSignMessage:
         return HEADER.size + 5 * len(self.shapes) + planes
 
 
-class ScaledSign(PlainCodec):
+class ScaledSign(_Kernels):
     """The scaled sign (registered as "scaled_sign"): one float32 per layer + 1 bit per element
     (2 for a layer with zero elements)."""
 
@@ -247,6 +290,16 @@ class ScaledSign(PlainCodec):
         signs = [{} for _ in range(n_w)]
         nonzero = [{} for _ in range(n_w)]
         for j, (k, g) in enumerate(layers.items()):
+            if self._numba(isinstance(g, np.ndarray)) and g[0].size:
+                from tgsim.codecs import numba_sign
+
+                cs, dense, neg, nz = numba_sign.scaled_planes(g)
+                for i in range(n_w):
+                    scales[i, j] = cs[i]
+                    planes[i, j] = 0 if cs[i] == 0 else (1 if dense[i] else 2)
+                    signs[i][k] = neg[i] if planes[i, j] else None
+                    nonzero[i][k] = nz[i] if planes[i, j] == 2 else None
+                continue
             rows = _as_rows(g)
             n = rows.shape[1]
             neg = _pack_rows(rows < 0)
@@ -311,6 +364,19 @@ class ScaledSign(PlainCodec):
         return out
 
     def aggregate(self, messages: Sequence[ScaledSignMessage], divide_by: int | None = None) -> dict:
+        divide_by = len(messages) if divide_by is None else divide_by
+        host = messages and all(isinstance(p, np.ndarray) for m in messages[:1] for d in (m.signs, m.nonzero)
+                                for p in d.values() if p is not None)
+        if host and self._numba(True):
+            from tgsim.codecs import numba_sign
+
+            out = {}
+            for j, (k, s) in enumerate(messages[0].shapes.items()):
+                out[k] = numba_sign.scaled_mean([m.signs[k] for m in messages], [m.nonzero[k] for m in messages],
+                                                [int(m.planes[j]) for m in messages],
+                                                [m.scales[j] for m in messages], int(np.prod(s, dtype=np.int64)),
+                                                divide_by).reshape(s)
+            return out
         return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
 
     def bits_per_element(self, n: int, workers: int, with_zeros: bool = False) -> dict:

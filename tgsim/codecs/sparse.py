@@ -42,6 +42,12 @@ copied to the host first). Messages hold NumPy arrays.
 
     mean = f32(Σ_w f64(decode_w) · (1/N)), workers in order (tgsim.codecs.ordered_mean)
 
+Kernels ([codec] kernels): "auto" and "numba" select (topk: one candidate pass, then the exact
+k-th largest among the candidates; randomk: Philox words, keep test and sent values fused, after the
+reference's λ) and decode-sum (a scatter-add per element task, no dense decode per message) with the
+Numba kernels of tgsim.codecs.numba_sparse on NumPy arrays, the same bytes and float32 bits as this
+array code; "reference" and "cuda" run the array code (CuPy gradients always do; "numba" refuses them).
+
 Wire: the frame of tgsim.codecs.framing (magic b"TGK1" for topk, b"TGR1" for randomk, version 1),
 then, little-endian, per layer in order:
 
@@ -79,6 +85,7 @@ MAX_ELEMENTS = 2**32 - 1          # counts and indices are u32
 F32_MAX = float(np.finfo(np.float32).max)
 GRID = 2**24                      # the uniforms' grid: u = w 2^-24, w a 24-bit integer
 _NUMBA_WORDS_FROM = 1 << 15       # elements from which the words come from the Numba Philox
+KERNELS = ("auto", "reference", "numba", "cuda")
 
 
 def _host(a) -> np.ndarray:
@@ -234,20 +241,29 @@ class _Sparse(PlainCodec):
     _magic = b""
     unbiased = False
 
-    def __init__(self, density: float = 0.01, k: int = 0):
+    def __init__(self, density: float = 0.01, k: int = 0, kernels: str = "auto"):
         if isinstance(density, bool) or not isinstance(density, (int, float, np.floating, np.integer)) \
                 or not (math.isfinite(density) and 0 < density <= 1):
             raise ValueError(f"{self.name} density must be a number in (0, 1], got {density!r}")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= MAX_ELEMENTS:
             raise ValueError(f"{self.name} k must be an integer in [0, 2^32) (0: use density), got {k!r}")
-        self.density, self.k = float(density), int(k)
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
+        self.density, self.k, self.kernels = float(density), int(k), kernels
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(density=cfg.density, k=cfg.k)
+        return cls(density=cfg.density, k=cfg.k, kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(density={self.density!r}, k={self.k})"
+        extra = "" if self.kernels == "auto" else f", kernels={self.kernels!r}"
+        return f"{type(self).__name__}(density={self.density!r}, k={self.k}{extra})"
+
+    def _numba(self, on_host: bool) -> bool:
+        """Whether the Numba kernels run: kernels "auto"/"numba" on NumPy arrays."""
+        if self.kernels == "numba" and not on_host:
+            raise ValueError("the Numba kernels run on NumPy arrays; use kernels='cuda' or 'auto' for CuPy arrays")
+        return on_host and self.kernels in ("auto", "numba")
 
     def kept(self, n: int) -> int:
         """k_n for a layer of n elements."""
@@ -273,6 +289,10 @@ class _Sparse(PlainCodec):
         """(indices ascending, float64 values to send) of one worker's flat layer v."""
         raise NotImplementedError
 
+    def _select_numba(self, v: np.ndarray, key: StreamKey):
+        """_select by the Numba kernels (the same indices and values)."""
+        raise NotImplementedError
+
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[SparseMessage]:
         """One message per local worker; layer i of worker workers[w] draws (randomk) from
@@ -282,8 +302,9 @@ class _Sparse(PlainCodec):
         for i, worker in enumerate(workers):
             indices, values = {}, {}
             for li, (name, g) in enumerate(layers.items()):
+                select = self._select_numba if self._numba(isinstance(g, np.ndarray)) else self._select
                 v = _host(g[i]).reshape(-1)
-                idx, val = self._select(v, StreamKey(int(seed), int(step), int(worker), li))
+                idx, val = select(v, StreamKey(int(seed), int(step), int(worker), li))
                 with np.errstate(over="ignore"):
                     val32 = val.astype(np.float32)
                 if not np.isfinite(val32).all():
@@ -354,6 +375,13 @@ class _Sparse(PlainCodec):
         return out
 
     def aggregate(self, messages: Sequence[SparseMessage], divide_by: int | None = None) -> dict:
+        if messages and self._numba(True):
+            from tgsim.codecs import numba_sparse
+
+            d = len(messages) if divide_by is None else divide_by
+            return {k: numba_sparse.decode_sum([m.indices[k] for m in messages], [m.values[k] for m in messages],
+                                               int(np.prod(shape, dtype=np.int64)), d).reshape(shape)
+                    for k, shape in messages[0].shapes.items()}
         return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
 
 
@@ -370,6 +398,13 @@ class TopK(_Sparse):
             v = v.astype(np.float32)                      # float16 and others: exact in float32
         idx = top_k_indices(np.abs(v), self.kept(int(v.size)))
         return idx, v[idx]
+
+    def _select_numba(self, v: np.ndarray, key: StreamKey):
+        from tgsim.codecs import numba_sparse
+
+        if v.dtype not in (np.float32, np.float64):
+            v = v.astype(np.float32)
+        return numba_sparse.top_k(v, self.kept(int(v.size)))
 
     def _check_count(self, count: int, n: int, what: str) -> None:
         if count != self.kept(n):
@@ -417,6 +452,20 @@ class RandomK(_Sparse):
         idx = np.flatnonzero(_words24(n, key) < x)
         c = np.ceil(np.minimum(x[idx], float(GRID)))
         return idx, v[idx].astype(np.float64) / (c / GRID)
+
+    def _select_numba(self, v: np.ndarray, key: StreamKey):
+        """_select with the draw (words, keep test, values) in one Numba pass; λ by keep_scale."""
+        n = int(v.size)
+        a = self._magnitudes(v)
+        nnz = int(np.count_nonzero(a))
+        k = min(self.kept(n), nnz)
+        if k <= 0 or k >= nnz:
+            return self._select(v, key)
+        from tgsim.codecs import numba_sparse
+
+        if v.dtype not in (np.float32, np.float64):
+            v = v.astype(np.float32)
+        return numba_sparse.random_keep(v, a, keep_scale(a, k) * GRID, key)
 
     def _check_count(self, count: int, n: int, what: str) -> None:
         if count > n:
