@@ -133,6 +133,21 @@ def collapse_signs(run_dir: str | None) -> dict:
             "dying": bool(h["alert_dying"].any()), "zero_last_max": float(h["zero_last"].max())}
 
 
+def sharing_summary(df, keys: list[str]):
+    """Per group of `keys` (the last one "variant"): mean, 95 % t half-width and minimum of the test
+    accuracy over seeds, the median of the runs' largest shared/median scaler ratio, the runs whose
+    units died or that diverged, and the gap of the mean to fp32's in the same setting."""
+    summary = df.groupby(keys, sort=False).agg(
+        acc_mean=("test_accuracy", "mean"), acc_ci95=("test_accuracy", t_half_width),
+        acc_min=("test_accuracy", "min"), ratio_max=("ratio_max", "median"),
+        dying_runs=("dying", "sum"), diverged_runs=("diverged", lambda d: int((d != "").sum())),
+        runs=("seed", "count")).reset_index()
+    fp32 = summary[summary.variant == "fp32"].set_index(keys[:-1]).acc_mean
+    summary["gap_to_fp32"] = summary.acc_mean.to_numpy() - fp32.loc[
+        list(summary[keys[:-1]].itertuples(index=False, name=None))].to_numpy()
+    return summary
+
+
 def train_many(jobs: list[tuple[dict, dict]], desc: str = "runs") -> list[dict]:
     """Run every (base, sections) job; returns one summary dict per job, in job order.
 

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import collapse_signs, command_line, print_written, t_half_width, train_many  # noqa: E402
+from _common import collapse_signs, command_line, print_written, sharing_summary, train_many  # noqa: E402
 
 QUICK, OUT = command_line("TernGrad's scaler-sharing modes against per-worker batch, lr and momentum.")
 SEEDS = (0,) if QUICK else (0, 1, 2)
@@ -92,15 +92,7 @@ df.to_csv(OUT / "terngrad_sharing_regimes.csv", index=False)
 
 
 # %% summary: mean and 95 % t interval over seeds; the gap to fp32 at the same setting
-keys = ["batch_per_worker", "momentum", "effective_lr", "variant"]
-summary = df.groupby(keys, sort=False).agg(
-    acc_mean=("test_accuracy", "mean"), acc_ci95=("test_accuracy", t_half_width),
-    acc_min=("test_accuracy", "min"), ratio_max=("ratio_max", "median"),
-    dying_runs=("dying", "sum"), diverged_runs=("diverged", lambda d: int((d != "").sum())),
-    runs=("seed", "count")).reset_index()
-fp32 = summary[summary.variant == "fp32"].set_index(keys[:-1]).acc_mean
-summary["gap_to_fp32"] = summary.acc_mean.to_numpy() - fp32.loc[
-    list(summary[keys[:-1]].itertuples(index=False, name=None))].to_numpy()
+summary = sharing_summary(df, ["batch_per_worker", "momentum", "effective_lr", "variant"])
 summary.to_csv(OUT / "terngrad_sharing_regimes_summary.csv", index=False)
 with pd.option_context("display.width", 160, "display.max_rows", 200):
     print(summary.round(3).to_string(index=False))

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import collapse_signs, command_line, print_written, t_half_width, train_many  # noqa: E402
+from _common import collapse_signs, command_line, print_written, sharing_summary, train_many  # noqa: E402
 
 QUICK, OUT = command_line("TernGrad's sharing modes against the number of workers at a fixed total batch.")
 SEEDS = (0,) if QUICK else (0, 1, 2)
@@ -70,15 +70,7 @@ df = pd.DataFrame([{"variant": v, "workers": n, "batch_per_worker": TOTAL_BATCH 
 df.to_csv(OUT / "terngrad_workers_scaling.csv", index=False)
 
 # %% summary: mean and 95 % t interval over seeds; the gap to fp32 at the same N and optimizer
-keys = ["optimizer", "workers", "variant"]
-summary = df.groupby(keys, sort=False).agg(
-    acc_mean=("test_accuracy", "mean"), acc_ci95=("test_accuracy", t_half_width),
-    acc_min=("test_accuracy", "min"), ratio_max=("ratio_max", "median"),
-    dying_runs=("dying", "sum"), diverged_runs=("diverged", lambda d: int((d != "").sum())),
-    runs=("seed", "count")).reset_index()
-fp32 = summary[summary.variant == "fp32"].set_index(keys[:-1]).acc_mean
-summary["gap_to_fp32"] = summary.acc_mean.to_numpy() - fp32.loc[
-    list(summary[keys[:-1]].itertuples(index=False, name=None))].to_numpy()
+summary = sharing_summary(df, ["optimizer", "workers", "variant"])
 summary.to_csv(OUT / "terngrad_workers_scaling_summary.csv", index=False)
 with pd.option_context("display.width", 160, "display.max_rows", 200):
     print(summary.round(3).to_string(index=False))

@@ -200,7 +200,7 @@ class LocalSteps:
 
     def _sync(self, acc: dict, step: int, with_stats: bool):
         """(ḡ, CommBytes, layer rows) of the period ending at `step`, or None where the period is dropped."""
-        from tgsim.train.loop import _layer_stats
+        from tgsim.train.loop import _layer_stats, shared_scalers
 
         setup = self.setup
         cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
@@ -219,12 +219,7 @@ class LocalSteps:
             bad = (e.layer, e.count, getattr(e, "worker", None))
         if self._drop(bad, step):
             return None
-        how = codec.properties.shared_stats
-        share = cfg.exchange.share_scalers and how is not None
-        shared = None
-        if share:
-            local_scalers = codec.local_scalers_many(stats, len(local))
-            shared = ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
+        share, shared = shared_scalers(self.setup, stats)
         defers = getattr(ex, "defers_encode", None)
         deferred = bool(codec.properties.wire == "tgm1" and defers and
                         defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))

@@ -160,6 +160,18 @@ def _layer_stats(grads: dict, scalers, scalings, decoded=None, mean=None, ex=Non
     return rows
 
 
+def shared_scalers(setup: Setup, stats) -> tuple[bool, np.ndarray | None]:
+    """(share, the shared per-layer scalers or None): where the config shares them and the codec
+    declares a rule, the MAX or the mean over all workers of the local workers' scalers."""
+    cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
+    how = codec.properties.shared_stats
+    share = bool(cfg.exchange.share_scalers and how is not None)
+    if not share:
+        return False, None
+    local_scalers = codec.local_scalers_many(stats, len(ex.local_workers))
+    return True, ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
+
+
 def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False, residual=None):
     """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
 
@@ -193,12 +205,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
             raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
-    how = codec.properties.shared_stats
-    share = cfg.exchange.share_scalers and how is not None
-    shared = None
-    if share:
-        local_scalers = codec.local_scalers_many(stats, len(local))
-        shared = ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
+    share, shared = shared_scalers(setup, stats)
     defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
     deferred = bool(codec.properties.wire == "tgm1" and defers and residual is None and   # EF decodes them first
                     defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
