@@ -99,3 +99,79 @@ def test_lane_count_is_the_cuda_kernels_and_empty_edges():
     assert moments.moments_from_sums(0, 0.0, 0.0, 0.0) == 0.0
     g = np.arange(10, dtype=np.float32)
     assert moments.layer_moments(g).sigma == pytest.approx(np.std(np.arange(10.0)), rel=1e-15)
+
+
+# -- tgsim/codecs/message.py: the TGM1 header (tools/mutation.py: 104 of 126 killed before these) --
+
+def _tgm1_header():
+    """A TernGrad message's bytes (a 2-D and a 1-D ternary layer, one float layer) and its header length."""
+    from tgsim.codecs import TernGrad
+    from tgsim.codecs.message import parse_header
+    from tgsim.rng import StreamKey
+
+    rng = np.random.default_rng(5)
+    layers = {"w": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+              "f": rng.standard_normal(2).astype(np.float32)}
+    buf = TernGrad(float_layers=("f",)).encode(layers, StreamKey(1, 2, 3)).to_bytes()
+    return bytes(buf), parse_header(buf)[2]
+
+
+def _with_crc(head: bytes) -> bytes:
+    return head + zlib.crc32(head).to_bytes(4, "little")
+
+
+def test_tgm1_header_pins_its_ids():
+    """message: the wire ids are part of the format (another tgsim reads them): codec terngrad = 1,
+    kind 0 = ternary and 1 = float32, packing "2bit" = 0, scaler dtype 1 (float32), version 1."""
+    from tgsim.codecs.message import _FIXED, CODEC_IDS, KIND_FLOAT, KIND_TERNARY, VERSION
+
+    buf, _ = _tgm1_header()
+    magic, version, codec, packing, sdtype, _, n_layers, _ = _FIXED.unpack_from(buf, 0)
+    assert (magic, version, codec, packing, sdtype, n_layers) == (b"TGM1", 1, 1, 0, 1, 3)
+    assert (CODEC_IDS, KIND_TERNARY, KIND_FLOAT, VERSION) == ({"terngrad": 1}, 0, 1, 1)
+    kinds = [buf[_FIXED.size], buf[_FIXED.size + 2 + 16], buf[_FIXED.size + 2 + 16 + 2 + 8]]
+    assert kinds == [0, 0, 1]          # w (3, 5), b (4,), f (2,) as float
+
+
+def test_tgm1_every_truncated_header_is_a_payload_error_naming_where():
+    """message.parse_header: every prefix shorter than the header is a PayloadError (never a
+    struct.error), "shorter than the fixed header" below the fixed part + crc, "truncated in the
+    header at layer i" after it; the whole header parses."""
+    from tgsim.codecs.message import _FIXED, parse_header
+
+    buf, end = _tgm1_header()
+    for k in range(end):
+        with pytest.raises(PayloadError) as e:
+            parse_header(buf[:k])
+        if k < _FIXED.size + 4:
+            assert "shorter than the fixed header" in str(e.value), k
+        else:
+            assert "truncated in the header at layer" in str(e.value) or "checksum" in str(e.value), (k, str(e.value))
+    assert parse_header(buf[:end])[2] == end
+
+
+def test_tgm1_header_of_no_layers_is_the_fixed_part_and_crc():
+    """message.parse_header: a header of zero layers is exactly the fixed part + crc and parses."""
+    from tgsim.codecs.message import _FIXED, parse_header
+
+    buf, _ = _tgm1_header()
+    fixed = list(_FIXED.unpack_from(buf, 0))
+    fixed[6] = 0
+    head = _with_crc(_FIXED.pack(*fixed))
+    assert len(head) == _FIXED.size + 4
+    assert parse_header(head)[2] == len(head)
+
+
+@pytest.mark.parametrize("field, value, what", [(2, 99, "codec"), (3, None, "packing"), (4, 2, "scaler dtype")])
+def test_tgm1_each_unknown_id_alone_is_refused(field, value, what):
+    """message.parse_header: an unknown codec id, packing id (= the number of formats) or scaler
+    dtype, each alone in a header with a valid crc, is a PayloadError naming the ids."""
+    from tgsim.codecs.message import _FIXED, parse_header
+    from tgsim.codecs.packing import FORMATS
+
+    buf, end = _tgm1_header()
+    fixed = list(_FIXED.unpack_from(buf, 0))
+    fixed[field] = len(FORMATS) if value is None else value
+    head = _with_crc(_FIXED.pack(*fixed) + buf[_FIXED.size:end - 4])
+    with pytest.raises(PayloadError, match="unknown codec/packing/scaler dtype ids"):
+        parse_header(head)
