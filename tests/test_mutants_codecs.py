@@ -175,3 +175,15 @@ def test_tgm1_each_unknown_id_alone_is_refused(field, value, what):
     head = _with_crc(_FIXED.pack(*fixed) + buf[_FIXED.size:end - 4])
     with pytest.raises(PayloadError, match="unknown codec/packing/scaler dtype ids"):
         parse_header(head)
+
+
+def test_tgm1_codes_of_a_float_layer_is_a_value_error():
+    """message.TernaryMessage.codes: a layer that travels as float32 has values, not codes."""
+    from tgsim.codecs import TernGrad
+    from tgsim.rng import StreamKey
+
+    layers = {"w": np.ones((2, 3), np.float32), "f": np.ones(2, np.float32)}
+    msg = TernGrad(float_layers=("f",)).encode(layers, StreamKey(1, 2, 3))
+    assert msg.codes("w").dtype == np.int8
+    with pytest.raises(ValueError, match="travels as float32"):
+        msg.codes("f")
