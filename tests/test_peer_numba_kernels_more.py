@@ -78,15 +78,7 @@ def _check_codec(make, layers, seed, step, workers, divide_by=3):
     assert [m.to_bytes() for m in m_ref] == [m.to_bytes() for m in m_fast]
     for msgs in (m_ref, m_fast):
         _same_bits(ref.aggregate(msgs, divide_by), fast.aggregate(msgs, divide_by))
-    try:
-        received = [fast.from_bytes(m.to_bytes(), m) for m in m_fast]      # planes rebuilt from the wire
-    except PayloadError:
-        # randomk of a float64 layer whose v / p~ underflows float32 sends a 0 that from_bytes refuses
-        # (a reference issue, the same bytes): nothing to aggregate from the wire
-        with pytest.raises(PayloadError):
-            ref.from_bytes(m_ref[0].to_bytes(), m_ref[0]) if len(m_ref) == 1 else \
-                [ref.from_bytes(m.to_bytes(), m) for m in m_ref]
-        return
+    received = [fast.from_bytes(m.to_bytes(), m) for m in m_fast]      # planes rebuilt from the wire
     _same_bits(ref.aggregate(received, divide_by), fast.aggregate(received, divide_by))
     _same_bits(ref.aggregate(received[:2]), fast.aggregate(received[:2]))  # an even count: ties
     auto = make("auto")

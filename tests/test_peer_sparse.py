@@ -289,6 +289,19 @@ def test_float64_values_beyond_float32_range_are_refused():
         RandomK(k=1).encode_many({"g": np.full((1, 100), 1e38, np.float32)}, 1, 0, [0])
 
 
+@pytest.mark.parametrize("kernels", ["reference", "numba"])
+def test_randomk_leaves_out_float64_values_below_float32(kernels):
+    """A float64 layer's kept elements whose v_i / p̃_i rounds to float32 0 are not sent (they decode
+    to the 0 of a missing element): the message reads back from its bytes (from_bytes refuses a 0)
+    and decodes to what was encoded; the elements that are representable are still sent."""
+    v = np.array([[1e-300, -2e-300, 1e-310, 0.5, -0.25, 3e-46]])
+    codec = RandomK(k=6, kernels=kernels)          # k >= nnz: every nonzero kept with p = 1
+    (msg,) = codec.encode_many({"g": v}, 1, 0, [0])
+    assert msg.indices["g"].tolist() == [3, 4]
+    back = codec.from_bytes(msg.to_bytes(), msg)
+    assert np.array_equal(codec.decode(back)["g"], np.array([0, 0, 0, 0.5, -0.25, 0], np.float32))
+
+
 # -- bits on the wire ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [1, 5, 256, 257, 65_536, 65_537, 100_000])

@@ -310,6 +310,7 @@ class _Sparse(PlainCodec):
                 if not np.isfinite(val32).all():
                     raise ValueError(f"layer {name!r}: worker {int(worker)}'s value "
                                      f"{float(val[~np.isfinite(val32)][0]):.4g} is beyond float32's range")
+                idx, val32 = self._sent(idx, val32)
                 indices[name] = idx.astype(f"u{index_bytes(int(v.size))}")
                 values[name] = val32
             msgs.append(SparseMessage(self._magic, shapes, indices, values))
@@ -363,6 +364,10 @@ class _Sparse(PlainCodec):
 
     def _check_values(self, val: np.ndarray, what: str) -> None:
         return None
+
+    def _sent(self, idx: np.ndarray, val32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (indices, float32 values) a message carries of the selected ones: all of them."""
+        return idx, val32
 
     # -- decode and combine -------------------------------------------------------------------
     def decode(self, message: SparseMessage) -> dict:
@@ -470,6 +475,13 @@ class RandomK(_Sparse):
     def _check_count(self, count: int, n: int, what: str) -> None:
         if count > n:
             raise PayloadError(f"{what}: {count} elements, more than the layer's {n}")
+
+    def _sent(self, idx: np.ndarray, val32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Kept elements whose value v_i / p̃_i rounds to float32 0 (a float64 layer's values below
+        float32's smallest subnormal) are left out: they would decode to the 0 a missing element
+        decodes to, and a message never carries a 0 (from_bytes refuses one)."""
+        nonzero = val32 != 0
+        return (idx, val32) if nonzero.all() else (idx[nonzero], val32[nonzero])
 
     def _check_values(self, val: np.ndarray, what: str) -> None:
         zero = val == 0
