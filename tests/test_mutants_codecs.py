@@ -187,3 +187,64 @@ def test_tgm1_codes_of_a_float_layer_is_a_value_error():
     assert msg.codes("w").dtype == np.int8
     with pytest.raises(ValueError, match="travels as float32"):
         msg.codes("f")
+
+
+# -- tgsim/codecs/packing.py (tools/mutation.py: 113 of 171 killed; import-time lines run only a sample) --
+
+def _codes_of_byte(b: int, fmt: str) -> list[int] | None:
+    """The format's rule written out per byte: 2bit, 4 codes of 2 bits, low bits first, code c stored
+    as c + 1 (0b11 invalid); base3, 5 base-3 digits, least significant first (bytes > 242 invalid)."""
+    if fmt == "2bit":
+        d = [(b >> (2 * i)) & 3 for i in range(4)]
+        return None if 3 in d else [x - 1 for x in d]
+    if b > 242:
+        return None
+    return [(b // 3 ** i) % 3 - 1 for i in range(5)]
+
+
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+def test_packing_tables_and_reference_pack_are_the_format(fmt):
+    """packing: the decode table, its validity mask, `pack` (reference, NumPy) and `unpack` of every
+    byte equal the format written out per byte; the default format is 2bit."""
+    from tgsim.codecs import packing
+
+    codes, valid = packing.LUT[fmt]
+    for b in range(256):
+        want = _codes_of_byte(b, fmt)
+        assert bool(valid[b]) == (want is not None), b
+        if want is not None:
+            assert codes[b].tolist() == want, b
+            got = packing.pack(np.array(want, np.int8), fmt)
+            assert got.dtype == np.uint8 and got.tolist() == [b], b
+            assert packing.unpack(np.array([b], np.uint8), len(want), fmt).tolist() == want
+        else:
+            with pytest.raises(PayloadError, match="code 0b11" if fmt == "2bit" else "byte > 242"):
+                packing.unpack(np.array([b], np.uint8), packing.CODES_PER_BYTE[fmt], fmt)
+    assert packing.pack(np.array([1, -1, 0], np.int8)).tolist() == packing.pack(np.array([1, -1, 0], np.int8),
+                                                                                    "2bit").tolist()
+
+
+def test_packing_payload_must_be_1d_uint8_and_pads_zero():
+    """packing.check_payload: a 2-D uint8 payload or a 1-D int8 one is refused, each alone; a pad
+    code other than 0 after the last element is refused."""
+    from tgsim.codecs import packing
+
+    good = packing.pack(np.array([1, 0, -1, 1, 0], np.int8))            # 2 bytes, 3 pad codes
+    for bad in (good.reshape(1, 2), good.astype(np.int8)):
+        with pytest.raises(PayloadError, match="expected a 1-D uint8 payload"):
+            packing.check_payload(bad, 5, "2bit")
+    padded = good.copy()
+    padded[-1] = (padded[-1] & ~np.uint8(0b1100)) | np.uint8(0b10 << 2)  # element 5's code: +1
+    with pytest.raises(PayloadError, match="non-zero pad codes after element 5"):
+        packing.unpack(padded, 5, "2bit")
+
+
+@pytest.mark.parametrize("workers, dtype", [(127, np.int8), (128, np.int16), (32767, np.int16), (32768, np.int32)])
+def test_sum_codes_integer_width_follows_the_workers(workers, dtype):
+    """packing.sum_codes: int8 up to 127 workers, int16 up to 32767, int32 beyond, and the sum exact
+    (every worker +1: the sum is the worker count)."""
+    from tgsim.codecs import packing
+
+    one = packing.pack(np.ones(4, np.int8))
+    s = packing.sum_codes(np.repeat(one[None, :], workers, axis=0), 4)
+    assert s.dtype == dtype and s.tolist() == [workers] * 4
