@@ -1,12 +1,14 @@
-"""`tgsim compare variance | speedup`: the reviewers' questions at equal communication (issue 19).
+"""`tgsim compare variance | speedup | bits`: the reviewers' questions at equal communication (issue 19).
 
     tgsim compare variance [--quick] [--out DIR] [--seed S] [--R R] [--n N] [--codecs a,b] [--kinds a,b]
     tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--jobs J]
+    tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b] [--jobs J]
 
 Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
 summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
 for reporting); an option given on the command line wins over its --quick value. Heavy imports happen
-only when a command runs (tgsim.analysis.compare_variance, tgsim.analysis.compare_speedup).
+only when a command runs (tgsim.analysis.compare_variance, tgsim.analysis.compare_speedup,
+tgsim.analysis.compare_bits).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ SPEEDUP = {"seeds": (3, 3), "workers": ("1,2,4,8,16,32,64", "1,2,4,8"),
 # --quick's problem and sweep (tgsim.analysis.compare_speedup.Problem keywords; K M b <= n holds)
 SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
 SPEEDUP_QUICK_SWEEPS = {"qsgd": ("levels", (1, 7))}
+BITS = {"seeds": (3, 1), "steps": (0, 0), "problems": ("logistic,convnet", "logistic,convnet"),
+        "methods": ("", "fp32,terngrad,topk+ef"), "jobs": (1, 1)}
+BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30}     # --quick's steps per problem (0: the problem's own)
 
 
 def _resolve(args, table: dict) -> None:
@@ -61,13 +66,34 @@ def _speedup(args) -> int:
     return 0
 
 
+def _bits(args) -> int:
+    import dataclasses
+
+    from tgsim.analysis import compare_bits as cb
+
+    _resolve(args, BITS)
+    methods = _list(args.methods) or tuple(cb.METHODS)
+    names = _list(args.problems)
+    unknown = [m for m in methods if m not in cb.METHODS] + [p for p in names if p not in cb.PROBLEMS]
+    if unknown:
+        raise SystemExit(f"tgsim compare bits: unknown method(s) or problem(s) {unknown}; valid: "
+                         f"{', '.join(cb.METHODS)}; {', '.join(cb.PROBLEMS)}")
+    problems = []
+    for name in names:
+        steps = args.steps or (BITS_QUICK_STEPS[name] if args.quick else 0)
+        p = cb.PROBLEMS[name]
+        problems.append(dataclasses.replace(p, steps=steps) if steps else p)
+    cb.run(args.out, problems=problems, methods=methods, seeds=tuple(range(args.seeds)), jobs=args.jobs)
+    return 0
+
+
 def _help(table: dict, dest: str) -> str:
     full, quick = table[dest]
     return f"(default {full or 'all'}; --quick {quick or 'all'})"
 
 
 def register(sub) -> None:
-    """Add `compare` with `variance` and `speedup` to the top-level sub-parser action `sub`."""
+    """Add `compare` with `variance`, `speedup` and `bits` to the top-level sub-parser action `sub`."""
     c = sub.add_parser("compare", help="codecs at equal communication: variance at equal bits, speedup in workers "
                                        "(CSV + figure)")
     csub = c.add_subparsers(dest="what", required=True)
@@ -97,6 +123,18 @@ def register(sub) -> None:
                    _help(SPEEDUP, "fixed_m"))
     s.add_argument("--jobs", type=int, default=None, help="processes " + _help(SPEEDUP, "jobs"))
     s.set_defaults(func=_speedup)
+
+    b = csub.add_parser("bits", help="uplink + downlink bits until the training loss reaches 1.25 x fp32's "
+                                     "minimum, and the accuracy then (logistic regression, MNIST-1D convnet)")
+    b.add_argument("--out", default="results/compare-bits", help="directory (default %(default)s)")
+    b.add_argument("--quick", action="store_true", help="1 seed, 3 methods, 100 / 30 steps: a smoke test")
+    b.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 " + _help(BITS, "seeds"))
+    b.add_argument("--steps", type=int, default=None, help="steps per run, every problem, 0: the problem's own "
+                   "(logistic 600, convnet 800; others capped at 2 x; --quick 100, 30)")
+    b.add_argument("--problems", default=None, help="comma-separated problems " + _help(BITS, "problems"))
+    b.add_argument("--methods", default=None, help="comma-separated methods " + _help(BITS, "methods"))
+    b.add_argument("--jobs", type=int, default=None, help="processes " + _help(BITS, "jobs"))
+    b.set_defaults(func=_bits)
 
 
 def main(argv=None) -> int:  # pragma: no cover - convenience: python -m tgsim.analysis.compare_cli

@@ -70,6 +70,7 @@ QUICK = {
     # quick forms run by tests/test_compare.py (not twice)
     ".venv/bin/tgsim compare variance": (None, []),
     ".venv/bin/tgsim compare speedup": (None, []),
+    ".venv/bin/tgsim compare bits": (None, []),             # tests/test_compare_bits.py
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
