@@ -103,21 +103,15 @@ def train(cfg, window: int, threshold: float | None) -> dict:
     """Train per cfg; stop where the trailing `window`-step mean of the training loss first reaches
     `threshold` (None: run every step). Returns K (nan: not reached), status, the bits one worker sent
     and received up to the stopping step, the minimum smoothed loss, the test accuracy there."""
-    from tgsim.codecs import error_feedback
     from tgsim.errors import NonFiniteGradientError
-    from tgsim.train.loop import build, train_step
+    from tgsim.train.loop import build, start_residual, step_function
 
     t0 = time.perf_counter()
     setup = build(cfg)
     params = setup.model.init(cfg.run.seed)
     opt = setup.optimizer.init(params)
-    residual = (error_feedback.zeros(setup.model.layer_shapes(), cfg.workers.n)
-                if setup.codec.properties.stateful else None)
-    step_fn = train_step
-    if cfg.exchange.local != "none":
-        from tgsim.train import local_sgd
-
-        step_fn = local_sgd.LocalSteps(setup)
+    residual = start_residual(setup, {})
+    step_fn = step_function(setup)
     n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
     losses = np.full(cfg.run.steps, np.nan)
     up = down = 0.0

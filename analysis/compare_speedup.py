@@ -159,9 +159,8 @@ def hitting_time(cfg, eps: float, setups=None) -> dict:
     distance at every step. Returns {K (nan if not reached), status, steps, dist_final, bits_up,
     seconds}; bits_up: a worker's message bytes (wire_bytes, as the exchange counts them) summed over
     the run, times 8, per model element and iteration (PQASGD sends every p iterations)."""
-    from tgsim.codecs import error_feedback
     from tgsim.errors import NonFiniteGradientError
-    from tgsim.train.loop import train_step
+    from tgsim.train.loop import start_residual, step_function
 
     t0 = time.perf_counter()
     setup = (setups or _Setups())(cfg)
@@ -169,13 +168,8 @@ def hitting_time(cfg, eps: float, setups=None) -> dict:
     _count_bytes(setup.codec, sizes)
     params = setup.model.init(cfg.run.seed)
     opt = setup.optimizer.init(params)
-    residual = (error_feedback.zeros(setup.model.layer_shapes(), cfg.workers.n)
-                if setup.codec.properties.stateful else None)
-    step_fn = train_step
-    if cfg.exchange.local != "none":
-        from tgsim.train import local_sgd
-
-        step_fn = local_sgd.LocalSteps(setup)
+    residual = start_residual(setup, {})
+    step_fn = step_function(setup)
     keys = list(setup.optimum)
     w_star = np.concatenate([np.asarray(setup.optimum[k], np.float64).ravel() for k in keys])
     norm = float(np.linalg.norm(w_star))

@@ -230,7 +230,17 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 
 
-def _start_residual(setup: Setup, state: dict) -> dict | None:
+def step_function(setup: Setup):
+    """The step of this config, called as f(setup, params, opt_state, step, with_stats, residual=...):
+    `train_step`, or for local SGD / PQASGD a tgsim.train.local_sgd.LocalSteps of this setup."""
+    if setup.cfg.exchange.local == "none":
+        return train_step
+    from tgsim.train import local_sgd
+
+    return local_sgd.LocalSteps(setup)
+
+
+def start_residual(setup: Setup, state: dict) -> dict | None:
     """The local workers' error-feedback residuals at the first step (None for a stateless codec):
     zeros, or on resume this process's rows of the checkpoint's (all N workers', "ef_residual")."""
     if not setup.codec.properties.stateful:
@@ -307,7 +317,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     if params is None:
         params = setup.model.init(cfg.run.seed)
         opt_state = setup.optimizer.init(params)
-    residual = _start_residual(setup, state)        # error feedback's per-worker state, else None
+    residual = start_residual(setup, state)        # error feedback's per-worker state, else None
     metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
     if writer:
         results.write_manifest(out, cfg, {"backend": "numpy", "kernels": cfg.codec.kernels,
@@ -321,11 +331,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
                    dynamic_ncols=True, disable=None)     # None: no bar where stderr is not a terminal (logs, CI)
     t0 = time.perf_counter()
     test = (float("nan"), float("nan"))
-    step_fn = train_step
-    if cfg.exchange.local != "none":        # local SGD / PQASGD: tgsim/train/local_sgd.py
-        from tgsim.train import local_sgd
-
-        step_fn = local_sgd.LocalSteps(setup)
+    step_fn = step_function(setup)
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
         params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, residual=residual)
