@@ -163,7 +163,9 @@ def unpack_uint(payload, n: int, width: int):
 def unpack_uint_reference(payload, n: int, width: int):
     """unpack_uint in array operations (the reference)."""
     xp = array_module(payload)
-    bits = xp.unpackbits(payload, count=n * width, bitorder="little").reshape(n, width)
+    # no `count=`: cupy.unpackbits has no such argument (NumPy and CuPy both accept `bitorder`);
+    # the payload holds exactly ceil(n * width / 8) bytes, so slicing drops only the pad bits.
+    bits = xp.unpackbits(payload, bitorder="little")[: n * width].reshape(n, width)
     return (bits.astype(xp.uint32) << xp.arange(width, dtype=xp.uint32)).sum(axis=1, dtype=xp.uint32)
 
 

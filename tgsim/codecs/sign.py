@@ -70,7 +70,11 @@ def _plane_bytes(n: int) -> int:
 def _pack_rows(bits):
     """(W, n) bool -> (W, ceil(n/8)) uint8, each row packed on its own (bit order little)."""
     xp = array_module(bits)
-    return xp.packbits(bits, axis=-1, bitorder="little")
+    w, n = bits.shape
+    nb = _plane_bytes(n)
+    padded = xp.zeros((w, 8 * nb), dtype=xp.bool_)     # rows padded to whole bytes: CuPy's packbits has no axis
+    padded[:, :n] = bits
+    return xp.packbits(padded.reshape(-1), bitorder="little").reshape(w, nb)
 
 
 # bit j of a byte (bit order little) -> row j of a table: one np.take per plane decodes 8 elements a byte
