@@ -8,10 +8,15 @@ Without a GPU (marker `nvcc`):
     for every logical thread index; ctypes calls it and the result is compared with
     tgsim.rng / tgsim.codecs.{stats,ternary,packing}.
   * nvcc --ptx compiles the exact source the wrapper hands to NVRTC (philox.cuh inlined) with the
-    wrapper's NVRTC options: the six kernels must be there and no FMA instruction may appear.
+    wrapper's NVRTC options as CuPy applies them: the six kernels must be there, no FMA.
   * The wrapper itself (tgsim.codecs.terngrad.cuda) runs against a stand-in `cupy` module whose RawModule
     kernels dispatch to the harness, checking every kernel argument's type against the kernel's
-    C signature (parsed from terngrad.cu).
+    C signature (parsed from terngrad.cu). Like real CuPy it compiles with -ftz=true appended
+    (tests/cupy_api.py), so its kernels run with x86 FTZ+DAZ set (denormal float32 read and written
+    as zeros, as the GPU's .ftz instructions do): issue 23's H100 failures on denormals and signed
+    zeros reproduce here with the old kernels. Its functions refuse keywords CuPy refuses.
+  * The PTX is compiled with the options CuPy really uses (-ftz=true last) and may hold no .ftz
+    instruction and no float32 arithmetic: nothing FTZ could change.
 With a GPU and CuPy (marker `gpu`): the same wrapper tests run on the device.
 
 Build command (checked with CUDA 13.0 nvcc and gcc 12.2 as host compiler; nvcc's default device
@@ -36,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cupy_api
 from tgsim import backend
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import cuda as _cuda, reference as _reference, moments as stats, quantizer as ternary
@@ -120,9 +126,12 @@ class Harness:
         for name, params in self.sigs.items():
             fn = getattr(self.lib, name)
             fn.argtypes = [ctypes.c_void_p if k == "p" else _CTYPES_SCALAR[t] for k, t in params]
-            fn.restype = ctypes.c_int if name == "tg_host_lanes" else None
+            fn.restype = ctypes.c_int if name in ("tg_host_lanes", "tg_host_flush_denormals") else None
+        self.can_flush = bool(self.lib.tg_host_flush_denormals(0))
 
-    def call(self, name: str, *args):
+    def call(self, name: str, *args, flush: bool = False):
+        """Run tg_host_<...>(*args); flush=True runs it with denormals flushed to zero (x86 FTZ+DAZ),
+        the float32 semantics of a kernel compiled with -ftz=true (what CuPy does)."""
         params = self.sigs[name]
         if len(args) != len(params):
             raise TypeError(f"{name}: {len(args)} arguments for {len(params)} parameters")
@@ -136,8 +145,16 @@ class Harness:
             else:
                 if type(a) is not t:   # Python int/float would reach the kernel as long long/double
                     raise TypeError(f"{name} argument {i}: expected numpy.{np.dtype(t)}, got {type(a).__name__}")
-                conv.append(a.item())
-        return getattr(self.lib, name)(*conv)
+                conv.append(_CTYPES_SCALAR[t](a.item()))   # converted now, before any MXCSR change
+        if not flush:
+            return getattr(self.lib, name)(*conv)
+        if not self.can_flush:
+            pytest.skip("no x86 MXCSR: cannot emulate flush-to-zero")
+        self.lib.tg_host_flush_denormals(1)
+        try:
+            return getattr(self.lib, name)(*conv)
+        finally:
+            self.lib.tg_host_flush_denormals(0)
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +167,7 @@ def builds(tmp_path_factory):
     mod_src.write_text(_cuda.source())
     cmds = [
         [NVCC, *HARNESS_FLAGS, "-o", str(so), str(CUDA_DIR / "host_harness.cu")],
-        [NVCC, "--ptx", *_cuda.NVRTC_OPTIONS, "-o", str(ptx), str(mod_src)],
+        [NVCC, "--ptx", *cupy_api.effective_options(_cuda.NVRTC_OPTIONS), "-o", str(ptx), str(mod_src)],
     ]
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
     for p, c in zip(procs, cmds):
@@ -325,6 +342,13 @@ class TestBuild:
         assert sorted(entries) == sorted(_cuda.KERNELS)
         fused = sorted(set(re.findall(r"\b(fma\.\w+(?:\.\w+)*|mad\.\w*f\d+)", builds.ptx)))
         assert not fused, f"FMA in the module: {fused}"
+        # compiled as CuPy compiles it (-ftz=true appended): no instruction that FTZ could change,
+        # i.e. float32 only moves (ld/st/mov/selp), never arithmetic, compares or conversions
+        assert "-ftz=true" in builds.cmds[1]
+        ftz = sorted(set(re.findall(r"\b\w+(?:\.\w+)*\.ftz(?:\.\w+)*", builds.ptx)))
+        assert not ftz, f"float32 instructions that flush denormals under CuPy's -ftz=true: {ftz}"
+        f32 = {op.split(".")[0] for op in re.findall(r"\b([a-z]+(?:\.\w+)*\.f32)\b", builds.ptx)}
+        assert f32 <= {"ld", "st", "mov", "selp"}, f"float32 arithmetic in the module: {sorted(f32)}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -669,8 +693,8 @@ class _WrapperContract:
 
 
 class _FakeKernel:
-    def __init__(self, harness: Harness, name: str, launches: list):
-        self.harness, self.name, self.launches = harness, name, launches
+    def __init__(self, harness: Harness, name: str, launches: list, flush: bool):
+        self.harness, self.name, self.launches, self.flush = harness, name, launches, flush
 
     def __call__(self, grid, block, args, **kwargs):
         assert isinstance(grid, tuple) and isinstance(block, tuple) and isinstance(args, tuple)
@@ -678,25 +702,34 @@ class _FakeKernel:
         if self.name == "tg_moments_tree":
             assert grid == (1,), "the tree kernel needs one block"
         self.launches.append((self.name, grid, block))
-        self.harness.call(host_name(self.name), *args)
+        self.harness.call(host_name(self.name), *args, flush=self.flush)
 
 
 def fake_cupy(harness: Harness, launches: list) -> types.ModuleType:
-    """A `cupy` whose arrays are NumPy arrays and whose RawModule kernels run on the harness."""
+    """A `cupy` whose arrays are NumPy arrays and whose RawModule kernels run on the harness.
+
+    Its functions are NumPy's wrapped by cupy_api.strict: a keyword real CuPy does not accept is a
+    TypeError here too (issue 23: the stand-in used to accept whatever NumPy accepts)."""
     cp = types.ModuleType("cupy")
-    for name in ("ndarray", "asarray", "ascontiguousarray", "empty", "zeros", "full", "stack", "isnan",
-                 "float32", "float64", "int8", "int16", "int32", "uint8", "uint64"):
+    for name in ("ndarray", "float32", "float64", "int8", "int16", "int32", "uint8", "uint64"):
         setattr(cp, name, getattr(np, name))
-    cp.asnumpy = lambda a: np.array(a, copy=True)
+    for name in ("asarray", "ascontiguousarray", "empty", "zeros", "full", "stack", "isnan"):
+        setattr(cp, name, cupy_api.strict(getattr(np, name), name))
+    cp.asnumpy = cupy_api.strict(lambda a, stream=None, order="C", out=None, blocking=True:
+                                 np.array(a, copy=True), "asnumpy")
 
     class RawModule:
         def __init__(self, code=None, options=(), **kwargs):
+            unknown = set(kwargs) - set(cupy_api.API["RawModule"])
+            if unknown:
+                raise TypeError(f"RawModule() got unexpected keyword arguments {sorted(unknown)} (CuPy)")
             assert code == _cuda.source() and "-fmad=false" in options
             self.kernels = kernel_signatures()
+            self.flush = cupy_api.effective_ftz(options)   # as CuPy compiles it: -ftz=true
 
         def get_function(self, name):
             assert name in self.kernels, name
-            return _FakeKernel(harness, name, launches)
+            return _FakeKernel(harness, name, launches, self.flush)
 
     cp.RawModule = RawModule
     return cp

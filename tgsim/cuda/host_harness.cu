@@ -12,9 +12,32 @@
 // device bodies compute with the __d*_rn intrinsics.
 #include "terngrad.cu"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define TG_HOST_HAS_MXCSR 1
+#else
+#define TG_HOST_HAS_MXCSR 0
+#endif
+
 extern "C" {
 
 int tg_host_lanes(void) { return TG_LANES; }
+
+// Emulation of a device that flushes denormals (CuPy compiles every RawModule with -ftz=true): on
+// x86, MXCSR FTZ (bit 15) flushes denormal results and DAZ (bit 6) treats denormal inputs as zero,
+// for every SSE float operation of this thread, as the GPU's .ftz instructions do for float32 (x86
+// also flushes double denormals, which the GPU does not: the kernels' doubles stay normal on the
+// test data). on = 1 sets both bits, on = 0 clears them. Returns 0 where there is no MXCSR.
+int tg_host_flush_denormals(int on) {
+#if TG_HOST_HAS_MXCSR
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(on ? (csr | 0x8040u) : (csr & ~0x8040u));
+    return 1;
+#else
+    (void)on;
+    return 0;
+#endif
+}
 
 // --- building blocks --------------------------------------------------------------------------
 // out[4c..4c+3] = Philox4x32-10(ctr[4c..4c+3], key (keys[2c], keys[2c+1])), c < count
@@ -44,6 +67,15 @@ void tg_host_ternary_codes(const float* g, long long n, float s, float clip_boun
         tg_stream_block((unsigned int)(i >> 2), k0, k1, layer, worker, step, w);
         out[i] = (signed char)tg_ternary_code(g[i], w[i & 3], s, clip_bound);
     }
+}
+
+// float32 <-> float64 as the kernels do it (tg_f2d / tg_d2f: integer bit work, no FTZ effect)
+void tg_host_f2d(long long n, const float* in, double* out) {
+    for (long long i = 0; i < n; ++i) out[i] = tg_f2d(in[i]);
+}
+
+void tg_host_d2f(long long n, const double* in, float* out) {
+    for (long long i = 0; i < n; ++i) out[i] = tg_d2f(in[i]);
 }
 
 // --- the kernels, one logical thread at a time -------------------------------------------------

@@ -12,6 +12,15 @@
 // contracted into FMA goes through tg_dadd / tg_dsub / tg_dmul (the __d*_rn intrinsics on the
 // device, which are never contracted; plain operators on the host, where the build passes
 // -ffp-contract=off). The module is also compiled with -fmad=false as a second guard.
+//
+// No float32 arithmetic, comparison or conversion instruction: CuPy compiles every RawModule with
+// -ftz=true appended after the caller's options (cupy/cuda/compiler.py), so any .f32 instruction
+// would read denormal float32 values as zeros (issue 23: sigma, packed bytes and signed zeros
+// differed on an H100). float32 values are widened exactly with tg_f2d (integer bit operations and
+// exact double arithmetic: FTZ only ever applies to .f32 instructions), compared as doubles, and
+// narrowed with tg_d2f (integer round-to-nearest-even). tests/test_cuda_kernels.py checks that
+// the PTX compiled with -ftz=true has no .ftz instruction at all, and runs the host bodies with
+// x86 FTZ/DAZ set.
 #ifndef TGSIM_PHILOX_CUH
 #define TGSIM_PHILOX_CUH
 
@@ -55,14 +64,6 @@ TG_HD double tg_dmul(double a, double b) {
 #endif
 }
 
-TG_HD float tg_d2f(double a) {
-#ifdef __CUDA_ARCH__
-    return __double2float_rn(a);
-#else
-    return (float)a;   // x86-64 SSE2 cvtsd2ss: round to nearest even, denormals kept
-#endif
-}
-
 TG_HD unsigned int tg_float_bits(float v) {
 #ifdef __CUDA_ARCH__
     return __float_as_uint(v);
@@ -71,6 +72,85 @@ TG_HD unsigned int tg_float_bits(float v) {
     c.f = v;
     return c.u;
 #endif
+}
+
+TG_HD float tg_float_from_bits(unsigned int u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    union { unsigned int u; float f; } c;
+    c.u = u;
+    return c.f;
+#endif
+}
+
+TG_HD unsigned long long tg_double_bits(double v) {
+#ifdef __CUDA_ARCH__
+    return (unsigned long long)__double_as_longlong(v);
+#else
+    union { double d; unsigned long long u; } c;
+    c.d = v;
+    return c.u;
+#endif
+}
+
+TG_HD double tg_double_from_bits(unsigned long long u) {
+#ifdef __CUDA_ARCH__
+    return __longlong_as_double((long long)u);
+#else
+    union { unsigned long long u; double d; } c;
+    c.u = u;
+    return c.d;
+#endif
+}
+
+// |v| (clears the sign bit: no float instruction)
+TG_HD float tg_fabs(float v) { return tg_float_from_bits(tg_float_bits(v) & 0x7FFFFFFFu); }
+
+// f64(v), exact, for every float32 including denormals and signed zeros, under any FTZ mode:
+// normal/inf/NaN by re-biasing the exponent; zero and denormals as m * 2^-149 (an exact int ->
+// double conversion and an exact double product; FTZ never applies to doubles).
+TG_HD double tg_f2d(float v) {
+    unsigned int b = tg_float_bits(v);
+    unsigned long long sign = (unsigned long long)(b >> 31) << 63;
+    unsigned int e = (b >> 23) & 0xFFu, m = b & 0x007FFFFFu;
+    if (e == 0u) {
+        double d = tg_dmul((double)(int)m, tg_double_from_bits(0x36A0000000000000ull));   // 2^-149
+        return sign ? -d : d;
+    }
+    unsigned long long de = e == 0xFFu ? 0x7FFull : (unsigned long long)(e + 896u);   // 1023 - 127
+    return tg_double_from_bits(sign | (de << 52) | ((unsigned long long)m << 29));
+}
+
+// f32(a), round to nearest even, denormal results kept (as x86-64 cvtsd2ss without FTZ, which is
+// what NumPy's astype(float32) does), in integer arithmetic. NaN: quiet, top payload bits kept.
+TG_HD float tg_d2f(double a) {
+    unsigned long long u = tg_double_bits(a);
+    unsigned int sign = (unsigned int)(u >> 32) & 0x80000000u;
+    unsigned int e = (unsigned int)(u >> 52) & 0x7FFu;
+    unsigned long long frac = u & 0x000FFFFFFFFFFFFFull;
+    if (e == 0x7FFu)
+        return tg_float_from_bits(sign | 0x7F800000u | (frac ? 0x00400000u | (unsigned int)(frac >> 29) : 0u));
+    unsigned long long m = e ? (frac | (1ull << 52)) : frac;   // |a| = m * 2^(eff - 1075)
+    int eff = e ? (int)e : 1;
+    unsigned long long q, rem, half;
+    if (eff >= 897) {                       // |a| >= 2^-126: a normal result (or overflow)
+        q = m >> 29;
+        rem = m & 0x1FFFFFFFull;
+        half = 1ull << 28;
+        if (rem > half || (rem == half && (q & 1ull))) ++q;
+        unsigned int E = (unsigned int)(eff - 896);
+        if (q == (1ull << 24)) { q >>= 1; ++E; }
+        if (E >= 255u) return tg_float_from_bits(sign | 0x7F800000u);
+        return tg_float_from_bits(sign | (E << 23) | ((unsigned int)q & 0x007FFFFFu));
+    }
+    int shift = 926 - eff;                  // q = round(|a| / 2^-149), shift >= 30
+    if (shift > 54) return tg_float_from_bits(sign);   // |a| < 2^-151: rounds to a signed zero
+    q = m >> shift;
+    rem = m & ((1ull << shift) - 1ull);
+    half = 1ull << (shift - 1);
+    if (rem > half || (rem == half && (q & 1ull))) ++q;
+    return tg_float_from_bits(sign | (unsigned int)q);   // q = 2^23 is 2^-126, the smallest normal
 }
 
 TG_HD bool tg_isfinite(float v) { return (tg_float_bits(v) & 0x7F800000u) != 0x7F800000u; }
@@ -115,12 +195,14 @@ TG_HD void tg_stream_block(unsigned int block, unsigned int k0, unsigned int k1,
 // ---------------------------------------------------------------------------------------------
 // the ternary element rule (ternary.ternarize / ternary_rule)
 // ---------------------------------------------------------------------------------------------
-// x = min(|g|, clip_bound) with NumPy's np.minimum semantics (a NaN operand gives NaN); for
-// finite values it is fminf. clip_bound = +inf means "no clipping".
-TG_HD float tg_clip_abs(float g, float clip_bound) {
-    float x = fabsf(g);
+// f64(x), x = min(|g|, clip_bound) with NumPy's np.minimum semantics (a NaN operand gives NaN);
+// for finite values it is fminf. clip_bound = +inf means "no clipping". Compared in double (the
+// widening is exact and order-preserving, so the result is f64 of the float32 minimum).
+TG_HD double tg_clip_abs(float g, float clip_bound) {
+    double x = tg_f2d(tg_fabs(g));
     if (x != x) return x;
-    return x < clip_bound ? x : clip_bound;   // a NaN bound fails the test and is returned
+    double c = tg_f2d(clip_bound);
+    return x < c ? x : c;   // a NaN bound fails the test and is returned
 }
 
 // code in {-1, 0, +1} of one element from its Philox word:
@@ -128,9 +210,9 @@ TG_HD float tg_clip_abs(float g, float clip_bound) {
 //   sign +1 iff g > 0.
 TG_HD int tg_ternary_code(float g, unsigned int word, float s, float clip_bound) {
     unsigned int t = word >> 8;
-    float x = tg_clip_abs(g, clip_bound);
-    bool keep = tg_dmul((double)t, (double)s) < tg_dmul((double)x, 16777216.0);
-    return keep ? (g > 0.0f ? 1 : -1) : 0;
+    double x = tg_clip_abs(g, clip_bound);
+    bool keep = tg_dmul((double)t, tg_f2d(s)) < tg_dmul(x, 16777216.0);
+    return keep ? (tg_f2d(g) > 0.0 ? 1 : -1) : 0;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@
 // against the NumPy reference without a GPU (tests/test_cuda_kernels.py). The result never
 // depends on the launch configuration.
 //
-// Loaded by tgsim/codecs/terngrad/cuda.py with cupy.RawModule (NVRTC, -fmad=false); the #include below is
-// replaced by the header's text there, so the module is one self-contained source.
+// Loaded by tgsim/codecs/terngrad/cuda.py with cupy.RawModule (NVRTC, -fmad=false; CuPy appends
+// -ftz=true, which cannot change a result: there is no float32 instruction, see philox.cuh); the
+// #include below is replaced by the header's text there, so the module is one self-contained source.
 #include "philox.cuh"
 
 #define TG_GRID_STRIDE(t, count)                                                       \
@@ -28,17 +29,17 @@ TG_HD long long tg_encode_base3_threads(long long n) { return ((n + 4) / 5 + 3) 
 // d_i * d_i likewise; absmax of the lane; any non-finite element sets *nonfinite.
 TG_HD void tg_moments_lane(long long j, const float* g, long long n, double* s1, double* s2,
                            float* absmax_lanes, int* nonfinite) {
-    double k = n > 0 ? (double)g[0] : 0.0;
+    double k = n > 0 ? tg_f2d(g[0]) : 0.0;
     double a1 = 0.0, a2 = 0.0;
     float amax = 0.0f;
     bool bad = false;
     for (long long i = j; i < n; i += TG_LANES) {
         float v = g[i];
-        double d = tg_dsub((double)v, k);
+        double d = tg_dsub(tg_f2d(v), k);
         a1 = tg_dadd(a1, d);
         a2 = tg_dadd(a2, tg_dmul(d, d));
-        float av = fabsf(v);
-        if (av > amax) amax = av;
+        float av = tg_fabs(v);
+        if (tg_f2d(av) > tg_f2d(amax)) amax = av;   // compared in double: no .f32 (FTZ) compare
         if (!tg_isfinite(v)) bad = true;
     }
     s1[j] = a1;
@@ -58,7 +59,7 @@ TG_HD void tg_tree_node(long long i, long long h, double* s1, double* s2, float*
     s1[i] = tg_dadd(s1[i], s1[i + h]);
     s2[i] = tg_dadd(s2[i], s2[i + h]);
     float b = absmax_lanes[i + h];
-    if (b > absmax_lanes[i]) absmax_lanes[i] = b;
+    if (tg_f2d(b) > tg_f2d(absmax_lanes[i])) absmax_lanes[i] = b;
 }
 
 extern "C" __global__ void tg_moments_lanes(const float* g, long long n, double* s1, double* s2,
@@ -172,7 +173,7 @@ TG_HD void tg_weighted_sum_byte_k(long long b, const unsigned char* payloads, in
     for (int m = 0; m < K; ++m) acc[m] = 0.0;
     for (int w = 0; w < workers; ++w) {
         tg_payload_codes<K>(payloads, nbytes, w, b, n, codes, first_bad);
-        double s = (double)scalers[w];
+        double s = tg_f2d(scalers[w]);   // exact for denormal scalers too (no FTZ)
         for (int m = 0; m < K; ++m) acc[m] = tg_dadd(acc[m], tg_dmul(s, (double)codes[m]));
     }
     for (int m = 0; m < K; ++m) {

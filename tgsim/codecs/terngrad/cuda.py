@@ -8,7 +8,8 @@
     sum_codes(payloads, n, fmt, dtype=None)        -> cupy integer codes summed over workers
 
 The kernel source is compiled once per process with `cupy.RawModule` (NVRTC, `-fmad=false`; CuPy
-also keeps the binary in its on-disk kernel cache). CuPy is imported only inside functions, so this
+appends `-ftz=true`, which the kernels are written to be immune to; CuPy also keeps the binary in
+its on-disk kernel cache). CuPy is imported only inside functions, so this
 module imports on machines without it. The kernel logic is tested on the CPU by
 tests/test_cuda_kernels.py (nvcc host build of the same bodies), and on a GPU against the reference.
 
@@ -33,8 +34,13 @@ from tgsim.rng.philox import MAX_ELEMENTS
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 KERNEL_FILE = "terngrad.cu"
 HEADER_FILE = "philox.cuh"
-# -fmad=false: no FMA contraction anywhere (the kernels also use __d*_rn intrinsics);
-# the IEEE defaults are spelled out so a global CuPy/NVRTC setting cannot change them.
+# -fmad=false: no FMA contraction anywhere (the kernels also use __d*_rn intrinsics).
+# -ftz=false does NOT survive: CuPy appends -ftz=true after these options for every RawModule
+# (cupy/cuda/compiler.py, _compile_with_cache_cuda), and the last -ftz wins; on an H100 that read
+# denormal float32 inputs as zeros (issue 23). The kernels therefore contain no float32 arithmetic,
+# compare or conversion instruction (philox.cuh: tg_f2d / tg_d2f), so FTZ has nothing to act on;
+# tests/test_cuda_kernels.py checks the PTX compiled with CuPy's options and runs the host bodies
+# with x86 FTZ/DAZ set. The option is kept to state the intent.
 NVRTC_OPTIONS = ("-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 KERNELS = ("tg_moments_lanes", "tg_moments_tree", "tg_encode_2bit", "tg_encode_base3",
            "tg_weighted_sum", "tg_sum_codes")
