@@ -3,19 +3,24 @@ threshold, and the test accuracy then, per method (issue 19, item 2).
 
 Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "softmax", 10 classes,
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882
-parameters). Both: 8 workers, total batch 64 (8 per worker), momentum 0.9, constant learning rate
-0.1 (fp32's rate of the demo, tgsim/configs/demo.toml; the demo's step decay comes at step 3000,
-after these runs end). Every method trains at fp32's rate (the paper's rule), none has its own: the
-column "lr" holds the rate used. The sign-type codec runs only with error feedback
-(scaled_sign+ef); the plain sign is not compared. On the convnet several codecs do not train at
-this rate (in the full run, seeds 0-2: terngrad with MAX sharing, qsgd at 3 levels, scaled_sign+ef,
-randomk, suresh stall or collapse, accuracy near chance; topk+ef is slower): they are reported "not
-reached", not given their own rate (issue 19 item 5, a per-method grid, is a separate comparison).
+parameters). Both: 8 workers, total batch 64 (8 per worker), momentum 0.9, constant learning rate.
+The sign-type codec runs only with error feedback (scaled_sign+ef); the plain sign is not compared.
+
+Learning rates: two rules, side by side (column "rule"), both tuned on a validation split (20 % of
+the training rows held out, stratified: `data.options.validation`; the test set is not seen), from
+the grid `LR_GRID` (0.025, 0.05, 0.1, 0.2), one tuning seed (`TUNE_SEED` = 100, not one of the
+reported seeds), `steps` steps each, score = the validation loss at the end (a diverged run scores
++inf):
+  fp32-lr  the paper's rule: fp32's best rate, kept for every method;
+  own-lr   each method's own best rate on the same grid.
+Every run of the grid is a row of bits_lr_grid.csv with the rates each rule chose. A method whose
+own rate equals fp32's has the same runs under both rules (training is deterministic given the
+seed); they are run once.
 
 Threshold. The training loss of a step is the mean over the workers' batches; it is smoothed by a
 trailing rolling mean over `window` steps (50; --quick: steps // 5). Phase 1 trains fp32 for `steps`
 steps per seed; threshold = 1.25 x the mean over seeds of the minimum of fp32's smoothed curve.
-Phase 2 trains every method (fp32 again: deterministic, so fp32's ratio is exactly 1) until its
+Phase 2 trains every method under each rule (fp32 again: deterministic, so fp32's ratio is exactly 1) until its
 smoothed loss first reaches the threshold or the cap, `cap_factor` (2) x `steps` ("not reached in
 S"; "diverged" for a non-finite gradient or loss): fp32 reaches it near the end of its own run, so a
 method about as fast needs room past `steps`. At the stopping step: K (1-based step of the hit), the bits one
@@ -26,10 +31,12 @@ of the model then (the accuracy at the threshold; at the last step where not rea
 all-reduce, 2 (N-1)/N x 32 = 56 bits per element each way at N = 8: fp32's best uncompressed baseline.
 
 Outputs (`--out DIR`, default results/compare-bits):
-  bits_runs.csv   one row per (problem, method, seed): `RUN_COLUMNS`
-  bits.csv        one row per (problem, method): `COLUMNS` (ratio to fp32: mean over seeds with a
-                  95 % t-interval; nan unless every seed reached the threshold)
-  bits.png        bits to threshold relative to fp32 per method (log scale), one panel per problem
+  bits_lr_grid.csv  one row per (problem, method, lr) of the tuning grid: `GRID_COLUMNS`
+  bits_runs.csv     one row per (problem, rule, method, seed): `RUN_COLUMNS`
+  bits.csv          one row per (problem, rule, method): `COLUMNS` (ratio to fp32 at fp32's rate:
+                    mean over seeds with a 95 % t-interval; nan unless every seed reached the threshold)
+  bits.png          bits to threshold relative to fp32 per method (log scale), one panel per problem,
+                    one bar per rule
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ import pandas as pd
 
 DEFAULT_OUT = "results/compare-bits"
 FACTOR = 1.25              # threshold = FACTOR x fp32's minimum smoothed training loss (mean over seeds)
+LR_GRID = (0.025, 0.05, 0.1, 0.2)     # learning rates tried on the validation split
+VALIDATION = 0.2           # fraction of the training rows held out for tuning
+TUNE_SEED = 100            # the tuning runs' seed (not one of the reported seeds)
+RULES = ("fp32-lr", "own-lr")
 
 # method -> (codec section, exchange section)
 METHODS = {
@@ -60,11 +71,14 @@ METHODS = {
     "pqasgd": ({"name": "terngrad", "sharing": "mean"}, {"local": "pqasgd", "every": 4}),
 }
 
-RUN_COLUMNS = ["problem", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
+RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
                "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element", "loss_smoothed",
                "accuracy", "seconds"]
-COLUMNS = ["problem", "method", "lr", "seeds", "reached", "threshold", "K_mean", "bits_total_mean", "ratio_mean",
+COLUMNS = ["problem", "rule", "method", "lr", "seeds", "reached", "threshold", "K_mean", "bits_total_mean", "ratio_mean",
            "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean"]
+
+GRID_COLUMNS = ["problem", "method", "lr", "seed", "steps", "status", "val_loss", "val_accuracy", "chosen_fp32_lr",
+                "chosen_own_lr", "seconds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +87,7 @@ class Problem:
     data: str
     model: str
     steps: int
-    lr: float = 0.1
+    lr: float = 0.1            # the rate when no grid is given (`run(lr_grid=())`)
     workers: int = 8
     batch: int = 64            # total
     momentum: float = 0.9
@@ -83,19 +97,22 @@ PROBLEMS = {"logistic": Problem("logistic", "digits", "softmax", 600),
             "convnet": Problem("convnet", "mnist1d", "convnet1d", 800)}
 
 
-def config(problem: Problem, method: str, seed: int, steps: int):
+def config(problem: Problem, method: str, seed: int, steps: int, lr: float | None = None, validation: float = 0.0):
+    """The run config; lr None: the problem's; validation > 0: that fraction of the training rows is
+    held out and `evaluate` sees it instead of the test set."""
     from tgsim.train.config import from_dict
 
     codec, exchange = METHODS[method]
     return from_dict({
         "run": {"name": f"bits-{problem.name}-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
-        "data": {"name": problem.data, "sharding": "iid"},
+        "data": {"name": problem.data, "sharding": "iid",
+                 **({"options": {"validation": validation}} if validation > 0 else {})},
         "model": {"name": problem.model},
         "workers": {"n": problem.workers, "batch": problem.batch, "batch_mode": "total"},
         "codec": dict(codec),
         "exchange": {"mode": "ps", **exchange},
         "optimizer": {"name": "momentum", "momentum": problem.momentum, "weight_decay": 0.0},
-        "schedule": {"name": "constant", "lr": problem.lr},
+        "schedule": {"name": "constant", "lr": problem.lr if lr is None else lr},
     })
 
 
@@ -136,22 +153,54 @@ def train(cfg, window: int, threshold: float | None) -> dict:
                     K, status = t + 1, "reached"
                     break
     steps = t + 1
-    acc = float(setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)[1]) \
-        if not status.startswith("diverged") else float("nan")
-    return dict(K=K, status=status, steps=steps, bits_up=up, bits_down=down, bits_total=up + down,
+    ev_loss, acc = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test) \
+        if not status.startswith("diverged") else (float("nan"), float("nan"))
+    return dict(K=K, status=status, steps=steps, eval_loss=float(ev_loss), accuracy=float(acc), bits_up=up, bits_down=down, bits_total=up + down,
                 bits_up_per_step=up / max(steps, 1), bits_up_per_element=up / max(steps, 1) / n_params,
-                loss_smoothed=smin, accuracy=acc, seconds=time.perf_counter() - t0)
+                loss_smoothed=smin, seconds=time.perf_counter() - t0)
 
 
 def _job(args) -> dict:
-    """One run (in a worker process with jobs > 1): args = (problem, method, seed, window, threshold, cap)."""
+    """One run (in a worker process with jobs > 1):
+    args = (problem, method, seed, window, threshold, cap, lr, validation)."""
     from tgsim.analysis.common import single_thread
 
-    problem, method, seed, window, threshold, cap = args
+    problem, method, seed, window, threshold, cap, lr, validation = args
     with single_thread():
-        r = train(config(problem, method, seed, cap), window, threshold)
-    return dict(problem=problem.name, method=method, seed=seed, lr=problem.lr, cap=cap, window=window,
+        r = train(config(problem, method, seed, cap, lr, validation), window, threshold)
+    return dict(problem=problem.name, method=method, seed=seed, lr=lr, cap=cap, window=window,
                 threshold=threshold if threshold is not None else float("nan"), **r)
+
+
+def choose(grid: pd.DataFrame) -> dict:
+    """{(problem, method): the rate of least validation loss} (a diverged run scores +inf; ties and an
+    all-diverged column go to the smallest rate)."""
+    best = {}
+    for (prob, method), g in grid.groupby(["problem", "method"], sort=False):
+        score = g.val_loss.where(np.isfinite(g.val_loss), np.inf).to_numpy()
+        lrs = g.lr.to_numpy()
+        order = np.lexsort((lrs, score))
+        best[(prob, method)] = float(lrs[order[0]])
+    return best
+
+
+def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame, dict]:
+    """The grid: every (problem, method, lr) trained `problem.steps` steps at TUNE_SEED on the
+    validation split; returns (bits_lr_grid table, {(problem, method): own best rate})."""
+    from tgsim.analysis.compare_speedup import _map
+
+    jobs_ = [(p, m, TUNE_SEED, max(1, min(50, p.steps // 5)), None, p.steps, float(lr), VALIDATION)
+             for p in problems for m in methods for lr in lr_grid]
+    rows = _map(_job, jobs_, jobs, bar)
+    grid = pd.DataFrame([dict(problem=r["problem"], method=r["method"], lr=r["lr"], seed=r["seed"],
+                              steps=r["steps"], status="diverged" if r["status"].startswith("diverged") else "ok",
+                              val_loss=r["eval_loss"], val_accuracy=r["accuracy"], seconds=r["seconds"])
+                         for r in rows])
+    own = choose(grid)
+    fp = {p.name: own[(p.name, "fp32")] for p in problems}
+    grid["chosen_fp32_lr"] = [lr == fp[p] for p, lr in zip(grid.problem, grid.lr)]
+    grid["chosen_own_lr"] = [lr == own[(p, m)] for p, m, lr in zip(grid.problem, grid.method, grid.lr)]
+    return grid[GRID_COLUMNS], own
 
 
 def t_interval(x) -> tuple[float, float, float]:
@@ -169,10 +218,10 @@ def t_interval(x) -> tuple[float, float, float]:
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for (prob, method), g in runs.groupby(["problem", "method"], sort=False):
+    for (prob, rule, method), g in runs.groupby(["problem", "rule", "method"], sort=False):
         every = bool(g.K.notna().all())
         m, lo, hi = t_interval(g.ratio) if every else (float("nan"),) * 3
-        rows.append(dict(problem=prob, method=method, lr=float(g.lr.iloc[0]), seeds=len(g),
+        rows.append(dict(problem=prob, rule=rule, method=method, lr=float(g.lr.iloc[0]), seeds=len(g),
                          reached=int(g.K.notna().sum()), threshold=float(g.threshold.iloc[0]),
                          K_mean=float(g.K.mean()) if every else float("nan"),
                          bits_total_mean=float(g.bits_total.mean()) if every else float("nan"),
@@ -196,11 +245,14 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
         d = runs[(runs.problem == prob) & runs.ratio.notna()]
         order = [m for m in dict.fromkeys(runs[runs.problem == prob].method)]
         if len(d):
-            sns.barplot(data=d, x="method", y="ratio", order=order, errorbar=("ci", 95), ax=ax)
-            sns.stripplot(data=d, x="method", y="ratio", order=order, color="k", size=3, ax=ax)
+            hue_order = [r for r in RULES if r in set(runs.rule)]
+            sns.barplot(data=d, x="method", y="ratio", order=order, hue="rule", hue_order=hue_order,
+                        errorbar=("ci", 95), ax=ax)
+            sns.stripplot(data=d, x="method", y="ratio", order=order, hue="rule", hue_order=hue_order, dodge=True,
+                          palette=["k"] * len(hue_order), size=3, legend=False, ax=ax)
         ax.axhline(1.0, color="k", ls=":")
         ax.set(yscale="log", xlabel="", ylabel="bits (up + down) to threshold / fp32's",
-               title=f"{prob}: loss <= {FACTOR} x fp32's min")
+               title=f"{prob}: loss <= {FACTOR} x fp32's min (missing bar: not reached)")
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -208,9 +260,12 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
 
 
 def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(METHODS), seeds=(0, 1, 2),
-        window: int = 50, cap_factor: float = 2.0, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
-    """Phase 1: fp32 per (problem, seed) for the threshold; phase 2: every (problem, method, seed) to
-    the threshold. Writes the CSVs and the figure to `out` (None: nothing written)."""
+        window: int = 50, cap_factor: float = 2.0, lr_grid=LR_GRID, jobs: int = 1,
+        quiet: bool = False) -> dict[str, pd.DataFrame]:
+    """Phase 0: the learning-rate grid on the validation split (`tune`; lr_grid=(): no tuning, every
+    method at `Problem.lr`, rule fp32-lr only); phase 1: fp32 at its rate per (problem, seed) for the
+    threshold; phase 2: every (problem, rule, method, seed) to the threshold. Writes the CSVs and the
+    figure to `out` (None: nothing written)."""
     from tqdm import tqdm
 
     from tgsim.analysis.compare_speedup import _map
@@ -218,24 +273,38 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     methods = tuple(methods)
     if "fp32" not in methods:
         methods = ("fp32", *methods)        # every ratio is relative to fp32's bits
-    problems = tuple(problems)
+    problems, lr_grid = tuple(problems), tuple(float(x) for x in lr_grid)
     win = {p.name: max(1, min(window, p.steps // 5)) for p in problems}
     t0 = time.perf_counter()
-    first = [(p, "fp32", s, win[p.name], None, p.steps) for p in problems for s in seeds]
-    with tqdm(total=len(first) + len(problems) * len(methods) * len(seeds), desc="compare bits", unit="run",
-              disable=quiet or None) as bar:
+    n_tune = len(problems) * len(methods) * len(lr_grid)
+    with tqdm(total=n_tune + len(problems) * len(seeds) * (1 + len(methods) * (2 if lr_grid else 1)),
+              desc="compare bits", unit="run", disable=quiet or None) as bar:
+        if lr_grid:
+            grid, own = tune(problems, methods, lr_grid, jobs, bar)
+        else:
+            grid, own = pd.DataFrame(columns=GRID_COLUMNS), {(p.name, m): p.lr for p in problems for m in methods}
+        lr = {(p.name, "fp32-lr", m): own[(p.name, "fp32")] for p in problems for m in methods}
+        if lr_grid:
+            lr.update({(p.name, "own-lr", m): own[(p.name, m)] for p in problems for m in methods})
+        first = [(p, "fp32", s, win[p.name], None, p.steps, own[(p.name, "fp32")], 0.0) for p in problems for s in seeds]
         phase1 = _map(_job, first, jobs, bar)
         thr = {p.name: FACTOR * float(np.mean([r["loss_smoothed"] for r in phase1 if r["problem"] == p.name]))
                for p in problems}
-        rest = [(p, m, s, win[p.name], thr[p.name], int(cap_factor * p.steps)) for p in problems for m in methods for s in seeds]
-        rows = _map(_job, rest, jobs, bar)
+        # one run per distinct (problem, method, rate, seed): a rule whose rate equals the other's shares it
+        distinct = list(dict.fromkeys((p, m, lr[(p.name, rule, m)]) for p in problems
+                                      for rule in (RULES if lr_grid else RULES[:1]) for m in methods))
+        bar.total = n_tune + len(first) + len(distinct) * len(seeds)
+        rest = [(p, m, s, win[p.name], thr[p.name], int(cap_factor * p.steps), r, 0.0) for p, m, r in distinct for s in seeds]
+        done = {(r["problem"], r["method"], r["lr"], r["seed"]): r for r in _map(_job, rest, jobs, bar)}
+    rows = [dict(done[(p.name, m, lr[(p.name, rule, m)], s)], rule=rule) for p in problems
+            for rule in (RULES if lr_grid else RULES[:1]) for m in methods for s in seeds]
     runs = pd.DataFrame(rows)
-    ref = runs[runs.method == "fp32"].set_index(["problem", "seed"]).bits_total
+    ref = runs[(runs.method == "fp32") & (runs.rule == RULES[0])].set_index(["problem", "seed"]).bits_total
     fp = runs.apply(lambda r: ref.get((r.problem, r.seed), float("nan")), axis=1)
     runs["ratio"] = np.where(runs.K.notna() & np.isfinite(fp), runs.bits_total / fp, np.nan)
     runs = runs[RUN_COLUMNS]
     table = summarize(runs)
-    res = {"bits_runs": runs, "bits": table}
+    res = {"bits_lr_grid": grid, "bits_runs": runs, "bits": table}
     seconds = time.perf_counter() - t0
     if out is not None:
         out = Path(out)
@@ -244,19 +313,23 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
             df.to_csv(out / f"{name}.csv", index=False)
         _figure(runs, out / "bits.png")
     if not quiet:
-        _print_summary(res, problems, seeds, seconds, out, jobs, cap_factor)
+        _print_summary(res, problems, seeds, seconds, out, jobs, cap_factor, lr_grid)
     return res
 
 
-def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, cap_factor: float) -> None:
+def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, cap_factor: float, lr_grid) -> None:
     table = res["bits"]
     for p in problems:
         t = table[table.problem == p.name]
+        fp_lr = float(t[(t.method == "fp32")].lr.iloc[0])
         print(f"\n{p.name} ({p.data} / {p.model}, {p.workers} workers, batch {p.batch}, momentum {p.momentum}, "
-              f"lr {p.lr}, fp32 {p.steps} steps, cap {int(cap_factor * p.steps)}, seeds {list(seeds)}): threshold {t.threshold.iloc[0]:.4f} "
-              f"(smoothed training loss, {FACTOR} x fp32's minimum)")
-        print(t[["method", "reached", "seeds", "K_mean", "bits_total_mean", "ratio_mean", "ratio_lo", "ratio_hi",
-                 "bits_up_per_element", "accuracy_mean"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+              f"fp32 {p.steps} steps at lr {fp_lr:g}, cap {int(cap_factor * p.steps)}, seeds {list(seeds)}): "
+              f"threshold {t.threshold.iloc[0]:.4f} (smoothed training loss, {FACTOR} x fp32's minimum); "
+              + (f"rates from {list(lr_grid)} on a {VALIDATION:g} validation split, seed {TUNE_SEED}"
+                 if lr_grid else "no tuning"))
+        print(t[["rule", "method", "lr", "reached", "seeds", "K_mean", "bits_total_mean", "ratio_mean", "ratio_lo",
+                 "ratio_hi", "bits_up_per_element", "accuracy_mean"]].to_string(index=False,
+                                                                                float_format=lambda v: f"{v:.4g}"))
     if out is not None:
-        print(f"\nwrote {out}/bits_runs.csv, bits.csv, bits.png ({seconds:.0f} s, {jobs} process"
+        print(f"\nwrote {out}/bits_lr_grid.csv, bits_runs.csv, bits.csv, bits.png ({seconds:.0f} s, {jobs} process"
               f"{'es' if jobs > 1 else ''})")

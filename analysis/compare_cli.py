@@ -1,14 +1,18 @@
-"""`tgsim compare variance | speedup | bits`: the reviewers' questions at equal communication (issue 19).
+"""`tgsim compare variance | speedup | bits | time`: the reviewers' questions at equal communication (issue 19).
 
     tgsim compare variance [--quick] [--out DIR] [--seed S] [--R R] [--n N] [--codecs a,b] [--kinds a,b]
-    tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--jobs J]
-    tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b] [--jobs J]
+    tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--lr-grid a,b]
+                           [--tune-steps T] [--jobs J]
+    tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b]
+                           [--lr-grid a,b] [--jobs J]
+    tgsim compare time     [--quick] [--out DIR] [--bits DIR] [--problem P] [--nets a,b] [--workers 8,16,..]
+                           [--codec-cost gpu|host|none]
 
 Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
 summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
 for reporting); an option given on the command line wins over its --quick value. Heavy imports happen
 only when a command runs (tgsim.analysis.compare_variance, tgsim.analysis.compare_speedup,
-tgsim.analysis.compare_bits).
+tgsim.analysis.compare_bits, tgsim.analysis.compare_time).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ VARIANCE = {"R": (30, 10), "n": (1 << 15, 1 << 14), "seed": (0, 0), "recorded_st
             "kinds": ("gaussian,student_t2,lognormal,sparse,mnist1d", "gaussian,mnist1d"), "codecs": ("", "")}
 SPEEDUP = {"seeds": (3, 3), "workers": ("1,2,4,8,16,32,64", "1,2,4,8"),
            "methods": ("fp32,terngrad,qsgd,scaled_sign+ef,topk+ef,randomk,pqasgd", "fp32,terngrad,topk+ef"),
-           "fixed_m": (16, 4), "jobs": (1, 1)}
+           "fixed_m": (16, 4), "lr_grid": ("0.0625,0.125,0.25,0.5", "0.25,0.5"), "tune_steps": (300, 100),
+           "jobs": (0, 1)}
 # --quick's problem and sweep (tgsim.analysis.compare_speedup.Problem keywords; K M b <= n holds)
 SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
 SPEEDUP_QUICK_SWEEPS = {"qsgd": ("levels", (1, 7))}
 BITS = {"seeds": (3, 1), "steps": (0, 0), "problems": ("logistic,convnet", "logistic,convnet"),
-        "methods": ("", "fp32,terngrad,topk+ef"), "jobs": (1, 1)}
+        "methods": ("", "fp32,terngrad,topk+ef"), "lr_grid": ("0.025,0.05,0.1,0.2", "0.05,0.1"), "jobs": (0, 1)}
 BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30}     # --quick's steps per problem (0: the problem's own)
 
 
@@ -33,6 +38,13 @@ def _resolve(args, table: dict) -> None:
     for dest, (full, quick) in table.items():
         if getattr(args, dest) is None:
             setattr(args, dest, quick if args.quick else full)
+
+
+def _jobs(j: int) -> int:
+    """--jobs 0: one process per core."""
+    import os
+
+    return j if j > 0 else max(1, os.cpu_count() or 1)
 
 
 def _list(text: str, cast=str) -> tuple:
@@ -62,7 +74,8 @@ def _speedup(args) -> int:
         raise SystemExit(f"tgsim compare speedup: unknown method(s) {unknown}; valid: {', '.join(cs.METHODS)}")
     extra = dict(problem=cs.Problem(**SPEEDUP_QUICK_PROBLEM), sweeps=SPEEDUP_QUICK_SWEEPS) if args.quick else {}
     cs.run(args.out, workers=_list(args.workers, int), methods=methods, seeds=tuple(range(args.seeds)),
-           fixed_M=args.fixed_m or None, jobs=args.jobs, **extra)
+           fixed_M=args.fixed_m or None, lr_grid=_list(args.lr_grid, float), tune_steps=args.tune_steps,
+           jobs=_jobs(args.jobs), **extra)
     return 0
 
 
@@ -83,7 +96,23 @@ def _bits(args) -> int:
         steps = args.steps or (BITS_QUICK_STEPS[name] if args.quick else 0)
         p = cb.PROBLEMS[name]
         problems.append(dataclasses.replace(p, steps=steps) if steps else p)
-    cb.run(args.out, problems=problems, methods=methods, seeds=tuple(range(args.seeds)), jobs=args.jobs)
+    cb.run(args.out, problems=problems, methods=methods, seeds=tuple(range(args.seeds)),
+           lr_grid=_list(args.lr_grid, float), jobs=_jobs(args.jobs))
+    return 0
+
+
+TIME = {"nets": ("alexnet,vgg_a,googlenet,resnet50", "alexnet,resnet50"), "workers": ("8,16,32,64,128,256,512", "8,64,512"),
+        "n_wire": (1 << 15, 1 << 12), "n_cost": (1 << 20, 1 << 16)}
+
+
+def _time(args) -> int:
+    from tgsim.analysis import compare_time as ct
+
+    _resolve(args, TIME)
+    bits = args.bits or ("results/compare-bits" if not args.quick else f"{args.out}/bits-quick")
+    ct.run(args.out, bits=bits, bits_quick=args.quick, problem=args.problem, nets=_list(args.nets),
+           workers=_list(args.workers, int), codec_cost=args.codec_cost, n_wire=args.n_wire, n_cost=args.n_cost,
+           jobs=_jobs(0) if not args.quick else 1)
     return 0
 
 
@@ -93,7 +122,7 @@ def _help(table: dict, dest: str) -> str:
 
 
 def register(sub) -> None:
-    """Add `compare` with `variance`, `speedup` and `bits` to the top-level sub-parser action `sub`."""
+    """Add `compare` with `variance`, `speedup`, `bits` and `time` to the top-level sub-parser action `sub`."""
     c = sub.add_parser("compare", help="codecs at equal communication: variance at equal bits, speedup in workers "
                                        "(CSV + figure)")
     csub = c.add_subparsers(dest="what", required=True)
@@ -121,7 +150,12 @@ def register(sub) -> None:
     s.add_argument("--methods", default=None, help="comma-separated methods " + _help(SPEEDUP, "methods"))
     s.add_argument("--fixed-m", type=int, default=None, help="M of the compression sweep, 0: none " +
                    _help(SPEEDUP, "fixed_m"))
-    s.add_argument("--jobs", type=int, default=None, help="processes " + _help(SPEEDUP, "jobs"))
+    s.add_argument("--lr-grid", default=None, help="comma-separated γ0 tuned on a validation split (fp32's best for "
+                   "every method, and each method's own, side by side; empty: γ0 0.25, no tuning) "
+                   + _help(SPEEDUP, "lr_grid"))
+    s.add_argument("--tune-steps", type=int, default=None, help="iterations of each tuning run " +
+                   _help(SPEEDUP, "tune_steps"))
+    s.add_argument("--jobs", type=int, default=None, help="processes, 0: one per core " + _help(SPEEDUP, "jobs"))
     s.set_defaults(func=_speedup)
 
     b = csub.add_parser("bits", help="uplink + downlink bits until the training loss reaches 1.25 x fp32's "
@@ -133,8 +167,27 @@ def register(sub) -> None:
                    "(logistic 600, convnet 800; others capped at 2 x; --quick 100, 30)")
     b.add_argument("--problems", default=None, help="comma-separated problems " + _help(BITS, "problems"))
     b.add_argument("--methods", default=None, help="comma-separated methods " + _help(BITS, "methods"))
-    b.add_argument("--jobs", type=int, default=None, help="processes " + _help(BITS, "jobs"))
+    b.add_argument("--lr-grid", default=None, help="comma-separated learning rates tuned on a validation split "
+                   "(fp32's best for every method, and each method's own, side by side; empty: lr 0.1, no tuning) "
+                   + _help(BITS, "lr_grid"))
+    b.add_argument("--jobs", type=int, default=None, help="processes, 0: one per core " + _help(BITS, "jobs"))
     b.set_defaults(func=_bits)
+
+    t = csub.add_parser("time", help="time to the loss target (steps from compare bits x modeled step time with "
+                                     "measured payloads and codec seconds) on 1/10/100 Gb/s, N = 8..512")
+    t.add_argument("--out", default="results/compare-time", help="directory (default %(default)s)")
+    t.add_argument("--quick", action="store_true", help="2 nets, N = 8, 64, 512, small layers; runs compare bits "
+                   "--quick into OUT/bits-quick unless --bits is given: a smoke test")
+    t.add_argument("--bits", default=None, help="directory of compare bits' bits_runs.csv (default "
+                   "results/compare-bits; run there first when missing)")
+    t.add_argument("--problem", default="convnet", help="the compare bits problem whose steps are used "
+                   "(default %(default)s)")
+    t.add_argument("--nets", default=None, help="comma-separated perf-model nets " + _help(TIME, "nets"))
+    t.add_argument("--workers", default=None, help="comma-separated N " + _help(TIME, "workers"))
+    t.add_argument("--codec-cost", default="gpu", choices=("gpu", "host", "none"),
+                   help="codec seconds: host-measured x TernGrad's GPU/host ratio (gpu), as measured (host), or "
+                        "none (default %(default)s)")
+    t.set_defaults(func=_time, n_wire=None, n_cost=None)
 
 
 def main(argv=None) -> int:  # pragma: no cover - convenience: python -m tgsim.analysis.compare_cli

@@ -2,13 +2,22 @@
 and against the compression ratio at a fixed M (Jiang & Agrawal 2018: does sparsity or quantization
 cost the linear speedup?).
 
+Learning rates, two rules side by side (column "rule"), from the grid `LR_GRID` of γ0 (0.0625,
+0.125, 0.25, 0.5), tuned on a validation split (20 % of the training rows held out:
+`data.options.validation`): every (method, γ0) trains `tune_steps` (300) iterations at M =
+`tune_M` (the fixed M of the compression sweep, 16), seed `TUNE_SEED` (100, not a reported seed);
+score = the validation loss then (diverged: +inf); rows in speedup_lr_grid.csv.
+  fp32-lr  the paper's rule: fp32's best γ0 for every method;
+  own-lr   each method's own best γ0 (runs shared with fp32-lr where the two are equal).
+The compression sweep runs under fp32-lr only (a per-knob grid is not run).
+
 Problem: least squares with a known optimum (model and data "least_squares", `Setup.optimum` = w*,
 the training-set minimiser from the normal equations), f(w) = 1/(2n) ||X w - y||^2, rows x = z * s
 with the spectrum s_i^2 from 1 to 1/cond (the Hessian H = E[x x^T]), labels y = x.w_true + σ e.
 M workers, each with its own fixed per-worker batch b (`batch_mode = "per_worker"`): the total batch
 M b grows with M, the linear-speedup regime. Plain SGD, Robbins-Monro rate γ_t = γ0 / (1 + t/τ), the
-same rule for every method and M (fp32's; not tuned per method). Defaults (`Problem`): d = 64,
-cond = 1, σ = 6, b = 64, γ0 = 0.25, τ = 16, ε = 0.02, n = 2^18 rows. Batches are drawn without
+same rule for every M (γ0 from the grid above). Defaults (`Problem`): d = 64,
+cond = 1, σ = 6, b = 64, γ0 = 0.25 (without a grid), τ = 16, ε = 0.02, n = 2^18 rows. Batches are drawn without
 replacement within each worker's shard; once a run passes an epoch the noise of the epoch's batches
 cancels at w* (random reshuffling) and K drops faster than 1/M, so n is chosen with K M b <= n
 (one epoch at most) where the speedup is linear.
@@ -35,14 +44,15 @@ reported "not reached" (K = NaN, `status` says why), as is a run whose distance 
 on x_s, the last synchronized model, so its K is a sync step; K counts iterations (local steps).
 
 Outputs (`--out DIR`, default results/compare-speedup):
-  speedup_runs.csv   one row per (sweep, method, knob, M, seed): K, status, cap, steps run, measured
+  speedup_lr_grid.csv  one row per (method, γ0) of the tuning grid: `GRID_COLUMNS`
+  speedup_runs.csv   one row per (sweep, rule, method, knob, M, seed): the rule and its γ0 (lr), K, status, cap, steps run, measured
                      uplink bits per element per iteration (from the exchange's byte counts),
                      compression ratio 32 / bits, seconds
-  speedup.csv        one row per (sweep, method, knob, M): seeds reached, geometric mean of K with a
+  speedup.csv        one row per (sweep, rule, method, knob, M): seeds reached, geometric mean of K with a
                      95 % t-interval over seeds (on log K; nan unless every seed reached ε),
                      speedup K_fp32(M=1) / K, efficiency
                      speedup / M, local slope d log K / d log M to the previous M
-  speedup_fit.csv    one row per method: slope of log K on log M (least squares over every reached
+  speedup_fit.csv    one row per (rule, method): slope of log K on log M (least squares over every reached
                      (M, seed), 95 % t-interval), the same over the linear part, and M_linear: the
                      largest M up to which every local slope is <= -0.8 (the first M whose local slope
                      rises above -0.8 ends it)
@@ -62,6 +72,12 @@ import pandas as pd
 
 DEFAULT_OUT = "results/compare-speedup"
 LINEAR_SLOPE = -0.8          # a local slope above this ends the linear regime
+LR_GRID = (0.0625, 0.125, 0.25, 0.5)    # γ0 tried on the validation split
+VALIDATION = 0.2
+TUNE_SEED = 100
+RULES = ("fp32-lr", "own-lr")
+GRID_COLUMNS = ["method", "lr", "workers", "seed", "steps", "status", "val_loss", "chosen_fp32_lr", "chosen_own_lr",
+                "seconds"]
 
 # method -> (codec section, exchange section); the problem's other sections come from `config`
 METHODS = {
@@ -95,8 +111,10 @@ class Problem:
     eps: float = 0.02        # target ||w - w*|| / ||w*||
 
 
-def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_over: dict | None = None):
-    """The run config of `method` with M workers (tgsim.train.config.Config)."""
+def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_over: dict | None = None,
+           validation: float = 0.0):
+    """The run config of `method` with M workers (tgsim.train.config.Config); validation > 0 holds
+    that fraction of the training rows out (evaluate then sees it)."""
     from tgsim.train.config import from_dict
 
     codec, exchange = METHODS[method]
@@ -104,7 +122,8 @@ def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_o
     return from_dict({
         "run": {"name": f"speedup-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
         "data": {"name": "least_squares", "options": {"n": problem.n, "dim": problem.dim, "noise": problem.noise,
-                                                       "cond": problem.cond}},
+                                                       "cond": problem.cond,
+                                                       **({"validation": validation} if validation else {})}},
         "model": {"name": "least_squares"},
         "workers": {"n": M, "batch": problem.batch, "batch_mode": "per_worker"},
         "codec": codec,
@@ -235,10 +254,11 @@ def fit_slope(M, K, seed) -> dict:
 def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(speedup.csv, speedup_fit.csv) from the per-run rows."""
     rows = []
-    keys = ["sweep", "method", "knob", "knob_value"]
+    keys = ["sweep", "rule", "method", "knob", "knob_value"]
     for key, g in runs.groupby(keys, sort=False, dropna=False):
         prev = None
-        base = runs[(runs.method == "fp32") & (runs.workers == runs.workers.min()) & (runs.sweep == "workers")]
+        base = runs[(runs.method == "fp32") & (runs.workers == runs.workers.min()) & (runs.sweep == "workers")
+                    & (runs.rule == RULES[0])]
         k1 = t_interval(np.log(base.K))[0] if len(base) else float("nan")
         for M, gm in g.groupby("workers"):
             # over all seeds, or nan where some seed did not reach eps (a mean of the reached ones would flatter)
@@ -253,8 +273,8 @@ def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             prev = (M, gmean)
     table = pd.DataFrame(rows)
     fits = []
-    for method, g in runs[runs.sweep == "workers"].groupby("method", sort=False):
-        t = table[(table.sweep == "workers") & (table.method == method)].sort_values("workers")
+    for (rule, method), g in runs[runs.sweep == "workers"].groupby(["rule", "method"], sort=False):
+        t = table[(table.sweep == "workers") & (table.rule == rule) & (table.method == method)].sort_values("workers")
         m_lin = float(t.workers.iloc[0]) if len(t) else float("nan")
         for M, s in zip(t.workers.iloc[1:], t.local_slope.iloc[1:]):
             if not (s <= LINEAR_SLOPE):       # nan (not reached) ends it too
@@ -262,7 +282,7 @@ def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             m_lin = float(M)
         lin = g[g.workers <= m_lin]
         f_all, f_lin = fit_slope(g.workers, g.K, g.seed), fit_slope(lin.workers, lin.K, lin.seed)
-        fits.append(dict(method=method, **f_all, M_linear=m_lin, **{f"linear_{k}": v for k, v in f_lin.items()},
+        fits.append(dict(rule=rule, method=method, lr=float(g.lr.iloc[0]), **f_all, M_linear=m_lin, **{f"linear_{k}": v for k, v in f_lin.items()},
                          not_reached=int(g.K.isna().sum()), runs=len(g)))
     return table, pd.DataFrame(fits)
 
@@ -279,15 +299,17 @@ def _figure(table: pd.DataFrame, path: Path, fixed_M: int | None, fp32_K: dict) 
     fig, axes = plt.subplots(1, 2 if len(sweep) else 1, figsize=(11 if len(sweep) else 6, 4.2), squeeze=False)
     ax = axes[0, 0]
     w = table[table.sweep == "workers"]
-    sns.lineplot(data=w, x="workers", y="K_gmean", hue="method", marker="o", ax=ax, errorbar=None)
-    for method, g in w.groupby("method", sort=False):
+    sns.lineplot(data=w, x="workers", y="K_gmean", hue="method", style="rule", style_order=list(RULES),
+                 marker="o", ax=ax, errorbar=None)
+    for _, g in w[w.rule == RULES[0]].groupby("method", sort=False):
         ax.fill_between(g.workers, g.K_lo, g.K_hi, alpha=0.12)
-    fp = w[w.method == "fp32"].sort_values("workers")
+    fp = w[(w.method == "fp32") & (w.rule == RULES[0])].sort_values("workers")
     if len(fp) and math.isfinite(fp.K_gmean.iloc[0]):
         ms = np.array(sorted(w.workers.unique()), dtype=float)
         ax.plot(ms, fp.K_gmean.iloc[0] * ms[0] / ms, "k:", label="ideal 1/M (fp32)")
     ax.set(xscale="log", yscale="log", xlabel="workers M (fixed per-worker batch)",
-           ylabel="iterations K to ||w-w*||/||w*|| <= eps")
+           ylabel="iterations K to ||w-w*||/||w*|| <= eps",
+           title="solid: fp32's γ0 for all; dashed: own γ0 (95 % bands: fp32-lr)")
     ms = sorted(w.workers.unique())
     ax.set_xticks(ms, [str(int(m)) for m in ms])
     ax.minorticks_off()
@@ -319,8 +341,57 @@ def _job(args) -> dict:
     cfg = config(problem, M, method, seed, cap, {key: value} if key else None)
     with single_thread():
         r = hitting_time(cfg, problem.eps, _SETUPS)
-    return dict(sweep=sweep, method=method, knob=key or "", knob_value=value if key else np.nan,
+    return dict(sweep=sweep, method=method, lr=problem.lr, knob=key or "", knob_value=value if key else np.nan,
                 workers=M, seed=seed, eps=problem.eps, cap=cap, **r)
+
+
+def validation_loss(cfg) -> dict:
+    """Train cfg.run.steps iterations (no early stop) and return the loss on the held-out rows."""
+    from tgsim.errors import NonFiniteGradientError
+    from tgsim.train.loop import build, start_residual, step_function
+
+    t0 = time.perf_counter()
+    setup = build(cfg)
+    params = setup.model.init(cfg.run.seed)
+    opt = setup.optimizer.init(params)
+    residual = start_residual(setup, {})
+    step_fn = step_function(setup)
+    status, loss = "ok", float("inf")
+    with np.errstate(over="ignore", invalid="ignore"):
+        try:
+            for t in range(cfg.run.steps):
+                params, opt, _ = step_fn(setup, params, opt, t, False, residual=residual)
+            loss = float(setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)[0])
+        except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
+            status = f"diverged ({type(e).__name__})"
+    if not math.isfinite(loss):
+        status, loss = ("diverged" if status == "ok" else status), float("inf")
+    return dict(status=status, val_loss=loss, seconds=time.perf_counter() - t0)
+
+
+def _tune_job(args) -> dict:
+    """One tuning run: args = (method, lr, M, steps, problem)."""
+    from tgsim.analysis.common import single_thread
+
+    method, lr, M, steps, problem = args
+    cfg = config(dataclasses.replace(problem, lr=lr), M, method, TUNE_SEED, steps, validation=VALIDATION)
+    with single_thread():
+        r = validation_loss(cfg)
+    return dict(method=method, lr=lr, workers=M, seed=TUNE_SEED, steps=steps, **r)
+
+
+def tune(problem: Problem, methods, lr_grid, M: int, steps: int, jobs: int, bar) -> tuple[pd.DataFrame, dict]:
+    """The γ0 grid of every method on the validation split: (speedup_lr_grid table, {method: best γ0});
+    ties and an all-diverged method go to the smallest γ0."""
+    rows = _map(_tune_job, [(m, float(lr), M, steps, problem) for m in methods for lr in lr_grid], jobs, bar)
+    grid = pd.DataFrame(rows)
+    own = {}
+    for m, g in grid.groupby("method", sort=False):
+        order = np.lexsort((g.lr.to_numpy(), g.val_loss.to_numpy()))
+        own[m] = float(g.lr.to_numpy()[order[0]])
+    grid["chosen_fp32_lr"] = grid.lr == own["fp32"]
+    grid["chosen_own_lr"] = [lr == own[m] for m, lr in zip(grid.method, grid.lr)]
+    return grid[GRID_COLUMNS], own
 
 
 def _map(fn, items, jobs: int, bar):
@@ -342,39 +413,62 @@ def _map(fn, items, jobs: int, bar):
         return out
 
 
+RUN_COLUMNS = ["sweep", "rule", "method", "lr", "knob", "knob_value", "workers", "seed", "eps", "cap", "K", "status",
+               "steps", "dist_final", "bits_up", "seconds", "compression"]
+
+
 def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METHODS), seeds=(0, 1, 2),
         problem: Problem = Problem(), fixed_M: int | None = 16, sweeps=None, cap_factor: float = 8.0,
-        min_cap: int = 400, fp32_cap: int = 40000, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
-    """Every (method, M, seed) of the worker sweep and every (method, knob, seed) of the compression
-    sweep at fixed_M (None: no sweep), fp32 first (its K sets the others' caps), in `jobs` processes;
-    writes the CSVs and the figure to `out` (None: nothing written). See the module docstring."""
+        min_cap: int = 400, fp32_cap: int = 40000, lr_grid=LR_GRID, tune_steps: int = 300, jobs: int = 1,
+        quiet: bool = False) -> dict[str, pd.DataFrame]:
+    """The γ0 grid on the validation split (`tune`, at M = fixed_M or 8; lr_grid=(): none, every
+    method at problem.lr, rule fp32-lr only), then every (rule, method, M, seed) of the worker sweep
+    and every (method, knob, seed) of the compression sweep at fixed_M (None: no sweep; fp32's γ0),
+    fp32 first (its K sets the others' caps), in `jobs` processes; writes the CSVs and the figure to
+    `out` (None: nothing written). See the module docstring."""
     from tqdm import tqdm
 
     sweeps = SWEEPS if sweeps is None else sweeps
     methods = tuple(methods)
     if "fp32" not in methods:
         methods = ("fp32", *methods)       # every cap is relative to fp32's K
+    lr_grid = tuple(float(x) for x in lr_grid)
+    rules = RULES if lr_grid else RULES[:1]
     Ms = sorted(set(workers) | ({fixed_M} if fixed_M is not None else set()))
-    first = [("workers", "fp32", None, None, M, s) for s in seeds for M in Ms]
-    rest = [("workers", m, None, None, M, s) for s in seeds for m in methods if m != "fp32" for M in workers]
-    if fixed_M is not None:
-        rest += [("compression", m, key, v, fixed_M, s) for s in seeds for m, (key, values) in sweeps.items()
-                 for v in values]
     t0 = time.perf_counter()
-    with tqdm(total=len(first) + len(rest), desc="compare speedup", unit="run", disable=quiet or None) as bar:
-        rows = _map(_job, [(j, problem, fp32_cap) for j in first], jobs, bar)
+    with tqdm(total=len(methods) * len(lr_grid) + len(Ms) * len(seeds), desc="compare speedup", unit="run",
+              disable=quiet or None) as bar:
+        if lr_grid:
+            grid, own = tune(problem, methods, lr_grid, fixed_M or 8, tune_steps, jobs, bar)
+        else:
+            grid, own = pd.DataFrame(columns=GRID_COLUMNS), {m: problem.lr for m in methods}
+        lr = {(rule, m): own["fp32"] if rule == "fp32-lr" else own[m] for rule in rules for m in methods}
+        at = {r: dataclasses.replace(problem, lr=r) for r in set(lr.values())}
+        first = [("workers", "fp32", None, None, M, s) for s in seeds for M in Ms]
+        rows = _map(_job, [(j, at[own["fp32"]], fp32_cap) for j in first], jobs, bar)
         fp32_K = {(r["workers"], r["seed"]): r["K"] for r in rows}
 
         def cap(M, seed):
             ref = fp32_K[(M, seed)]
             return max(min_cap, int(cap_factor * ref)) if math.isfinite(ref) else fp32_cap
 
-        rows += _map(_job, [(j, problem, cap(j[4], j[5])) for j in rest], jobs, bar)
+        distinct = list(dict.fromkeys((m, lr[(rule, m)]) for rule in rules for m in methods if m != "fp32"))
+        rest = [(("workers", m, None, None, M, s), r) for m, r in distinct for s in seeds for M in workers]
+        if fixed_M is not None:
+            rest += [(("compression", m, key, v, fixed_M, s), own["fp32"]) for s in seeds
+                     for m, (key, values) in sweeps.items() for v in values]
+        bar.total = bar.n + len(rest)
+        bar.refresh()
+        rows += _map(_job, [(j, at[r], cap(j[4], j[5])) for j, r in rest], jobs, bar)
+    rows = [dict(r, rule=rule) for r in rows for rule in rules
+            if (r["sweep"] == "workers" and lr[(rule, r["method"])] == r["lr"])
+            or (r["sweep"] == "compression" and rule == RULES[0])]
     runs = pd.DataFrame(rows)
     runs = runs[(runs.method != "fp32") | runs.workers.isin(workers)].reset_index(drop=True)
     runs["compression"] = 32.0 / runs.bits_up
+    runs = runs[RUN_COLUMNS]
     table, fits = summarize(runs)
-    res = {"speedup_runs": runs, "speedup": table, "speedup_fit": fits}
+    res = {"speedup_lr_grid": grid, "speedup_runs": runs, "speedup": table, "speedup_fit": fits}
     seconds = time.perf_counter() - t0
     if out is not None:
         out = Path(out)
@@ -388,14 +482,19 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
 
 
 def _print_summary(res: dict, problem: Problem, seconds: float, out, jobs: int = 1) -> None:
-    table, fits = res["speedup"], res["speedup_fit"]
+    table, fits, grid = res["speedup"], res["speedup_fit"], res["speedup_lr_grid"]
+    if len(grid):
+        print("γ0 of least validation loss (grid " + ", ".join(f"{x:g}" for x in sorted(set(grid.lr))) +
+              f", M = {int(grid.workers.iloc[0])}, {int(grid.steps.iloc[0])} iterations, seed {TUNE_SEED}): " +
+              ", ".join(f"{m} {float(g[g.chosen_own_lr].lr.iloc[0]):g}" for m, g in grid.groupby("method", sort=False)))
     w = table[table.sweep == "workers"]
-    piv = w.pivot(index="workers", columns="method", values="K_gmean")
-    print(f"iterations K to ||w-w*||/||w*|| <= {problem.eps} (geometric mean over seeds; nan: not reached), "
-          f"least squares dim {problem.dim}, per-worker batch {problem.batch}, lr {problem.lr}/(1+t/{problem.tau}):")
-    print(piv.round(0).to_string())
+    for rule, wr in w.groupby("rule", sort=False):
+        piv = wr.pivot(index="workers", columns="method", values="K_gmean")
+        print(f"\n{rule}: iterations K to ||w-w*||/||w*|| <= {problem.eps} (geometric mean over seeds; nan: not "
+              f"reached), least squares dim {problem.dim}, per-worker batch {problem.batch}, γ0/(1+t/{problem.tau}):")
+        print(piv.round(0).to_string())
     print(f"\nslope of log K on log M (95 % interval), and M_linear (local slopes <= {LINEAR_SLOPE} up to it):")
-    print(fits[["method", "slope", "slope_lo", "slope_hi", "M_linear", "linear_slope", "not_reached"]]
+    print(fits[["rule", "method", "lr", "slope", "slope_lo", "slope_hi", "M_linear", "linear_slope", "not_reached"]]
           .round(3).to_string(index=False))
     c = table[table.sweep == "compression"]
     if len(c):
@@ -403,5 +502,5 @@ def _print_summary(res: dict, problem: Problem, seconds: float, out, jobs: int =
         print(c[["method", "knob", "knob_value", "compression", "K_gmean", "K_lo", "K_hi", "reached", "seeds"]]
               .round(2).to_string(index=False))
     if out is not None:
-        print(f"\nwrote {out}/speedup_runs.csv, speedup.csv, speedup_fit.csv, speedup.png ({seconds:.0f} s, "
+        print(f"\nwrote {out}/speedup_lr_grid.csv, speedup_runs.csv, speedup.csv, speedup_fit.csv, speedup.png ({seconds:.0f} s, "
               f"{jobs} process{'es' if jobs > 1 else ''})")

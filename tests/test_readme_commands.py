@@ -71,6 +71,7 @@ QUICK = {
     ".venv/bin/tgsim compare variance": (None, []),
     ".venv/bin/tgsim compare speedup": (None, []),
     ".venv/bin/tgsim compare bits": (None, []),             # tests/test_compare_bits.py
+    ".venv/bin/tgsim compare time": (None, []),             # tests/test_compare_time.py
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
