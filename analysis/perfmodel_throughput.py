@@ -43,7 +43,7 @@ qualitative claims on any model function with `iteration`'s signature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from tgsim.analysis.perfmodel_nets import Net, get_net
@@ -131,12 +131,37 @@ class Exchange:
             raise ValueError("servers must be >= 0 (0 = one shard per node)")
 
 
-def message_seconds(codec: str, n: int, gpus: int, cluster: Cluster, ex: Exchange) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Wire:
+    """A codec described by measured numbers instead of `layer_bytes`' formulas (tgsim compare time).
+
+    per_element[gpus] = {"up", "down", "reduce"}: bytes per gradient element of one worker's message
+    (up; also one message of an all-gather), of the server's answer (down) and of the all-reduce
+    buffer (reduce), at that worker count. encode / decode: seconds per element to encode one worker's
+    gradient and to decode-and-add one message. Decoding: a ps server decodes its share of the G
+    messages (G/M of them for M shards) and the worker decodes the answer; an all-gather worker
+    decodes G-1 messages; a ring all-reduce decodes its summed buffer once."""
+
+    name: str
+    per_element: dict = field(hash=False)
+    encode: float = 0.0
+    decode: float = 0.0
+
+    def layer_bytes(self, n: int, gpus: int) -> dict:
+        return {k: v * n for k, v in self.per_element[gpus].items()}
+
+    def decode_seconds(self, n: int, gpus: int, ex: "Exchange", nodes: int) -> float:
+        if ex.pattern == "ps":
+            return self.decode * n * (gpus / (ex.servers or nodes) + 1)
+        return self.decode * n * ((gpus - 1) if ex.pattern == "allgather" else 1)
+
+
+def message_seconds(codec: "str | Wire", n: int, gpus: int, cluster: Cluster, ex: Exchange) -> tuple[float, float]:
     """(uplink-stage, downlink-stage) seconds of one layer's exchange; a one-stage pattern returns (t, 0)."""
     net = cluster.network
     g = min(gpus, cluster.gpus_per_node)
     nodes = -(-gpus // cluster.gpus_per_node)
-    b = layer_bytes(codec, n, gpus, ex.packing, ex.downlink)
+    b = codec.layer_bytes(n, gpus) if isinstance(codec, Wire) else layer_bytes(codec, n, gpus, ex.packing, ex.downlink)
     intra = Network("intra-node", cluster.intra_bandwidth, 1e-6, 1.0)
     if net.medium == "shared":
         if ex.pattern == "ps":
@@ -155,9 +180,11 @@ def message_seconds(codec: str, n: int, gpus: int, cluster: Cluster, ex: Exchang
     return link.seconds((gpus - 1) * b["up"]) + (gpus - 1) * link.latency, 0.0
 
 
-def iteration(net: Net | str, codec: str, gpus: int, cluster: Cluster | str = "ethernet",
+def iteration(net: Net | str, codec: "str | Wire", gpus: int, cluster: Cluster | str = "ethernet",
               exchange: Exchange | None = None, batch: int | None = None) -> dict:
-    """One synchronous iteration: compute, exchange, overlap; returns times (s) and throughput."""
+    """One synchronous iteration: compute, exchange, overlap; returns times (s) and throughput. A `Wire`
+    codec brings its own bytes and its measured encode (delays the message) and decode (adds to the
+    exchange's last stage) seconds."""
     net = get_net(net) if isinstance(net, str) else net
     cluster = CLUSTERS[cluster] if isinstance(cluster, str) else cluster
     ex = exchange or Exchange()
@@ -167,16 +194,26 @@ def iteration(net: Net | str, codec: str, gpus: int, cluster: Cluster | str = "e
     bwd = compute - fwd
     total_macs = sum(l.macs for l in net.layers) or 1
     t_bwd, t_up_free, t_down_free = 0.0, 0.0, 0.0
-    comm_total = 0.0
+    comm_total = codec_total = 0.0
     shared = cluster.network.medium == "shared"
+    nodes = -(-gpus // cluster.gpus_per_node)
     for layer in reversed(net.layers):          # backward: the last layer's gradient is ready first
         t_bwd += bwd * layer.macs / total_macs
         if gpus == 1:
             continue
-        enc = ex.codec_seconds_per_element * layer.params if codec == "terngrad" else 0.0
+        dec = 0.0
+        if isinstance(codec, Wire):
+            enc, dec = codec.encode * layer.params, codec.decode_seconds(layer.params, gpus, ex, nodes)
+        else:
+            enc = ex.codec_seconds_per_element * layer.params if codec == "terngrad" else 0.0
         up, down = message_seconds(codec, layer.params, gpus, cluster, ex)
         if shared:                               # one medium: uplink and downlink share it
             up, down = up + down, 0.0
+        if down > 0:
+            down += dec
+        else:
+            up += dec
+        codec_total += enc + dec
         comm_total += up + down + enc
         ready = (t_bwd if ex.overlap else bwd) + enc
         start = max(ready, t_up_free)
@@ -189,8 +226,8 @@ def iteration(net: Net | str, codec: str, gpus: int, cluster: Cluster | str = "e
         it, exposed = fwd + end, end - bwd
     else:
         it, exposed = compute + comm_total, comm_total
-    return {"net": net.name, "codec": codec, "gpus": gpus, "batch": b, "compute": compute, "forward": fwd,
-            "backward": bwd, "comm": comm_total, "exposed_comm": exposed, "iteration": it,
+    return {"net": net.name, "codec": codec.name if isinstance(codec, Wire) else codec, "gpus": gpus, "batch": b,
+            "compute": compute, "forward": fwd, "backward": bwd, "comm": comm_total, "codec_seconds": codec_total, "exposed_comm": exposed, "iteration": it,
             "throughput": gpus * b / it, "unit": net.unit}
 
 

@@ -1,0 +1,322 @@
+"""`tgsim compare time`: time to a training target on 1, 10 and 100 Gb/s links and N = 8 to 512
+workers, per method, counting each codec's own encode and decode (issue 19, item 4).
+
+    time to target (method, net, link, N) = K(method) x t_step(method, net, link, N)
+
+K: the steps to the loss threshold measured by `tgsim compare bits` (its bits_runs.csv, the
+MNIST-1D convnet by default: 8 workers, total batch 64; mean over the seeds, every seed must have
+reached the threshold, else "not reached"), under both learning-rate rules (fp32-lr, own-lr).
+K is ASSUMED to carry over to the net and to N (the model's nets are not trained here; strong
+scaling at a fixed total batch is the assumption of TernGrad's Fig. 5 too). PQASGD's K counts local
+steps; it exchanges every `every` steps, so its step time is ((every - 1) t_compute + t_sync) / every.
+
+t_step: `perfmodel_throughput.iteration` (wait-free backprop, per-layer messages, the net's layers
+and per-GPU compute time; nodes of 4 P100 with NVLink inside) with a `Wire` per method, built from
+numbers measured in this run:
+  bytes    the real payloads of the codec (registry defaults of `compare_bits.METHODS`) on a layer of
+           `n_wire` elements, encoded for every N of the sweep (gradients g_w = m + e_w: a common
+           Gaussian part and a worker's own, equal power), counted by the in-process exchange
+           (`InProcessExchange.aggregate`) in each pattern the codec supports: ps (sharded, one
+           server per node), allgather, and for TernGrad's packed codes a ring all-reduce of int8/int16
+           code sums. fp32, fp16 and bf16 may also travel as a ring all-reduce of 4, 2 and 2 bytes
+           per element (the optimized uncompressed baselines: NCCL reduces fp16/bf16 natively), and
+           fp32 through the sharded ps, 4 bytes each way. The model sends one message per layer
+           (no bucketing): a ring pays 2 (N-1) latencies per layer, a ps one.
+  compute  encode (prepare + encode of 8 workers' copies, per worker) and decode-and-add (the
+           exchange's aggregate of 8 messages, per message) on one core of this host, seconds per
+           element (`tgsim.bench.timing.time_call`, medians). `codec_cost`:
+             "gpu"   (default) host seconds x TernGrad's GPU/host ratio: TernGrad's CUDA encode of a
+                     64M-element layer measured 0.55-0.64 ms on an H100 (9.5e-12 s per element) over
+                     its host encode measured here; the SAME factor for every codec (an assumption:
+                     only TernGrad's kernels were timed on a GPU);
+             "host"  the host seconds as measured (a CPU cluster);
+             "none"  no codec cost (what such comparisons usually assume; shown to size the effect).
+           Error feedback's residual update (two vector passes) is not counted.
+Each method takes, at each (net, link, N), the fastest pattern it supports.
+
+Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per message), 100 Gb/s InfiniBand (2 us); 90 %
+efficiency. Nets: AlexNet, VGG-A (mostly fully-connected weights), GoogLeNet, ResNet-50
+(`perfmodel_nets`).
+
+Outputs (`--out DIR`, default results/compare-time):
+  time_wire.csv   one row per (method, N, pattern): measured bytes per element up / down / reduce
+  time_codec.csv  one row per method: host encode / decode seconds per element, and as used
+  time.csv        one row per (rule, net, link, N, method): `COLUMNS`; speedup_fp32 = fp32's time /
+                  the method's, speedup_best = the best of fp32 / fp16 / bf16 over the method's
+                  (> 1: the codec wins against every uncompressed baseline)
+  time.png        speedup_best against N, one panel per (net, link), one line per method (own-lr, where
+                  every method has its own rate; fp32-lr is in time.csv)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_OUT = "results/compare-time"
+GPU_TERNGRAD_ENCODE = 0.6e-3 / (64 * 2 ** 20)   # s per element: H100, CUDA codec, 64M-element layer
+FLOATS = {"fp32": 4, "fp16": 2, "bf16": 2}      # ring all-reduce bytes per element
+NETS = ("alexnet", "vgg_a", "googlenet", "resnet50")
+WORKERS = (8, 16, 32, 64, 128, 256, 512)
+LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
+CODEC_COSTS = ("gpu", "host", "none")
+COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "lr", "K", "pattern", "t_step", "compute",
+           "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "best_float",
+           "codec_cost"]
+
+
+def _config(method: str):
+    from tgsim.analysis.compare_bits import METHODS
+    from tgsim.train.config import CodecConfig
+
+    section = dict(METHODS[method][0])
+    section.pop("error_feedback", None)          # the residual does not change the bytes on the wire
+    return CodecConfig(**section), METHODS[method][1]
+
+
+def _encode(codec, layers: dict, ids):
+    stats = codec.prepare_many(layers)
+    shared = None
+    if codec.properties.shared_stats is not None:
+        local = codec.local_scalers_many(stats, len(ids))
+        shared = local.max(axis=0) if codec.properties.shared_stats == "max" else local.mean(axis=0)
+    return codec.encode_many(layers, 1, 0, ids, shared, stats), shared is not None
+
+
+def patterns(codec) -> tuple[str, ...]:
+    return ("ps", "allgather", "allreduce") if codec.properties.wire == "tgm1" else ("ps", "allgather")
+
+
+def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0) -> pd.DataFrame:
+    """Bytes per element one worker sends/receives per exchange, from real payloads, per (method, N,
+    pattern); perf-model fields: up (one message), down (the server's answer), reduce (ring buffer)."""
+    from tgsim.codecs import registry
+    from tgsim.exchange import InProcessExchange
+
+    rng = np.random.default_rng(seed)
+    common = rng.standard_normal(n).astype(np.float32)
+    rows = []
+    for N in workers:
+        g = (common + rng.standard_normal((N, n)).astype(np.float32)) / np.float32(math.sqrt(2.0))
+        ids = np.arange(N)
+        for method in methods:
+            if method in FLOATS:
+                rows.append(dict(method=method, workers=N, pattern="ring", up=0.0, down=0.0,
+                                 reduce=float(FLOATS[method]), sent=2 * (N - 1) / N * FLOATS[method]))
+            if method == "fp32":      # the float32 wire is counted as a ring by the exchange; its ps: 4 B each way
+                rows.append(dict(method=method, workers=N, pattern="ps", up=4.0, down=4.0, reduce=0.0, sent=4.0))
+                continue
+            cfg, _ = _config(method)
+            codec = registry.make_codec(cfg)
+            msgs, shared = _encode(codec, {"g": g}, ids)
+            for pat in patterns(codec):
+                _, b = InProcessExchange(N).aggregate(codec, msgs, pat, shared)
+                if pat == "ps":
+                    f = dict(up=b.sent / n, down=b.received / n, reduce=0.0)
+                elif pat == "allgather":
+                    f = dict(up=b.sent / (N - 1) / n, down=0.0, reduce=0.0)
+                else:
+                    f = dict(up=0.0, down=0.0, reduce=b.sent / (2 * (N - 1) / N) / n)
+                rows.append(dict(method=method, workers=N, pattern="ring" if pat == "allreduce" else pat,
+                                 sent=b.sent / n, **f))
+    return pd.DataFrame(rows)
+
+
+def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int = 3) -> pd.DataFrame:
+    """Host seconds per element: encode (per worker) and decode-and-add (per message, the exchange's
+    aggregate in ps mode), one thread; fp32 has neither (the ring adds floats on the GPU)."""
+    from tgsim.analysis.common import single_thread
+    from tgsim.bench.timing import time_call
+    from tgsim.codecs import registry
+    from tgsim.exchange import InProcessExchange
+
+    g = np.random.default_rng(1).standard_normal((workers, n)).astype(np.float32)
+    ids = np.arange(workers)
+    rows = []
+    with single_thread():
+        for method in methods:
+            if method == "fp32":
+                rows.append(dict(method=method, encode_host=0.0, decode_host=0.0))
+                continue
+            cfg, _ = _config(method)
+            codec = registry.make_codec(cfg)
+            te = time_call(lambda: _encode(codec, {"g": g}, ids), repeats)
+            msgs, shared = te.result
+            ex = InProcessExchange(workers)
+            ta = time_call(lambda: ex.aggregate(codec, msgs, "ps", shared), repeats)
+            rows.append(dict(method=method, encode_host=te.median / workers / n, decode_host=ta.median / workers / n))
+    return pd.DataFrame(rows)
+
+
+def steps_to_target(bits_runs: pd.DataFrame, problem: str = "convnet") -> pd.DataFrame:
+    """(rule, method) -> K: mean steps to the threshold over the seeds; NaN unless every seed reached it."""
+    d = bits_runs[bits_runs.problem == problem]
+    rows = []
+    for (rule, method), g in d.groupby(["rule", "method"], sort=False):
+        K = float(g.K.mean()) if g.K.notna().all() else float("nan")
+        rows.append(dict(rule=rule, problem=problem, method=method, lr=float(g.lr.iloc[0]), K=K))
+    return pd.DataFrame(rows)
+
+
+def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
+    from tgsim.analysis.perfmodel_throughput import Wire
+
+    rows = w[(w.method == method) & (w.pattern == pattern)]
+    per = {int(r.workers): {"up": r.up, "down": r.down, "reduce": r.reduce} for r in rows.itertuples()}
+    return Wire(method, per, enc, dec)
+
+
+def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
+                workers=WORKERS, codec_cost: str = "gpu") -> pd.DataFrame:
+    """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target."""
+    from tgsim.analysis.compare_bits import METHODS
+    from tgsim.analysis.perfmodel_nets import get_net
+    from tgsim.analysis.perfmodel_throughput import Cluster, Exchange, Network, iteration
+
+    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
+    scale = {"gpu": GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan"), "host": 1.0, "none": 0.0}[codec_cost]
+    c = cost.set_index("method")
+    rows = []
+    for net_name in nets:
+        net = get_net(net_name)
+        for gbps, lat in links.items():
+            cl = Cluster(f"{gbps:g} Gb/s", Network(f"{gbps:g} Gb/s", gbps * 1e9, lat), gpu="p100", gpus_per_node=4,
+                         intra_bandwidth=320e9)
+            for N in workers:
+                best = {}
+                for method in dict.fromkeys(steps.method):
+                    enc, dec = scale * float(c.encode_host[method]), scale * float(c.decode_host[method])
+                    every = int(METHODS[method][1].get("every", 1)) if METHODS[method][1].get("local") else 1
+                    options = []
+                    for pat in sorted(set(wire[wire.method == method].pattern)):
+                        ex = Exchange({"ring": "ring", "ps": "ps", "allgather": "allgather"}[pat], servers=0)
+                        it = iteration(net, _wire(method, wire, pat, enc, dec), N, cl, ex)
+                        t = ((every - 1) * it["compute"] + it["iteration"]) / every
+                        options.append((t, pat, it))
+                    t, pat, it = min(options, key=lambda o: o[0])
+                    best[method] = (t, pat, it, every)
+                for r in steps.itertuples():
+                    t, pat, it, every = best[r.method]
+                    rows.append(dict(rule=r.rule, problem=r.problem, net=net_name, link_gbps=gbps, workers=N,
+                                     method=r.method, lr=r.lr, K=r.K, pattern=pat, t_step=t, compute=it["compute"],
+                                     exposed_comm=it["exposed_comm"] / every, codec_seconds=it["codec_seconds"] / every,
+                                     time_to_target=r.K * t, codec_cost=codec_cost))
+    df = pd.DataFrame(rows)
+    key = ["rule", "net", "link_gbps", "workers"]
+    ref = df[df.method == "fp32"].set_index(key).time_to_target
+    floats = df[df.method.isin(list(FLOATS))]
+    best_f = floats.loc[floats.groupby(key).time_to_target.idxmin().dropna()].set_index(key)
+    idx = pd.MultiIndex.from_frame(df[key])
+    df["speedup_fp32"] = ref.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
+    df["speedup_best"] = best_f.time_to_target.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
+    df["best_float"] = best_f.method.reindex(idx).to_numpy()
+    return df[COLUMNS]
+
+
+def _figure(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    sns.set_theme(style="whitegrid", context="paper")
+    rule = "own-lr" if "own-lr" in set(df.rule) else "fp32-lr"
+    d = df[(df.rule == rule) & ~df.method.isin(list(FLOATS)) & df.speedup_best.notna()]
+    order = list(dict.fromkeys(d.method))
+    nets, links = list(dict.fromkeys(df.net)), list(dict.fromkeys(df.link_gbps))
+    fig, axes = plt.subplots(len(nets), len(links), figsize=(3.6 * len(links), 2.8 * len(nets)), squeeze=False,
+                             sharex=True)
+    for i, net in enumerate(nets):
+        for j, gbps in enumerate(links):
+            ax = axes[i, j]
+            sub = d[(d.net == net) & (d.link_gbps == gbps)]
+            if len(sub):
+                sns.lineplot(data=sub, x="workers", y="speedup_best", hue="method", hue_order=order, marker="o",
+                             ax=ax, legend=(i == 0 and j == len(links) - 1))
+            ax.axhline(1.0, color="k", ls=":")
+            ax.set(xscale="log", yscale="log", title=f"{net}, {gbps:g} Gb/s", xlabel="workers N",
+                   ylabel="speedup over best float" if j == 0 else "")
+            ns = sorted(set(df.workers))
+            ax.set_xticks(ns, [str(n) for n in ns])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            lo, hi = ax.get_ylim()
+            ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f") if hi / lo < 2.5 else NullFormatter())
+    if axes[0, -1].get_legend() is not None:
+        sns.move_legend(axes[0, -1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, title="method")
+    fig.suptitle(f"time to the loss target relative to the best of fp32/fp16/bf16 (> 1: the codec wins)\n"
+                 f"steps measured ({rule}), step time modeled, codec seconds counted; a missing method did not "
+                 f"reach the target in every seed", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bits_quick: bool = False,
+        problem: str = "convnet", nets=NETS, workers=WORKERS, links=LINKS, codec_cost: str = "gpu",
+        n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
+    """Steps from `bits`/bits_runs.csv (run `compare bits` into that directory first when it is missing,
+    --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure."""
+    if codec_cost not in CODEC_COSTS:
+        raise ValueError(f"codec_cost must be one of {CODEC_COSTS}, got {codec_cost!r}")
+    t0 = time.perf_counter()
+    path = Path(bits) / "bits_runs.csv" if bits is not None else None
+    if path is None or not path.exists():
+        from tgsim.analysis import compare_bits as cb
+        from tgsim.analysis.compare_cli import BITS_QUICK_STEPS
+
+        kw = {}
+        if bits_quick:
+            kw = dict(methods=("fp32", "fp16", "terngrad", "topk+ef"), seeds=(0,), lr_grid=(0.05, 0.1),
+                      problems=tuple(dataclasses.replace(p, steps=BITS_QUICK_STEPS[p.name]) for p in cb.PROBLEMS.values()
+                                     if p.name == problem))
+        if not quiet:
+            print(f"no {path}: running tgsim compare bits{' --quick' if bits_quick else ''} first")
+        runs = cb.run(bits, jobs=jobs, quiet=quiet, **kw)["bits_runs"]
+    else:
+        runs = pd.read_csv(path)
+    steps = steps_to_target(runs, problem)
+    methods = list(dict.fromkeys(steps.method))
+    wire = measure_wire(methods, workers, n_wire)
+    cost = measure_codec_cost(methods, n_cost)
+    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
+    factor = {"gpu": GPU_TERNGRAD_ENCODE / host_tern, "host": 1.0, "none": 0.0}[codec_cost]
+    cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
+    table = model_times(steps, wire, cost, nets, links, workers, codec_cost)
+    res = {"time_wire": wire, "time_codec": cost, "time": table}
+    seconds = time.perf_counter() - t0
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in res.items():
+            df.to_csv(out / f"{name}.csv", index=False)
+        _figure(table, out / "time.png")
+    if not quiet:
+        _print_summary(res, seconds, out)
+    return res
+
+
+def _print_summary(res: dict, seconds: float, out) -> None:
+    t, cost = res["time"], res["time_codec"]
+    print("codec seconds per element (host, one core; used = " + str(t.codec_cost.iloc[0]) + "):")
+    print(cost.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for rule, d in t.groupby("rule", sort=False):
+        print(f"\n{rule}: speedup of the time to target over the best of fp32 / fp16 / bf16 (> 1: the codec wins; "
+              "nan: not reached)")
+        piv = d.pivot_table(index=["net", "link_gbps", "workers"], columns="method", values="speedup_best",
+                            dropna=False, sort=False)
+        print(piv.to_string(float_format=lambda v: f"{v:.2f}"))
+        wins = d[(d.speedup_best > 1) & ~d.method.isin(list(FLOATS))]
+        print(f"{rule}: a codec beats every float baseline in {wins[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} "
+              f"of {d[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} (net, link, N) settings")
+    if out is not None:
+        print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time.png ({seconds:.0f} s)")

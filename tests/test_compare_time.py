@@ -1,0 +1,95 @@
+"""`tgsim compare time` (issue 19, item 4): the CSVs of its --quick form, the measured wire against the
+codecs' own byte formulas, and the step-time model with a measured `Wire` against the model's
+formula path. The quick command runs once (module fixture, ~25 s on the 2-core test machine: it runs
+`compare bits --quick` for the convnet first, seed 0)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tgsim.analysis import compare_time as ct
+from tgsim.analysis.perfmodel_throughput import CLUSTERS, Exchange, Wire, iteration, uint_width
+from tgsim.cli import main
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare-time")
+    assert main(["compare", "time", "--quick", "--out", str(out)]) == 0
+    return out, {n: pd.read_csv(out / f"{n}.csv") for n in ("time_wire", "time_codec", "time")}
+
+
+def test_quick_writes_csvs_and_figure(timed):
+    out, t = timed
+    df = t["time"]
+    assert list(df.columns) == ct.COLUMNS
+    assert (out / "time.png").stat().st_size > 10_000
+    assert set(df.net) == {"alexnet", "resnet50"} and set(df.workers) == {8, 64, 512}
+    assert set(df.link_gbps) == {1, 10, 100} and set(df.rule) == {"fp32-lr", "own-lr"}
+    assert set(df.method) == {"fp32", "fp16", "terngrad", "topk+ef"}
+    assert not df.duplicated(["rule", "net", "link_gbps", "workers", "method"]).any()
+    np.testing.assert_allclose(df.time_to_target, df.K * df.t_step)
+    assert (df[df.method == "fp32"].speedup_fp32 == 1.0).all()
+    # the best float baseline is the fastest of fp32/fp16 in each setting, so no float beats it
+    assert (df[df.method.isin(["fp32", "fp16"])].speedup_best <= 1.0 + 1e-12).all()
+    # a step never takes less than its computation
+    assert (df.t_step >= df.compute - 1e-12).all()
+
+
+def test_measured_wire_matches_the_codecs_formulas(timed):
+    """TernGrad's ps uplink is 2 bits an element plus a small header; its downlink is the server's sum
+    at ceil(log2(2N+1)) bits an element; fp32/fp16 rings carry 4/2 bytes; topk+ef sends 1 % of the
+    elements as (index, value) pairs."""
+    _, t = timed
+    w = t["time_wire"].set_index(["method", "workers", "pattern"])
+    for N in (8, 64, 512):
+        up, down = w.loc[("terngrad", N, "ps"), ["up", "down"]]
+        assert 0.25 <= up < 0.25 * 1.05
+        assert uint_width(N) / 8 <= down < uint_width(N) / 8 * 1.05
+        assert w.loc[("fp32", N, "ring"), "reduce"] == 4 and w.loc[("fp16", N, "ring"), "reduce"] == 2
+        assert 0.01 * 4 <= w.loc[("topk+ef", N, "allgather"), "up"] <= 0.01 * 8 * 1.1
+
+
+def test_codec_cost_is_measured_and_counted(timed):
+    _, t = timed
+    c = t["time_codec"].set_index("method")
+    assert c.loc["fp32", "encode_host"] == 0 and (c.drop("fp32").encode_host > 0).all()
+    np.testing.assert_allclose(c.loc["terngrad", "encode_used"], ct.GPU_TERNGRAD_ENCODE)
+    df = t["time"]
+    assert (df[df.method == "terngrad"].codec_seconds > 0).all()
+
+
+def test_a_wire_built_from_the_formulas_gives_the_formula_path():
+    """Oracle: `iteration` with a Wire holding fp32's formula bytes and no codec seconds equals the
+    string path, for every pattern; a Wire's decode seconds follow the docstring's counts."""
+    cl = CLUSTERS["ethernet"]
+    for G in (2, 8, 64):
+        wire = Wire("fp32", {G: {"up": 4.0, "down": 4.0, "reduce": 4.0}})
+        for pat in ("ps", "ring", "allgather"):
+            ex = Exchange(pat, servers=0)
+            a, b = iteration("alexnet", wire, G, cl, ex), iteration("alexnet", "fp32", G, cl, ex)
+            assert math.isclose(a["iteration"], b["iteration"], rel_tol=1e-12), (G, pat)
+    w = Wire("x", {}, encode=1e-9, decode=2e-9)
+    assert math.isclose(w.decode_seconds(100, 16, Exchange("ps", servers=0), nodes=4), 2e-9 * 100 * (16 / 4 + 1))
+    assert math.isclose(w.decode_seconds(100, 16, Exchange("allgather"), nodes=4), 2e-9 * 100 * 15)
+    assert math.isclose(w.decode_seconds(100, 16, Exchange("ring"), nodes=4), 2e-9 * 100)
+
+
+def test_codec_seconds_lengthen_the_step_where_the_exchange_is_exposed():
+    """Positive control: the same bytes with encode/decode seconds give a longer step on 1 Gb/s."""
+    cl = CLUSTERS["ethernet"]
+    per = {8: {"up": 0.25, "down": 0.5, "reduce": 1.0}}
+    free = iteration("alexnet", Wire("t", per), 8, cl, Exchange("ps", servers=0))
+    paid = iteration("alexnet", Wire("t", per, encode=1e-9, decode=1e-9), 8, cl, Exchange("ps", servers=0))
+    assert paid["iteration"] > free["iteration"] and paid["codec_seconds"] > 0 == free["codec_seconds"]
+
+
+def test_steps_to_target_needs_every_seed():
+    runs = pd.DataFrame(dict(problem="convnet", rule="fp32-lr", method=["a", "a", "b", "b"], lr=0.1,
+                             K=[10.0, 14.0, 10.0, np.nan]))
+    s = ct.steps_to_target(runs).set_index("method")
+    assert s.loc["a", "K"] == 12.0 and np.isnan(s.loc["b", "K"])
