@@ -42,7 +42,8 @@ Outputs (`--out DIR`, default results/compare-time):
   time_wire.csv   one row per (method, N, pattern): measured bytes per element up / down / reduce
   time_codec.csv  one row per method: host encode / decode seconds per element, and as used
   time.csv        one row per (rule, net, link, N, method): `COLUMNS`; speedup_fp32 = fp32's time /
-                  the method's, speedup_best = the best of fp32 / fp16 / bf16 over the method's
+                  the method's (mean K), speedup_best = the best of fp32 / fp16 / bf16 over the
+                  method's, per seed (each seed's own K), mean with a 95 % t-interval over the seeds
                   (> 1: the codec wins against every uncompressed baseline)
   time.png        speedup_best against N, one panel per (net, link), one line per method (own-lr, where
                   every method has its own rate; fp32-lr is in time.csv)
@@ -66,8 +67,8 @@ WORKERS = (8, 16, 32, 64, 128, 256, 512)
 LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
 CODEC_COSTS = ("gpu", "host", "none")
 COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "lr", "K", "pattern", "t_step", "compute",
-           "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "best_float",
-           "codec_cost"]
+           "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo",
+           "speedup_best_hi", "best_float", "codec_cost"]
 
 
 def _config(method: str):
@@ -154,13 +155,37 @@ def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int
 
 
 def steps_to_target(bits_runs: pd.DataFrame, problem: str = "convnet") -> pd.DataFrame:
-    """(rule, method) -> K: mean steps to the threshold over the seeds; NaN unless every seed reached it."""
+    """(rule, method) -> K: mean steps to the threshold over the seeds (NaN unless every seed reached
+    it), and the steps of each seed ({seed: K})."""
     d = bits_runs[bits_runs.problem == problem]
     rows = []
     for (rule, method), g in d.groupby(["rule", "method"], sort=False):
         K = float(g.K.mean()) if g.K.notna().all() else float("nan")
-        rows.append(dict(rule=rule, problem=problem, method=method, lr=float(g.lr.iloc[0]), K=K))
+        rows.append(dict(rule=rule, problem=problem, method=method, lr=float(g.lr.iloc[0]), K=K,
+                         K_seed=dict(zip(g.seed.astype(int), g.K.astype(float)))))
     return pd.DataFrame(rows)
+
+
+def _seed_speedups(df: pd.DataFrame, steps: pd.DataFrame) -> tuple[list, list, list]:
+    """speedup over the best float per seed (the best float of that seed: its own K x t_step), as the
+    mean and 95 % t-interval over seeds; NaN unless every seed of the method reached the target."""
+    from tgsim.analysis.compare_bits import t_interval
+
+    ks = {(r.rule, r.method): r.K_seed for r in steps.itertuples()}
+    key = ["rule", "net", "link_gbps", "workers"]
+    t_of = df.set_index(key + ["method"]).t_step
+    mean, lo, hi = [], [], []
+    for r in df.itertuples():
+        ratios = []
+        for seed, k in ks[(r.rule, r.method)].items():
+            best = min(ks[(r.rule, f)].get(seed, math.nan) * t_of[(r.rule, r.net, r.link_gbps, r.workers, f)]
+                       for f in FLOATS if (r.rule, f) in ks)
+            ratios.append(best / (k * r.t_step))
+        m, a, b = t_interval(ratios) if np.isfinite(ratios).all() else (math.nan,) * 3
+        mean.append(m)
+        lo.append(a)
+        hi.append(b)
+    return mean, lo, hi
 
 
 def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
@@ -213,7 +238,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     best_f = floats.loc[floats.groupby(key).time_to_target.idxmin().dropna()].set_index(key)
     idx = pd.MultiIndex.from_frame(df[key])
     df["speedup_fp32"] = ref.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
-    df["speedup_best"] = best_f.time_to_target.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
+    df["speedup_best"], df["speedup_best_lo"], df["speedup_best_hi"] = _seed_speedups(df, steps)
     df["best_float"] = best_f.method.reindex(idx).to_numpy()
     return df[COLUMNS]
 

@@ -90,6 +90,21 @@ def test_codec_seconds_lengthen_the_step_where_the_exchange_is_exposed():
 
 def test_steps_to_target_needs_every_seed():
     runs = pd.DataFrame(dict(problem="convnet", rule="fp32-lr", method=["a", "a", "b", "b"], lr=0.1,
-                             K=[10.0, 14.0, 10.0, np.nan]))
+                             seed=[0, 1, 0, 1], K=[10.0, 14.0, 10.0, np.nan]))
     s = ct.steps_to_target(runs).set_index("method")
     assert s.loc["a", "K"] == 12.0 and np.isnan(s.loc["b", "K"])
+    assert s.loc["a", "K_seed"] == {0: 10.0, 1: 14.0}
+
+
+def test_speedup_over_the_best_float_is_taken_per_seed():
+    """Seed 0: fp32 takes 10 steps, fp16 12, the codec 5; seed 1: 20, 14, 10; step times fp32 1.0,
+    fp16 0.5, codec 0.5. Best float per seed: fp16 (6.0, 7.0); codec 2.5, 5.0: ratios 2.4 and 1.4."""
+    steps = pd.DataFrame(dict(rule="r", method=["fp32", "fp16", "c"], K_seed=[{0: 10.0, 1: 20.0}, {0: 12.0, 1: 14.0},
+                                                                             {0: 5.0, 1: 10.0}]))
+    df = pd.DataFrame(dict(rule="r", net="n", link_gbps=1, workers=8, method=["fp32", "fp16", "c"],
+                           t_step=[1.0, 0.5, 0.5]))
+    mean, lo, hi = ct._seed_speedups(df, steps)
+    np.testing.assert_allclose(mean, [(0.6 + 0.35) / 2, 1.0, 1.9])
+    assert lo[2] < 1.9 < hi[2] and math.isclose((lo[2] + hi[2]) / 2, 1.9)
+    steps.at[2, "K_seed"] = {0: 5.0, 1: float("nan")}
+    assert math.isnan(ct._seed_speedups(df, steps)[0][2])
