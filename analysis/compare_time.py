@@ -93,7 +93,13 @@ def patterns(codec) -> tuple[str, ...]:
     return ("ps", "allgather", "allreduce") if codec.properties.wire == "tgm1" else ("ps", "allgather")
 
 
-def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0) -> pd.DataFrame:
+def _bar(items, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, disable=quiet or None, leave=False)
+
+
+def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quiet: bool = True) -> pd.DataFrame:
     """Bytes per element one worker sends/receives per exchange, from real payloads, per (method, N,
     pattern); perf-model fields: up (one message), down (the server's answer), reduce (ring buffer)."""
     from tgsim.codecs import registry
@@ -102,7 +108,7 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0) -> p
     rng = np.random.default_rng(seed)
     common = rng.standard_normal(n).astype(np.float32)
     rows = []
-    for N in workers:
+    for N in _bar(workers, "wire bytes (per N)", quiet):
         g = (common + rng.standard_normal((N, n)).astype(np.float32)) / np.float32(math.sqrt(2.0))
         ids = np.arange(N)
         for method in methods:
@@ -128,7 +134,8 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0) -> p
     return pd.DataFrame(rows)
 
 
-def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int = 3) -> pd.DataFrame:
+def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int = 3,
+                       quiet: bool = True) -> pd.DataFrame:
     """Host seconds per element: encode (per worker) and decode-and-add (per message, the exchange's
     aggregate in ps mode), one thread; fp32 has neither (the ring adds floats on the GPU)."""
     from tgsim.analysis.common import single_thread
@@ -140,7 +147,7 @@ def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int
     ids = np.arange(workers)
     rows = []
     with single_thread():
-        for method in methods:
+        for method in _bar(methods, "codec seconds", quiet):
             if method == "fp32":
                 rows.append(dict(method=method, encode_host=0.0, decode_host=0.0))
                 continue
@@ -197,7 +204,7 @@ def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
 
 
 def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
-                workers=WORKERS, codec_cost: str = "gpu") -> pd.DataFrame:
+                workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True) -> pd.DataFrame:
     """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target."""
     from tgsim.analysis.compare_bits import METHODS
     from tgsim.analysis.perfmodel_nets import get_net
@@ -207,7 +214,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     scale = {"gpu": GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan"), "host": 1.0, "none": 0.0}[codec_cost]
     c = cost.set_index("method")
     rows = []
-    for net_name in nets:
+    for net_name in _bar(nets, "step times (per net)", quiet):
         net = get_net(net_name)
         for gbps, lat in links.items():
             cl = Cluster(f"{gbps:g} Gb/s", Network(f"{gbps:g} Gb/s", gbps * 1e9, lat), gpu="p100", gpus_per_node=4,
@@ -311,12 +318,12 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
         runs = pd.read_csv(path)
     steps = steps_to_target(runs, problem)
     methods = list(dict.fromkeys(steps.method))
-    wire = measure_wire(methods, workers, n_wire)
-    cost = measure_codec_cost(methods, n_cost)
+    wire = measure_wire(methods, workers, n_wire, quiet=quiet)
+    cost = measure_codec_cost(methods, n_cost, quiet=quiet)
     host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
     factor = {"gpu": GPU_TERNGRAD_ENCODE / host_tern, "host": 1.0, "none": 0.0}[codec_cost]
     cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
-    table = model_times(steps, wire, cost, nets, links, workers, codec_cost)
+    table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet)
     res = {"time_wire": wire, "time_codec": cost, "time": table}
     seconds = time.perf_counter() - t0
     if out is not None:
