@@ -60,7 +60,8 @@ CODEC_TESTS = ["tests/test_codec_contract.py", "tests/test_golden.py", "tests/te
                "tests/test_batched_codec.py"]
 EXCHANGE_TESTS = ["tests/test_exchange_oracle.py", "tests/test_pieces.py", "tests/test_mpi_errors.py"]
 MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.py",
-                "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py"]
+                "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py",
+                "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
