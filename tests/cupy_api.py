@@ -39,6 +39,11 @@ API: dict[str, tuple[str, ...]] = {
     "ones": ("shape", "dtype", "order"),                             # cupy.ones.html
     "full": ("shape", "fill_value", "dtype", "order"),               # cupy.full.html
     "zeros_like": ("a", "dtype", "order", "subok", "shape"),         # cupy.zeros_like.html (v7.8.0+)
+    "empty_like": ("prototype", "dtype", "order", "subok", "shape"), # cupy.empty_like.html
+    # ---- user kernels (tgsim/bench/codec_gpu.py) ---------------------------------------------------
+    "ElementwiseKernel": ("in_params", "out_params", "operation", "name", "reduce_dims", "options",
+                          "preamble", "no_return", "return_tuple", "loop_prep", "after_loop"),
+                                                                     # cupy.ElementwiseKernel.html
     "diag": ("v", "k"),                                              # cupy.diag.html
     # ---- manipulation --------------------------------------------------------------------------
     "concatenate": ("tup", "axis", "out", "dtype", "casting"),       # cupy.concatenate.html
@@ -106,6 +111,8 @@ DOC_PAGES = {
     "full": DOCS + "cupy.full.html",
     "zeros": DOCS + "cupy.zeros.html",
     "zeros_like": "https://docs.cupy.dev/en/v7.8.0/reference/generated/cupy.zeros_like.html",
+    "empty_like": DOCS + "cupy.empty_like.html",
+    "ElementwiseKernel": "https://docs.cupy.dev/en/stable/reference/generated/cupy.ElementwiseKernel.html",
     "pad": DOCS + "cupy.pad.html",
     "ufunc": "https://docs.cupy.dev/en/v11.6.0/reference/generated/cupy.ufunc.html",
     "cuda.alloc_pinned_memory":

@@ -100,6 +100,16 @@ def _cmd_codecs(args) -> int:
 
 
 def _cmd_bench_codec(args) -> int:
+    if args.backend:
+        from tgsim.bench import codec_gpu
+
+        kw = dict(n_elements=1 << 16, layers=4, layer_elements=1000, repeats=2) if args.quick else {}
+        if args.elements:
+            kw["n_elements"] = args.elements
+        if args.repeats:
+            kw["repeats"] = args.repeats
+        print(codec_gpu.format_rows(codec_gpu.run(args.backend, workers=args.workers, **kw)))
+        return 0
     from tgsim.bench import codec
 
     if args.codec:
@@ -172,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--quick", action="store_true", help="2^18 elements, 2 repeats: a smoke test, not a measurement")
     bc.add_argument("--codec", help="'all' or a registered codec: encode and aggregate of every codec as ratios "
                     "(default 2^22 elements; tgsim.bench.codecs_all) instead of TernGrad's kernels")
+    bc.add_argument("--backend", choices=("cupy", "numpy"), help="TernGrad's whole encode (one 64M layer and a "
+                    "100 x 100k step) and aggregate of 8 against read passes, on CuPy (GPU) or NumPy "
+                    "(tgsim.bench.codec_gpu)")
     bc.set_defaults(func=_cmd_bench_codec)
     bs = bsub.add_parser("sim", help="batched virtual workers against a per-worker loop and against one process "
                                      "on the whole batch; peak memory")
