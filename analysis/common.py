@@ -121,6 +121,29 @@ def trajectory(cfg, steps: int | None = None, on_step: Callable | None = None, s
     return setup, params
 
 
+def fresh_run(cfg, setup=None):
+    """(setup, params, optimizer state, error-feedback residual, step function) of a run at step 0:
+    what `tgsim.train.loop.run` starts from, for loops that stop on their own condition."""
+    from tgsim.train.loop import build, start_residual, step_function
+
+    setup = setup or build(cfg)
+    params = setup.model.init(cfg.run.seed)
+    return setup, params, setup.optimizer.init(params), start_residual(setup, {}), step_function(setup)
+
+
+def write_tables(out, tables: dict, figure: Callable[[Path], None] | None = None) -> Path | None:
+    """Write each DataFrame of `tables` to out/<key>.csv and call figure(out) (out None: nothing)."""
+    if out is None:
+        return None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        df.to_csv(out / f"{name}.csv", index=False)
+    if figure is not None:
+        figure(out)
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def _recorded(steps: int, seed: int, hidden: tuple, workers: int, batch: int):
     cfg = mlp_digits_config(seed, steps=steps, hidden=hidden, workers=workers, batch=batch)

@@ -120,15 +120,11 @@ def train(cfg, window: int, threshold: float | None) -> dict:
     """Train per cfg; stop where the trailing `window`-step mean of the training loss first reaches
     `threshold` (None: run every step). Returns K (nan: not reached), status, the bits one worker sent
     and received up to the stopping step, the minimum smoothed loss, the test accuracy there."""
+    from tgsim.analysis.common import fresh_run
     from tgsim.errors import NonFiniteGradientError
-    from tgsim.train.loop import build, start_residual, step_function
 
     t0 = time.perf_counter()
-    setup = build(cfg)
-    params = setup.model.init(cfg.run.seed)
-    opt = setup.optimizer.init(params)
-    residual = start_residual(setup, {})
-    step_fn = step_function(setup)
+    setup, params, opt, residual, step_fn = fresh_run(cfg)
     n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
     losses = np.full(cfg.run.steps, np.nan)
     up = down = 0.0
@@ -268,6 +264,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     figure to `out` (None: nothing written)."""
     from tqdm import tqdm
 
+    from tgsim.analysis.common import write_tables
     from tgsim.analysis.compare_speedup import _map
 
     methods = tuple(methods)
@@ -306,12 +303,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     table = summarize(runs)
     res = {"bits_lr_grid": grid, "bits_runs": runs, "bits": table}
     seconds = time.perf_counter() - t0
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, df in res.items():
-            df.to_csv(out / f"{name}.csv", index=False)
-        _figure(runs, out / "bits.png")
+    out = write_tables(out, res, lambda d: _figure(runs, d / "bits.png"))
     if not quiet:
         _print_summary(res, problems, seeds, seconds, out, jobs, cap_factor, lr_grid)
     return res

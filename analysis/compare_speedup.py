@@ -179,16 +179,13 @@ def hitting_time(cfg, eps: float, setups=None) -> dict:
     seconds}; bits_up: a worker's message bytes (wire_bytes, as the exchange counts them) summed over
     the run, times 8, per model element and iteration (PQASGD sends every p iterations)."""
     from tgsim.errors import NonFiniteGradientError
-    from tgsim.train.loop import start_residual, step_function
+    from tgsim.analysis.common import fresh_run
 
     t0 = time.perf_counter()
     setup = (setups or _Setups())(cfg)
     sizes: list[int] = []
     _count_bytes(setup.codec, sizes)
-    params = setup.model.init(cfg.run.seed)
-    opt = setup.optimizer.init(params)
-    residual = start_residual(setup, {})
-    step_fn = step_function(setup)
+    setup, params, opt, residual, step_fn = fresh_run(cfg, setup)
     keys = list(setup.optimum)
     w_star = np.concatenate([np.asarray(setup.optimum[k], np.float64).ravel() for k in keys])
     norm = float(np.linalg.norm(w_star))
@@ -347,15 +344,11 @@ def _job(args) -> dict:
 
 def validation_loss(cfg) -> dict:
     """Train cfg.run.steps iterations (no early stop) and return the loss on the held-out rows."""
+    from tgsim.analysis.common import fresh_run
     from tgsim.errors import NonFiniteGradientError
-    from tgsim.train.loop import build, start_residual, step_function
 
     t0 = time.perf_counter()
-    setup = build(cfg)
-    params = setup.model.init(cfg.run.seed)
-    opt = setup.optimizer.init(params)
-    residual = start_residual(setup, {})
-    step_fn = step_function(setup)
+    setup, params, opt, residual, step_fn = fresh_run(cfg)
     status, loss = "ok", float("inf")
     with np.errstate(over="ignore", invalid="ignore"):
         try:
@@ -428,6 +421,8 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
     `out` (None: nothing written). See the module docstring."""
     from tqdm import tqdm
 
+    from tgsim.analysis.common import write_tables
+
     sweeps = SWEEPS if sweeps is None else sweeps
     methods = tuple(methods)
     if "fp32" not in methods:
@@ -470,12 +465,7 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
     table, fits = summarize(runs)
     res = {"speedup_lr_grid": grid, "speedup_runs": runs, "speedup": table, "speedup_fit": fits}
     seconds = time.perf_counter() - t0
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, df in res.items():
-            df.to_csv(out / f"{name}.csv", index=False)
-        _figure(table, out / "speedup.png", fixed_M, fp32_K)
+    out = write_tables(out, res, lambda d: _figure(table, d / "speedup.png", fixed_M, fp32_K))
     if not quiet:
         _print_summary(res, problem, seconds, out, jobs)
     return res

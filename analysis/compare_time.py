@@ -298,6 +298,8 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
         n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
     """Steps from `bits`/bits_runs.csv (run `compare bits` into that directory first when it is missing,
     --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure."""
+    from tgsim.analysis.common import write_tables
+
     if codec_cost not in CODEC_COSTS:
         raise ValueError(f"codec_cost must be one of {CODEC_COSTS}, got {codec_cost!r}")
     t0 = time.perf_counter()
@@ -326,12 +328,7 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet)
     res = {"time_wire": wire, "time_codec": cost, "time": table}
     seconds = time.perf_counter() - t0
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, df in res.items():
-            df.to_csv(out / f"{name}.csv", index=False)
-        _figure(table, out / "time.png")
+    out = write_tables(out, res, lambda d: _figure(table, d / "time.png"))
     if not quiet:
         _print_summary(res, seconds, out)
     return res

@@ -161,3 +161,44 @@ def train_many(jobs: list[tuple[dict, dict]], desc: str = "runs") -> list[dict]:
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(min(procs, len(jobs)), initializer=_one_thread) as pool:
             return _collect(pool.imap(_job, jobs, chunksize=1), bar)
+
+
+def mnist1d_convnet_config(seed: int = 0, steps: int = 1000, codec: str = "terngrad", workers: int = 8,
+                           batch: int = 64, lr: float = 0.05):
+    """The MNIST-1D convnet of the figures (8 workers, total batch 64, momentum 0.9, step decay x0.1 at
+    75 %, parameter server, TernGrad with c = 2.5 explicit clipping and MAX-shared scalers) as a
+    `tgsim.train.config` object, for `tgsim.analysis.common.trajectory` (fig01, fig02)."""
+    sections = {"codec": {"name": codec, "clip": "explicit", "clip_factor": 2.5}} if codec == "terngrad" else \
+        {"codec": {"name": codec}}
+    base = {
+        "run": {"name": "figures-convnet", "seed": seed, "steps": steps},
+        "data": {"name": "mnist1d"},
+        "model": {"name": "convnet1d"},
+        "workers": {"n": workers, "batch": batch, "batch_mode": "total"},
+        "codec": {"name": "fp32"},
+        "exchange": {"mode": "ps"},
+        "optimizer": {"name": "momentum", "momentum": 0.9},
+        "schedule": {"name": "step", "lr": lr, "every": max(1, int(steps * 0.75)), "gamma": 0.1},
+    }
+    return config_mod.from_dict(_merged(base, sections))
+
+
+COMPARE_CSV = {"variance": "variance.csv", "speedup": "speedup.csv", "bits": "bits.csv"}
+
+
+def compare_outputs(what: str, quick: bool) -> Path:
+    """The folder of `tgsim compare WHAT` (variance, speedup, bits) under OUT (quick: OUT/quick), running
+    it there (its --quick form when `quick`, with compare_cli's parameters) unless its CSV is already
+    there; TGSIM_FIGURES_RERUN=1 runs it again anyway. Several figures read one run."""
+    out = (QUICK_OUT if quick else OUT) / f"compare-{what}"
+    if not (out / COMPARE_CSV[what]).exists() or os.environ.get("TGSIM_FIGURES_RERUN", "").strip().lower() not in _FALSE:
+        from tgsim.analysis import compare_cli
+
+        compare_cli.main(["compare", what, "--out", str(out), *(["--quick"] if quick else [])])
+    return out
+
+
+def paper_rule(df):
+    """Rows of the paper's rule (every method at fp32's tuned learning rate) when the CSV has a `rule`
+    column (compare bits / speedup write fp32-lr and own-lr rows); all rows otherwise."""
+    return df[df["rule"] == "fp32-lr"] if "rule" in df.columns and (df["rule"] == "fp32-lr").any() else df
