@@ -238,7 +238,8 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
     probs = list(dict.fromkeys(runs.problem))
     fig, axes = plt.subplots(1, len(probs), figsize=(5.5 * len(probs), 4.2), squeeze=False)
     for ax, prob in zip(axes[0], probs):
-        d = runs[(runs.problem == prob) & runs.ratio.notna()]
+        d = runs[runs.problem == prob]
+        d = d[d.groupby(["rule", "method"]).ratio.transform(lambda r: r.notna().all())]   # every seed reached
         order = [m for m in dict.fromkeys(runs[runs.problem == prob].method)]
         if len(d):
             hue_order = [r for r in RULES if r in set(runs.rule)]
@@ -248,7 +249,12 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
                           palette=["k"] * len(hue_order), size=3, legend=False, ax=ax)
         ax.axhline(1.0, color="k", ls=":")
         ax.set(yscale="log", xlabel="", ylabel="bits (up + down) to threshold / fp32's",
-               title=f"{prob}: loss <= {FACTOR} x fp32's min (missing bar: not reached)")
+               title=f"{prob}: loss <= {FACTOR} x fp32's min (no bar: some seed did not reach it)")
+        if ax.get_legend() is not None:
+            if ax is axes[0, -1]:
+                sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1.0), title="learning rate", fontsize=8)
+            else:
+                ax.get_legend().remove()
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
