@@ -192,9 +192,12 @@ def compare_outputs(what: str, quick: bool) -> Path:
     there; TGSIM_FIGURES_RERUN=1 runs it again anyway. Several figures read one run."""
     out = (QUICK_OUT if quick else OUT) / f"compare-{what}"
     if not (out / COMPARE_CSV[what]).exists() or os.environ.get("TGSIM_FIGURES_RERUN", "").strip().lower() not in _FALSE:
-        from tgsim.analysis import compare_cli
+        # its own process: the full forms use a spawn process pool, which would re-run this script
+        import subprocess
 
-        compare_cli.main(["compare", what, "--out", str(out), *(["--quick"] if quick else [])])
+        code = "import sys; from tgsim.cli import main; sys.exit(main(sys.argv[1:]))"
+        subprocess.run([sys.executable, "-c", code, "compare", what, "--out", str(out), *(["--quick"] if quick else [])],
+                       check=True)
     return out
 
 

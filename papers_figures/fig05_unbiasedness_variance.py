@@ -1,0 +1,107 @@
+# %% [markdown]
+# # Fig. 5 (tgsim): unbiasedness and variance -- measured against exact, and the test's power
+#
+# TernGrad (Eq. 5) and its peers claim unbiased encodings E[Q(g)] = g with a known error: TernGrad's
+# E||Q(g) - g||² = s||g||_1 - ||g||² (docs/THEORY.md §1.2), QSGD's Lemma 3.1 and so on (§2).
+#
+# (a) measured relative error E||Q - g||²/||g||² against the exact formula: every registered codec
+#     through the real encode/decode (`tgsim compare variance`, all bit budgets, N = 1, 8, 32 workers,
+#     its CSV) and the peers' pure functions (`tgsim.analysis.variance.variance_table`, R draws).
+# (b) the power of the exact binomial unbiasedness test: the smallest multiplicative bias δ it detects
+#     with power 0.9 against the number of draws R (`tgsim.analysis.unbiased_check.power_curve`).
+# (c) every registered codec's declared unbiasedness against the test (`unbiased_check.codec_table`).
+# Full: n = 3000, R = 1000 draws, R grid 100..10000 (about 30 s, plus `tgsim compare variance`,
+# ~2 min, shared with fig07 and fig10); `--quick`: n = 1000, R = 200, R grid 100..3000.
+
+# %%
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, compare_outputs  # noqa: E402
+from _theme import claim, plt, save, sns, theme  # noqa: E402
+
+from tgsim.analysis.common import gradient_shapes, single_thread  # noqa: E402
+from tgsim.analysis.unbiased_check import codec_table, power_curve  # noqa: E402
+from tgsim.analysis.variance import variance_table  # noqa: E402
+from tgsim.codecs import registry  # noqa: E402
+
+QUICK, OUT = command_line("Unbiasedness and variance: measured against exact error; the power of the test.")
+N, R, RS = (1000, 200, (100, 300, 1000, 3000)) if QUICK else (3000, 1000, (100, 300, 1000, 3000, 10000))
+
+with single_thread():
+    shapes = gradient_shapes(N, 0, None)
+    var, _ = variance_table(shapes, R=R)
+    power = power_curve(shapes, RS)
+    codecs = codec_table(registry.names(), n=20_000 if not QUICK else 5_000)
+cv = pd.read_csv(compare_outputs("variance", QUICK) / "variance.csv")
+theme()    # the compare run may have set its own
+
+# %% tidy: (a) one row per measured error; (b) power; (c) codecs
+a_peer = var[var.quantity == "error"].assign(source="peers' pure functions (analysis/variance)",
+                                             measured=lambda d: d.empirical / d.norm2, exact=lambda d: d.formula / d.norm2,
+                                             label=lambda d: d.quantizer.str.replace(r"\[.*", "", regex=True),
+                                             reject=lambda d: d.reject.astype(bool))
+ok = cv[(cv.status == "ok") & (cv.exact_rel_mse > 0)]
+a_codec = ok.assign(source="registered codecs, N = 1/8/32 (compare variance)", measured=ok.rel_mse,
+                    exact=ok.exact_rel_mse, label=ok.codec, shape=ok.kind, reject=(ok.p_value < 0.05 / max(len(ok), 1))
+                    & (np.abs(ok.rel_mse / ok.exact_rel_mse - 1) > 1e-3))  # Bonferroni 5 %, and off by > 0.1 %
+cols = ["panel", "source", "label", "shape", "measured", "exact", "reject"]
+df = pd.concat([a_peer.assign(panel="a")[cols], a_codec.assign(panel="a")[cols],
+                power.assign(panel="b", label="binomial test", source="exact power")[
+                    ["panel", "source", "label", "shape", "R", "delta_power50", "delta_power90", "delta_power99"]],
+                codecs.assign(panel="c", label=codecs.codec, source=codecs.test)[
+                    ["panel", "source", "label", "declared_unbiased", "reject", "min_detectable_bias",
+                     "largest_relative_error", "consistent"]]], ignore_index=True)
+
+# %% figure
+fig, ax = plt.subplot_mosaic([["a", "a"], ["b", "c"]], figsize=(13, 10), gridspec_kw={"height_ratios": [1, 1]})
+axes = [ax["a"], ax["b"], ax["c"]]
+a = df[df.panel == "a"].assign(reject=lambda d: d.reject.astype(bool))
+sns.scatterplot(data=a, x="exact", y="measured", hue="label", style="source", ax=axes[0], s=30, alpha=0.85,
+                palette=sns.color_palette("tab20", a.label.nunique()))
+lo, hi = a[["exact", "measured"]].min().min() * 0.5, a[["exact", "measured"]].max().max() * 2
+axes[0].plot([lo, hi], [lo, hi], color="black", lw=1, label="measured = exact")
+axes[0].set(xscale="log", yscale="log", xlabel="exact E||Q(g) - g||² / ||g||²  (dimensionless)",
+            ylabel="measured, mean over draws  (dimensionless)", title="(a) error: measured against exact")
+axes[0].legend(fontsize=8, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+b = df[df.panel == "b"]
+sns.lineplot(data=b, x="R", y="delta_power90", hue="shape", marker="o", ax=axes[1])
+axes[1].set(xscale="log", yscale="log", xlabel="draws R of the binomial test",
+            ylabel="smallest bias δ detected, power 0.9  (fraction)",
+            title=f"(b) power of the exact test\n(n = {N}, α = 1e-3)")
+axes[1].legend(title="gradient shape", loc="lower left")
+c = df[df.panel == "c"].copy()
+c["declared"] = np.where(c.declared_unbiased.astype(bool), "declared unbiased", "declared biased")
+c["verdict"] = np.where(c.reject.astype(bool), "test rejects unbiasedness", "test accepts")
+c["bias"] = np.maximum(c.largest_relative_error.astype(float), 1e-6)
+sns.scatterplot(data=c, x="label", y="bias", hue="declared", style="verdict", s=90, ax=axes[2],
+                markers={"test rejects unbiasedness": "X", "test accepts": "o"})
+axes[2].set(yscale="log", xlabel="registered codec (default configuration)",
+            ylabel="largest relative bias measured  (fraction, floor 1e-6)",
+            title="(c) declared unbiasedness\nagainst the test")
+plt.setp(axes[2].get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")
+axes[2].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+fig.tight_layout()
+
+# %% claims, from the data
+tern = a[a.label.str.startswith("terngrad")]
+tern_none = a_peer[a_peer.quantizer == "terngrad[none]"]
+p90 = b[b.R == max(RS)].set_index("shape").delta_power90
+claims = [
+    claim("TernGrad's error is s||g||_1 - ||g||² (unclipped)", "Sec. 3 / Eq. 5: unbiased, variance s||g||_1 - ||g||²",
+          f"{int((~tern_none.reject).sum())}/{len(tern_none)} shapes inside the α = 1e-3 interval "
+          f"(largest |measured/exact - 1| {np.max(np.abs(tern_none.measured / tern_none.exact - 1)):.3f})",
+          not tern_none.reject.any()),
+    claim("every codec's measured error matches its exact formula", "QSGD Lemma 3.1, Suresh et al., TernGrad §1.2",
+          f"{int((~a.reject).sum())}/{len(a)} rows accepted ({int(a.reject.sum())} rejected; TernGrad variants "
+          f"{int((~tern.reject).sum())}/{len(tern)})", not a.reject.any()),
+    claim("declared unbiasedness agrees with the test", "TernGrad, QSGD, Suresh, random-k: unbiased",
+          f"{int(c.consistent.astype(bool).sum())}/{len(c)} registered codecs consistent", bool(c.consistent.astype(bool).all())),
+    claim("power of the unbiasedness test", "(not in the papers)",
+          f"at R = {max(RS)} a bias of {p90.min():.2%}-{p90.max():.2%} is detected with power 0.9", None),
+]
+save(fig, "fig05_unbiasedness_variance", df, QUICK, claims)

@@ -1,0 +1,156 @@
+"""Run every figure script (`figNN_*.py`) and write REPORT.md with each figure and its claims table.
+
+    python papers_figures/make_report.py [--quick] [--only fig02,fig05] [--rerun-compare] [--no-run]
+
+`make figures` runs it (`make figures QUICK=1` passes --quick). Each script runs in its own process
+(`python SCRIPT [--quick]`, its log in out/logs/ or out/quick/logs/), under a progress bar over the
+scripts (hidden under CI or when stderr is not a terminal, as `_common.progress` does). A script that
+fails does not stop the others; the report lists it and the command exits with status 1.
+
+REPORT.md: papers_figures/REPORT.md (quick: out/quick/REPORT.md; with TGSIM_FIGURES_OUT set, the full
+report goes to that folder): the table of every claim the figures check (the paper's words beside the
+number measured, computed by each script from its data, and the verdict), then per figure its PNG
+(relative link), PDF, CSV and runtime. The `tgsim compare` runs that fig05 and fig07-10 share are kept
+in out/compare-*/ and reused by a full run (--rerun-compare runs them again); the quick form always
+runs them again. timings.csv beside REPORT.md holds the seconds per script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import OUT, QUICK_OUT, progress_disabled  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+
+def scripts(only: str = "") -> list[Path]:
+    found = sorted(HERE.glob("fig[0-9][0-9]_*.py"))
+    keep = {x.strip() for x in only.split(",") if x.strip()}
+    return [p for p in found if not keep or p.name[:5] in keep]
+
+
+def header(path: Path) -> tuple[str, str]:
+    """(title, first paragraph) of a script's `# %% [markdown]` header."""
+    lines = []
+    for line in path.read_text().splitlines()[1:]:
+        if not line.startswith("#") or line.startswith("# %%"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else "")
+    title = lines[0].lstrip("# ").strip() if lines else path.stem
+    body, para = lines[1:], []
+    for line in body:
+        if not line.strip() and para:
+            break
+        if line.strip():
+            para.append(line.strip())
+    return title, " ".join(para)
+
+
+def run_all(paths: list[Path], quick: bool, logs: Path) -> list[dict]:
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    rows = []
+    with tqdm(paths, desc="figures", unit="script", file=sys.stderr, disable=progress_disabled(),
+              dynamic_ncols=True) as bar:
+        for p in bar:
+            bar.set_postfix_str(p.stem)
+            t0 = time.perf_counter()
+            with open(logs / f"{p.stem}.log", "w") as log:
+                rc = subprocess.run([sys.executable, str(p), *(["--quick"] if quick else [])], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT).returncode
+            rows.append({"script": p.name, "seconds": round(time.perf_counter() - t0, 1), "returncode": rc})
+            if rc:
+                tqdm.write(f"{p.name} failed (exit {rc}); see {logs / (p.stem + '.log')}", file=sys.stderr)
+    return rows
+
+
+def claims_table(claims: pd.DataFrame) -> str:
+    out = ["| claim | paper | measured | verdict |", "|---|---|---|---|"]
+    for r in claims.fillna("").itertuples(index=False):
+        cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (r.claim, r.paper, r.measured, r.verdict)]
+        cells[3] = f"**{cells[3]}**" if cells[3] == "not confirmed" else cells[3]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def report(paths: list[Path], timings: list[dict], out: Path, target: Path, quick: bool, seconds: float) -> str:
+    rel = lambda p: os.path.relpath(p, target.parent)  # noqa: E731
+    t = {r["script"]: r for r in timings}
+    parts, summary = [], []
+    for p in paths:
+        title, about = header(p)
+        png, claims_csv = out / f"{p.stem}.png", out / f"{p.stem}_claims.csv"
+        r = t.get(p.name, {})
+        status = "ok" if r.get("returncode") == 0 else f"FAILED (exit {r.get('returncode')})"
+        parts.append(f"## {title}\n\n`python papers_figures/{p.name}{' --quick' if quick else ''}`: "
+                     f"{r.get('seconds', float('nan')):.0f} s, {status}.\n\n{about}\n")
+        if png.exists():
+            parts.append(f"![{p.stem}]({rel(png)})\n\n[PDF]({rel(out / (p.stem + '.pdf'))}) · "
+                         f"[data (CSV)]({rel(out / (p.stem + '.csv'))})\n")
+        if claims_csv.exists():
+            c = pd.read_csv(claims_csv, keep_default_na=False)
+            parts.append(claims_table(c) + "\n")
+            summary.append(c.assign(figure=p.stem[:5]))
+    lines = [f"# The papers' claims, checked{' (QUICK form)' if quick else ''}", "",
+             f"Generated by `python papers_figures/make_report.py{' --quick' if quick else ''}` "
+             f"({time.strftime('%Y-%m-%d %H:%M %Z')}, {seconds / 60:.1f} min for {len(paths)} scripts).", ""]
+    if quick:
+        lines += ["> QUICK form: every script ran its smoke-test size (few steps, few seeds). The code paths "
+                  "are the full ones, the numbers are not: do not read the verdicts below as results.", ""]
+    if summary:
+        s = pd.concat(summary, ignore_index=True)
+        counts = s.verdict.value_counts()
+        lines += ["## Summary", "", f"{counts.get('confirmed', 0)} claims confirmed, {counts.get('not confirmed', 0)} "
+                  f"not confirmed, {counts.get('n/a', 0)} measured without a verdict.", "",
+                  "| figure | claim | verdict |", "|---|---|---|"]
+        lines += [f"| {r.figure} | {r.claim.replace('|', chr(92) + '|')} | {r.verdict} |" for r in s.itertuples()]
+        lines.append("")
+    lines += ["| script | seconds | status |", "|---|---|---|"]
+    lines += [f"| {r['script']} | {r['seconds']:.0f} | {'ok' if r['returncode'] == 0 else 'FAILED'} |" for r in timings]
+    return "\n".join(lines + ["", *parts])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Run every figure script and write REPORT.md.")
+    ap.add_argument("--quick", action="store_true", help="each script's --quick form; report in out/quick/")
+    ap.add_argument("--only", default="", help="comma-separated figure prefixes, e.g. fig02,fig05")
+    ap.add_argument("--rerun-compare", action="store_true", help="run the shared tgsim compare runs again")
+    ap.add_argument("--no-run", action="store_true", help="only write REPORT.md from the outputs and timings.csv "
+                    "already there (after rerunning one script by hand)")
+    args = ap.parse_args(argv)
+    out = QUICK_OUT if args.quick else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    if (args.quick or args.rerun_compare) and not args.no_run:
+        for d in out.glob("compare-*"):
+            shutil.rmtree(d)
+    default_out = "TGSIM_FIGURES_OUT" not in os.environ
+    target = out / "REPORT.md" if args.quick or not default_out else HERE / "REPORT.md"
+    paths = scripts(args.only)
+    if args.no_run:
+        timings = pd.read_csv(out / "timings.csv").to_dict("records")
+        seconds = sum(r["seconds"] for r in timings)
+    else:
+        t0 = time.perf_counter()
+        timings = run_all(paths, args.quick, out / "logs")
+        seconds = time.perf_counter() - t0
+        pd.DataFrame(timings).to_csv(out / "timings.csv", index=False)
+    target.write_text(report(paths, timings, out, target, args.quick, seconds))
+    print(f"wrote {target} ({seconds:.0f} s)")
+    failed = [r["script"] for r in timings if r["returncode"]]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

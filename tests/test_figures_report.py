@@ -1,0 +1,70 @@
+"""`make figures QUICK=1`: papers_figures/make_report.py --quick runs every figure script's quick form
+and writes REPORT.md; every figure's PNG, PDF, tidy CSV and claims table exist, are non-empty, and
+REPORT.md links each PNG with a relative link.
+
+The quick report runs once for the module (in a temporary TGSIM_FIGURES_OUT, CI=1, TGSIM_JOBS=2):
+87 s on the 2-core machine (2026-11-24; `make figures QUICK=1` took 2.0 min there under other load),
+inside the ~2 minutes `make test` allows one test module, so it is not in the slow tier.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+FIGURES = Path(__file__).resolve().parents[1] / "papers_figures"
+EXPECTED = ("fig01_gradient_histograms", "fig02_bound_gap", "fig03_workers_scaling", "fig04_convergence",
+            "fig05_unbiasedness_variance", "fig06_perfmodel", "fig07_compare_variance", "fig08_compare_bits",
+            "fig09_compare_speedup", "fig10_reviewers")
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    env = {**{k: v for k, v in os.environ.items() if k != "TGSIM_FIGURES_RERUN"}, "TGSIM_FIGURES_OUT": str(out),
+           "MPLBACKEND": "Agg", "CI": "1", "TGSIM_JOBS": "2"}
+    proc = subprocess.run([sys.executable, str(FIGURES / "make_report.py"), "--quick"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    return out / "quick", proc
+
+
+@pytest.mark.timeout(900)
+def test_every_script_ran(quick_report):
+    out, proc = quick_report
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    timings = pd.read_csv(out / "timings.csv")
+    assert [s[:-3] for s in timings.script] == list(EXPECTED)
+    assert (timings.returncode == 0).all()
+    assert f"wrote {out / 'REPORT.md'}" in proc.stdout
+    assert not any(mark in proc.stderr for mark in ("%|", "script/s")), proc.stderr[-2000:]   # no bar under CI
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", EXPECTED)
+def test_figure_files_exist_and_are_not_empty(quick_report, name):
+    out, _ = quick_report
+    for suffix in (".png", ".pdf", ".csv", "_claims.csv"):
+        path = out / f"{name}{suffix}"
+        assert path.exists() and path.stat().st_size > 0, path
+    assert len(pd.read_csv(out / f"{name}.csv")) > 0
+    claims = pd.read_csv(out / f"{name}_claims.csv", keep_default_na=False)
+    assert list(claims.columns) == ["claim", "paper", "measured", "verdict"] and len(claims) > 0
+    assert set(claims.verdict) <= {"confirmed", "not confirmed", "n/a"}
+    assert (claims.measured.str.len() > 0).all()
+
+
+@pytest.mark.timeout(900)
+def test_report_links_every_png_and_its_claims(quick_report):
+    out, _ = quick_report
+    text = (out / "REPORT.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert sorted(links) == sorted(f"{name}.png" for name in EXPECTED)       # relative to REPORT.md
+    for link in links:
+        assert (out / link).stat().st_size > 0
+    assert "QUICK form" in text and text.count("| claim | paper | measured | verdict |") == len(EXPECTED)
+    assert re.search(r"\d+ claims confirmed, \d+ not confirmed", text)
