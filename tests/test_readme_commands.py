@@ -72,6 +72,8 @@ QUICK = {
     ".venv/bin/tgsim compare speedup": (None, []),
     ".venv/bin/tgsim compare bits": (None, []),             # tests/test_compare_bits.py
     ".venv/bin/tgsim compare time": (None, []),             # tests/test_compare_time.py
+    "make figures": (None, []),                             # tests/test_figures_report.py (the quick form)
+    "make figures QUICK=1": (None, []),                     # tests/test_figures_report.py
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
