@@ -195,6 +195,15 @@ def _seed_speedups(df: pd.DataFrame, steps: pd.DataFrame) -> tuple[list, list, l
     return mean, lo, hi
 
 
+def cost_scale(cost: pd.DataFrame, codec_cost: str) -> float:
+    """The factor on the host's codec seconds: gpu = TernGrad's GPU encode / its host encode (NaN
+    without a TernGrad row), host = 1, none = 0."""
+    if codec_cost != "gpu":
+        return {"host": 1.0, "none": 0.0}[codec_cost]
+    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
+    return GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan")
+
+
 def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
     from tgsim.analysis.perfmodel_throughput import Wire
 
@@ -210,8 +219,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     from tgsim.analysis.perfmodel_nets import get_net
     from tgsim.analysis.perfmodel_throughput import Cluster, Exchange, Network, iteration
 
-    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
-    scale = {"gpu": GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan"), "host": 1.0, "none": 0.0}[codec_cost]
+    scale = cost_scale(cost, codec_cost)
     c = cost.set_index("method")
     rows = []
     for net_name in _bar(nets, "step times (per net)", quiet):
@@ -322,8 +330,7 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     methods = list(dict.fromkeys(steps.method))
     wire = measure_wire(methods, workers, n_wire, quiet=quiet)
     cost = measure_codec_cost(methods, n_cost, quiet=quiet)
-    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
-    factor = {"gpu": GPU_TERNGRAD_ENCODE / host_tern, "host": 1.0, "none": 0.0}[codec_cost]
+    factor = cost_scale(cost, codec_cost)
     cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
     table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet)
     res = {"time_wire": wire, "time_codec": cost, "time": table}
