@@ -61,7 +61,9 @@ CODEC_TESTS = ["tests/test_codec_contract.py", "tests/test_golden.py", "tests/te
 EXCHANGE_TESTS = ["tests/test_exchange_oracle.py", "tests/test_pieces.py", "tests/test_mpi_errors.py"]
 MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.py",
                 "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py",
-                "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py"]
+                "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py",
+                "tests/test_mutants_unbiasedness2.py", "tests/test_mutants_packing2.py",
+                "tests/test_mutants_peers.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
@@ -79,12 +81,17 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/exchange/ps_downlink.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/pieces.py": EXCHANGE_TESTS,
     "tgsim/exchange/mpi_errors.py": EXCHANGE_TESTS,
+    "tgsim/codecs/error_feedback.py": ["tests/test_error_feedback.py"],
+    "tgsim/codecs/qsgd.py": ["tests/test_peer_qsgd.py", "tests/test_peer_numba_kernels.py",
+                             "tests/test_codec_contract.py"],
 }
 # -k filters for selections that would otherwise run slow, unrelated tests.
 # (the codec-level Monte Carlo tests of test_statistics.py take ~3 s each and call unbiasedness.py
 # only through the same few lines the direct tests in test_analysis.py cover)
 SELECT: dict[str, str] = {
     "analysis/unbiasedness.py": "not unbiased_without_clipping and not scaler_sharing_each_worker",
+    # the contract's registered-codec cases of the other codecs, and the MPI run, never reach qsgd.py
+    "tgsim/codecs/qsgd.py": "(qsgd or QSGD) and not mpi",
 }
 
 IMPORT_LINE_TESTS = 12

@@ -1,0 +1,340 @@
+"""Tests that kill mutants `tools/mutation.py` found surviving in the peer codecs'
+tgsim/codecs/error_feedback.py and tgsim/codecs/qsgd.py (issue 22, item 3). Expected values are
+worked out by hand (in the docstrings) or computed here with plain NumPy, not with the module."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tgsim.codecs import error_feedback as ef
+from tgsim.codecs.base import CodecProperties
+from tgsim.errors import ConfigError
+
+
+# -- error_feedback.py ------------------------------------------------------------------------------
+
+def test_error_feedback_compensate_and_new_residual_by_hand():
+    """compensate: p = f32(g) + e in float32 (a float64 g is rounded first: 1 + 2^-30 -> 1.0, plus
+    e = 0.5 gives 1.5); new_residual: e' = p - D per worker, a flat decoded layer taken in the layer's
+    shape; a residual of another shape, or a decoded-message count other than the workers', is a
+    ValueError."""
+    g = np.array([[[1 + 2.0**-30, -2.0], [0.25, 3.0]]], np.float64)           # W = 1, shape (2, 2)
+    e = np.array([[[0.5, 0.5], [-0.25, 1.0]]], np.float32)
+    p = ef.compensate({"w": g}, {"w": e})["w"]
+    assert p.dtype == np.float32 and p.tolist() == [[[1.5, -1.5], [0.0, 4.0]]]
+    with pytest.raises(ValueError, match="residual of shape"):
+        ef.compensate({"w": g}, {"w": e.reshape(1, 4)})
+    res = ef.new_residual({"w": p}, [{"w": np.array([1.0, -1.0, 0.0, 3.0])}])["w"]
+    assert res.dtype == np.float32 and res.tolist() == [[[0.5, -0.5], [0.0, 1.0]]]
+    with pytest.raises(ValueError, match="decoded messages"):
+        ef.new_residual({"w": p}, [{"w": np.zeros(4)}] * 2)
+
+
+def test_error_feedback_rows_round_trip_in_layer_order():
+    """pack_rows: worker n's row is its layers flattened (C order) one after the other, float32, C
+    contiguous; unpack_rows undoes it (copies), and refuses a row length other than Σ sizes (16 here)."""
+    a = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    b = -np.arange(8, dtype=np.float64).reshape(2, 4)
+    rows = ef.pack_rows({"a": a, "b": b})
+    want = [list(range(6)) + [0.0, -1.0, -2.0, -3.0], list(range(6, 12)) + [-4.0, -5.0, -6.0, -7.0]]
+    assert rows.dtype == np.float32 and rows.flags.c_contiguous and rows.tolist() == want
+    back = ef.unpack_rows(rows, {"a": (2, 3), "b": (4,)})
+    assert list(back) == ["a", "b"] and back["a"].tolist() == a.tolist() and back["b"].tolist() == b.tolist()
+    back["a"][0, 0, 0] = 99
+    assert rows[0, 0] == 0
+    assert ef.unpack_rows(ef.pack_rows({}), {}) == {}      # no layers: no values per worker, round trip too
+    with pytest.raises(ValueError, match="residual values per worker"):
+        ef.unpack_rows(np.zeros((2, 17), np.float32), {"a": (2, 3), "b": (4,)})
+    with pytest.raises(ValueError, match="residual values per worker"):
+        ef.unpack_rows(np.zeros((2, 15), np.float32), {"a": (2, 3), "b": (4,)})
+
+
+def test_error_feedback_local_rows_selects_and_checks_the_checkpoint():
+    """local_rows: the rows of the local workers, in their order; N = 3 rows serve worker 2 (the
+    highest index, N = max + 1) but not worker 3; one worker of N = 1 is fine; another layer set or
+    layer shape is a ValueError."""
+    saved = {"w": np.arange(12, dtype=np.float32).reshape(3, 2, 2), "b": np.arange(3, dtype=np.float32)[:, None]}
+    shapes = {"w": (2, 2), "b": (1,)}
+    got = ef.local_rows(saved, shapes, [2, 0])
+    assert got["w"].tolist() == [saved["w"][2].tolist(), saved["w"][0].tolist()]
+    assert got["b"].tolist() == [[2.0], [0.0]] and got["w"].flags.c_contiguous
+    assert ef.local_rows({"b": np.ones((1, 1))}, {"b": (1,)}, [0])["b"].tolist() == [[1.0]]
+    with pytest.raises(ValueError, match="expected"):
+        ef.local_rows(saved, shapes, [3])
+    with pytest.raises(ValueError, match="expected"):
+        ef.local_rows(saved, {"w": (4,), "b": (1,)}, [0])
+    with pytest.raises(ValueError, match="holds residuals of layers"):
+        ef.local_rows(saved, {"w": (2, 2)}, [0])
+
+
+def test_error_feedback_split_name():
+    """split_name: only a trailing "+ef" marks error feedback: "qsgd" -> ("qsgd", False),
+    "qsgd+ef" -> ("qsgd", True), "a+ef+ef" -> ("a+ef", True)."""
+    assert ef.split_name("qsgd") == ("qsgd", False)
+    assert ef.split_name("qsgd+ef") == ("qsgd", True)
+    assert ef.split_name("a+ef+ef") == ("a+ef", True)
+
+
+class _Inner:
+    name = "fake"
+
+    def __init__(self, **props):
+        self.properties = CodecProperties(**{"unbiased": True, "wire": "own", "combine": "mean", **props})
+
+    def decode(self, m):
+        return {"m": m}
+
+
+def test_error_feedback_wrapper_delegates_and_refuses_stateful_or_majority_codecs():
+    """ErrorFeedback: delegates the protocol to the inner codec, is named NAME+ef, and is biased and
+    stateful unless lossless (wire "float32"); a stateful inner codec or a majority-vote one is a
+    ConfigError. Before __init__ has set `inner` (copy, pickle) the attribute is simply missing
+    (AttributeError), not an endless __getattr__ recursion; a copy delegates like the original."""
+    w = ef.ErrorFeedback(_Inner())
+    assert w.name == "fake+ef" and w.decode(3) == {"m": 3}
+    assert w.properties.stateful and not w.properties.unbiased
+    lossless = ef.ErrorFeedback(_Inner(wire="float32"))
+    assert lossless.properties.unbiased and ef.lossless(lossless.properties) and not ef.lossless(w.properties)
+    assert not hasattr(object.__new__(ef.ErrorFeedback), "inner")
+    assert copy.deepcopy(w).decode(4) == {"m": 4}
+    with pytest.raises(ConfigError, match="keeps its own state"):
+        ef.ErrorFeedback(_Inner(stateful=True))
+    with pytest.raises(ConfigError, match="majority vote"):
+        ef.ErrorFeedback(_Inner(combine="majority"))
+    assert dataclasses.replace(w.properties, stateful=False, unbiased=True) == _Inner().properties
+
+
+# -- qsgd.py ------------------------------------------------------------------------------------------
+
+def test_qsgd_elias_bits_per_element_is_the_documented_bound():
+    """bits_per_element, coding "elias", worked out from its docstring: overhead bytes = frame header
+    21 (<4sBIIQ) + parameters 10 (<IIBB) + 4 per bucket norm + 8 (the u64 bit length); "up_max" = every
+    element at the longest code 2 floor(log2(s+1)) + 2 = 8 bits (s = 7); "up" = (8 overhead + 7 +
+    Σ_buckets [B + min(B, L) + 2 B log2(1 + L/B)]) / n with L = s sqrt(B) ("l2") or s B ("max"), capped
+    at up_max. n = 100: one bucket (bucket 0), or buckets of 30, 30, 30, 10 (bucket 30)."""
+    from tgsim.codecs.qsgd import QSGD
+
+    def want(n, sizes, mean_l):
+        over = 21 + 10 + 4 * len(sizes) + 8
+        up_max = 8 * (over + -(-n * 8 // 8)) / n
+        e = sum(B + min(B, mean_l(B)) + 2 * B * np.log2(1 + mean_l(B) / B) for B in sizes)
+        return min((8 * over + 7 + e) / n, up_max), up_max
+
+    for bucket, sizes in ((0, [100]), (30, [30, 30, 30, 10])):
+        for norm, mean_l in (("l2", lambda B: 7 * np.sqrt(B)), ("max", lambda B: 7 * B)):
+            got = QSGD(levels=7, bucket=bucket, norm=norm, coding="elias").bits_per_element(100, 4)
+            up, up_max = want(100, sizes, mean_l)
+            assert got["up"] == pytest.approx(up, rel=1e-12), (bucket, norm)
+            assert got["up_max"] == pytest.approx(up_max, rel=1e-12) and got["down"] == 32
+    # l2, one bucket: 170 + 200 log2(1.7) = 323.1 expected bits -> 6.741 < up_max 11.44
+    assert QSGD(levels=7, bucket=0, coding="elias").bits_per_element(100, 4)["up"] == pytest.approx(6.741, abs=1e-3)
+    assert QSGD(coding="elias").bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    # s = 1: longest code 2 floor(log2 2) + 2 = 4 bits; 3 elements need 12 bits -> 2 whole bytes
+    assert QSGD(levels=1, bucket=0, coding="elias").bits_per_element(3, 4)["up_max"] == 8 * (21 + 10 + 4 + 8 + 2) / 3
+
+
+def _qsgd_msg(codec, layers):
+    return codec.encode_many({k: np.asarray(v, np.float32)[None] for k, v in layers.items()}, 3, 1, [0])[0]
+
+
+@pytest.mark.parametrize("coding", ["fixed", "elias"])
+def test_qsgd_from_bytes_accepts_messages_that_end_exactly(coding):
+    """from_bytes reads a message whose body ends exactly where its last part ends: no layers at all
+    (the body is the 10 parameter bytes), an empty last layer (elias: its 8-byte bit length is the last
+    thing in the body; no norms, no payload), and an elias layer of max-norm buckets of equal |v_i|,
+    every level s and so every code at its longest, 2 floor(log2(8)) + 2 = 8 bits for s = 7: nbits =
+    8 n exactly, the most a layer of n elements may declare. Each decodes to the sender's values."""
+    from tgsim.codecs.qsgd import QSGD
+
+    codec = QSGD(levels=7, bucket=4, norm="max", coding=coding)
+    empty = _qsgd_msg(codec, {})
+    assert codec.from_bytes(empty.to_bytes(), empty).shapes == {}
+    v = np.where(np.arange(10) % 2, 1.5, -1.5)
+    m = _qsgd_msg(codec, {"a": v, "z": np.zeros(0)})
+    if coding == "elias":
+        assert m.nbits["a"] == 8 * 10
+    got = codec.from_bytes(m.to_bytes(), m)
+    assert codec.decode(got)["a"].tolist() == codec.decode(m)["a"].tolist() == v.astype(np.float32).tolist()
+    assert got.norms["z"].size == 0 and codec.decode(got)["z"].size == 0
+
+
+def test_qsgd_from_bytes_refuses_a_level_in_any_zero_bucket():
+    """Buckets of 8 in a layer of 20: elements 8..15 are zero, so bucket 1's norm is 0. A level 1 put on
+    element 9 (fixed coding, s = 5: 4-bit words, most significant first, so element 9 is the low nibble
+    of byte 4) is a PayloadError naming element 9, like one in bucket 0 would be."""
+    import dataclasses
+
+    from tgsim.codecs.qsgd import QSGD
+    from tgsim.errors import PayloadError
+
+    codec = QSGD(levels=5, bucket=8)
+    v = np.linspace(1.0, 2.0, 20)
+    v[8:16] = 0.0
+    m = _qsgd_msg(codec, {"g": v})
+    assert m.norms["g"][1] == 0 and m.norms["g"][0] > 0 and m.norms["g"][2] > 0
+    pay = m.payload["g"].copy()
+    assert pay[4] & 0x0F == 0
+    pay[4] |= 0x01
+    bad = dataclasses.replace(m, payload={"g": pay})
+    with pytest.raises(PayloadError, match="element 9 has level 1 in a bucket of norm 0"):
+        codec.from_bytes(bad.to_bytes(), m)
+
+
+def test_qsgd_unknown_norm_or_coding_ids_are_payload_errors():
+    """A message whose parameter bytes carry a norm or coding id this codec does not know (2) is a
+    PayloadError that shows the raw id, not an IndexError from looking the id up."""
+    import dataclasses
+
+    from tgsim.codecs.qsgd import QSGD
+    from tgsim.errors import PayloadError
+
+    codec = QSGD(levels=5, bucket=8)
+    m = _qsgd_msg(codec, {"g": np.ones(4)})
+    with pytest.raises(PayloadError, match="norm=2"):
+        codec.from_bytes(dataclasses.replace(m, params=(5, 8, 2, 0)).to_bytes(), m)
+    with pytest.raises(PayloadError, match="coding=2"):
+        codec.from_bytes(dataclasses.replace(m, params=(5, 8, 0, 2)).to_bytes(), m)
+
+
+def test_qsgd_elias_body_cut_before_a_bit_length_is_a_payload_error():
+    """coding "elias": a body that ends inside the parameters' following 8-byte bit length (here 3
+    bytes of it) is a PayloadError saying so, not a struct.error from reading past the end."""
+    from tgsim.codecs.framing import HEADER, frame
+    from tgsim.codecs.qsgd import PARAMS, QSGD
+    from tgsim.errors import PayloadError
+
+    codec = QSGD(levels=7, bucket=4, coding="elias")
+    m = _qsgd_msg(codec, {"g": np.ones(5)})
+    body = m.to_bytes()[HEADER.size:]
+    with pytest.raises(PayloadError, match="truncated before its bit length"):
+        codec.from_bytes(frame(b"TGQ1", 1, m.shapes, body[:PARAMS.size + 3]), m)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+def test_qsgd_aggregate_default_divides_by_the_message_count(kernels):
+    """aggregate(messages) = f32(Σ_w f64(decode_w) · (1/N)), N = the number of messages by default
+    (documented mean), workers in order; divide_by replaces N; one message is its own decode."""
+    from tgsim.codecs.qsgd import QSGD
+
+    codec = QSGD(levels=3, bucket=4, kernels=kernels)
+    g = np.random.default_rng(5).standard_normal((3, 2, 5)).astype(np.float32)
+    msgs = codec.encode_many({"w": g}, 9, 2, [0, 1, 2])
+    dec = [np.asarray(codec.decode(m)["w"], np.float64) for m in msgs]
+    acc = dec[0] + dec[1] + dec[2]
+    assert codec.aggregate(msgs)["w"].tolist() == (acc * (1.0 / 3)).astype(np.float32).tolist()
+    assert codec.aggregate(msgs, divide_by=4)["w"].tolist() == (acc * (1.0 / 4)).astype(np.float32).tolist()
+    one = codec.aggregate(msgs[:1])["w"]
+    assert one.shape == (2, 5) and one.tolist() == dec[0].astype(np.float32).tolist()
+
+
+def test_qsgd_fixed_bits_per_element_dict():
+    """coding "fixed": "up" = "up_max" = 8 (21 + 10 + 4 ceil(n/B) + ceil(n (b+1)/8)) / n, b = 3 for s = 7:
+    n = 100, B = 30: 8 (31 + 16 + 50) / 100 = 7.76; "down" is the server's float32 mean, 32 bits; an
+    empty layer costs 0."""
+    from tgsim.codecs.qsgd import QSGD
+
+    assert QSGD(levels=7, bucket=30).bits_per_element(100, 4) == {"up": 7.76, "up_max": 7.76, "down": 32}
+    assert QSGD().bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+
+
+def test_qsgd_option_ranges_and_level_dtype():
+    """levels in [1, 2^16 - 1] (65535 is accepted, 65536 and 0 are ValueErrors); every documented
+    kernels option and both norms construct; level_dtype is the smallest signed integer type holding
+    ±s: int8 up to 127, int16 up to 32767, int32 beyond."""
+    from tgsim.codecs import qsgd
+
+    assert qsgd.QSGD(levels=65535).levels == 65535
+    for bad in (0, 65536):
+        with pytest.raises(ValueError, match="levels"):
+            qsgd.QSGD(levels=bad)
+    for k in ("auto", "reference", "numba", "cuda"):
+        assert qsgd.QSGD(kernels=k).kernels == k
+    assert qsgd.QSGD(norm="max").norm == "max" and qsgd.QSGD(norm="l2").norm == "l2"
+    for s, dt in ((1, np.int8), (127, np.int8), (128, np.int16), (32767, np.int16), (32768, np.int32),
+                  (65535, np.int32)):
+        assert qsgd.level_dtype(s) is dt, s
+        assert np.iinfo(dt).max >= s and -np.iinfo(dt).max - 1 <= -s
+
+
+def test_qsgd_uniforms_from_2_15_elements_come_from_the_numba_philox(monkeypatch):
+    """_uniform: the same 24-bit uniforms as tgsim.rng.uniform at any length, drawn by the Numba Philox
+    on the host from 2^15 = 32768 elements on (documented), by the reference below that."""
+    from tgsim.codecs import qsgd
+    from tgsim.rng import StreamKey, numba_philox, uniform
+
+    calls = []
+    real = numba_philox.random_words
+    monkeypatch.setattr(numba_philox, "random_words", lambda n, key, *a: (calls.append(n), real(n, key, *a))[1])
+    key = StreamKey(4, 1, 2, 3)
+    for n, numba in ((32767, False), (32768, True)):
+        calls.clear()
+        got = qsgd._uniform(n, key, np)
+        assert got.tolist() == uniform(n, key).tolist()
+        assert calls == ([n] if numba else []), n
+
+
+def test_qsgd_zero_bucket_quantizes_to_zero_without_nan():
+    """x_i = 0 where norm_b = 0 (documented): the array quantizer on a layer whose middle bucket is all
+    zeros gives levels 0 there with no 0/0 (run under errstate raise) and decodes to exact zeros; the
+    other buckets keep their signs."""
+    from tgsim.codecs import qsgd
+    from tgsim.rng import StreamKey
+
+    v = np.array([1.0, -2.0, 0.0, 0.0, 0.0, 0.0, 3.0, -0.5], np.float32)
+    with np.errstate(all="raise"):
+        norms, q = qsgd.quantize(v, StreamKey(1, 2, 3, 0), 4, 2, "l2")
+        out = qsgd.dequantize(norms, q, 4, 2)
+    assert norms.tolist()[1:3] == [0.0, 0.0] and q[2:6].tolist() == [0, 0, 0, 0] and out[2:6].tolist() == [0.0] * 4
+    assert np.all(np.sign(q[[0, 1, 6, 7]]) * np.sign(v[[0, 1, 6, 7]]) >= 0)
+
+
+def test_qsgd_identity_defaults_and_integer_options():
+    """QSGD is registered as "qsgd", declares itself unbiased with its own wire format and a mean
+    combine; defaults s = 7 levels, buckets of 512, l2 norms, fixed coding, kernels "auto"; levels and
+    bucket must be integers (NumPy integers too), not bools or floats, levels >= 1 (1 itself is fine);
+    its messages are frozen."""
+    import dataclasses
+
+    from tgsim.codecs.qsgd import QSGD
+
+    assert QSGD.name == "qsgd" and QSGD().name == "qsgd"
+    assert QSGD.properties == CodecProperties(unbiased=True, wire="own", combine="mean")
+    c = QSGD()
+    assert (c.levels, c.bucket, c.norm, c.coding, c.kernels) == (7, 512, "l2", "fixed", "auto")
+    assert QSGD(levels=1).levels == 1 and QSGD(levels=np.int64(3), bucket=np.int32(0)).bucket == 0
+    for bad in (True, 7.0, 2.5):
+        with pytest.raises(ValueError, match="levels"):
+            QSGD(levels=bad)
+    for bad in (False, 8.0):
+        with pytest.raises(ValueError, match="bucket"):
+            QSGD(bucket=bad)
+    m = _qsgd_msg(c, {"g": np.ones(3)})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.params = (1, 1, 0, 0)
+
+
+def test_qsgd_bucket_range_from_config_and_kernel_choice():
+    """bucket in [0, 2^32) (a u32 on the wire): 2^32 - 1 is accepted, 2^32 and -1 are ValueErrors.
+    from_config takes kernels from the config when it has the field, else "auto". _numba (which
+    kernels run): "auto" and "numba" on NumPy arrays; "reference" and "cuda" never; "numba" on a
+    non-NumPy (CuPy) array is a ValueError, "auto" there quietly takes the array code."""
+    import types
+
+    from tgsim.codecs.qsgd import QSGD
+
+    assert QSGD(bucket=2**32 - 1).bucket == 2**32 - 1
+    for bad in (2**32, -1):
+        with pytest.raises(ValueError, match="bucket"):
+            QSGD(bucket=bad)
+    cfg = types.SimpleNamespace(levels=3, bucket=16, norm="max", coding="elias")
+    c = QSGD.from_config(cfg)
+    assert (c.levels, c.bucket, c.norm, c.coding, c.kernels) == (3, 16, "max", "elias", "auto")
+    assert QSGD.from_config(types.SimpleNamespace(**vars(cfg), kernels="reference")).kernels == "reference"
+    assert [QSGD(kernels=k)._numba(True) for k in ("auto", "numba", "reference", "cuda")] == [True, True, False, False]
+    assert [QSGD(kernels=k)._numba(False) for k in ("auto", "reference", "cuda")] == [False, False, False]
+    with pytest.raises(ValueError, match="NumPy arrays"):
+        QSGD(kernels="numba")._numba(False)
