@@ -81,12 +81,10 @@ def _config(method: str):
 
 
 def _encode(codec, layers: dict, ids):
-    stats = codec.prepare_many(layers)
-    shared = None
-    if codec.properties.shared_stats is not None:
-        local = codec.local_scalers_many(stats, len(ids))
-        shared = local.max(axis=0) if codec.properties.shared_stats == "max" else local.mean(axis=0)
-    return codec.encode_many(layers, 1, 0, ids, shared, stats), shared is not None
+    """(every worker's message, whether the scalers were shared): tgsim.bench.codecs_all's encode."""
+    from tgsim.bench.codecs_all import _steps
+
+    return _steps(codec, layers, ids)(), codec.properties.shared_stats is not None
 
 
 def patterns(codec) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ Numba kernels); every row is the median of `repeats` timed calls after warm-up c
   read pass, kernel   an elementwise y = x into a preallocated y (CuPy: cupy.ElementwiseKernel;
                       NumPy: np.copyto), / 2
   encode 1 layer      one worker, one layer of n elements: prepare_many + local_scalers_many +
-                      encode_many of the registry's default TernGrad
+                      encode_many of the registry's default TernGrad (tgsim.bench.codecs_all)
   encode step         one worker, L layers of m elements each (default 100 x 100,000), the same calls
   aggregate W         codec.aggregate of W workers' messages of the 1-layer case (decode and sum into
                       the float32 mean)
@@ -68,13 +68,6 @@ def _read_pass(x, xp, repeats: int) -> tuple[float, float]:
             _median_seconds(lambda: kern(x, y), xp, repeats) / 2)
 
 
-def _encoder(codec):
-    def encode(layers: dict, ids):
-        stats = codec.prepare_many(layers)
-        return codec.encode_many(layers, 1, 0, ids, None, stats)
-    return encode
-
-
 def _torch_ternarize():
     """A plain eager PyTorch TernGrad of a flat float32 CUDA tensor, or None without torch/CUDA."""
     try:
@@ -111,12 +104,15 @@ def _time_torch(torch, fn, repeats: int) -> float:
 
 def run(backend: str = "cupy", n_elements: int = 1 << 26, layers: int = 100, layer_elements: int = 100_000,
         workers: int = 8, repeats: int = 10) -> list[dict]:
+    from tgsim.bench.codecs_all import _steps
     from tgsim.codecs import registry
     from tgsim.train.config import CodecConfig
 
     xp = _xp(backend)
     codec = registry.make_codec(dataclasses.replace(CodecConfig(), name="terngrad"))
-    encode = _encoder(codec)
+    def encode(layers: dict, ids):       # prepare, share the scalers, encode: tgsim.bench.codecs_all's step
+        return _steps(codec, layers, ids)()
+
     rng = np.random.default_rng(0)
     one = np.arange(1)
     g = xp.asarray(rng.standard_normal(n_elements, dtype=np.float32))
