@@ -63,7 +63,8 @@ MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.
                 "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py",
                 "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py",
                 "tests/test_mutants_unbiasedness2.py", "tests/test_mutants_packing2.py",
-                "tests/test_mutants_peers.py"]
+                "tests/test_mutants_peers.py", "tests/test_mutants_peers2.py",
+                "tests/test_mutants_exchange2.py", "tests/test_mutants_terngrad2.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
@@ -84,6 +85,19 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/codecs/error_feedback.py": ["tests/test_error_feedback.py"],
     "tgsim/codecs/qsgd.py": ["tests/test_peer_qsgd.py", "tests/test_peer_numba_kernels.py",
                              "tests/test_codec_contract.py"],
+    "tgsim/codecs/sign.py": ["tests/test_peer_sign_bf16.py", "tests/test_peer_numba_kernels_more.py",
+                             "tests/test_codec_contract.py", "tests/test_error_feedback.py"],
+    "tgsim/codecs/sparse.py": ["tests/test_peer_sparse.py", "tests/test_peer_numba_kernels_more.py",
+                               "tests/test_codec_contract.py", "tests/test_bad_input.py"],
+    "tgsim/codecs/suresh.py": ["tests/test_peer_suresh.py", "tests/test_peer_numba_kernels.py",
+                               "tests/test_codec_contract.py"],
+    "tgsim/codecs/fp16.py": ["tests/test_peer_numba_kernels_more.py", "tests/test_registry.py",
+                             "tests/test_codec_contract.py"],
+    "tgsim/codecs/bf16.py": ["tests/test_peer_sign_bf16.py", "tests/test_peer_numba_kernels_more.py",
+                             "tests/test_codec_contract.py"],
+    "tgsim/codecs/elias.py": ["tests/test_peer_qsgd.py", "tests/test_peer_numba_kernels.py"],
+    "tgsim/codecs/fp32.py": ["tests/test_codec_contract.py", "tests/test_registry.py", "tests/test_golden.py"],
+    "tgsim/codecs/registry.py": ["tests/test_registry.py", "tests/test_codec_contract.py"],
 }
 # -k filters for selections that would otherwise run slow, unrelated tests.
 # (the codec-level Monte Carlo tests of test_statistics.py take ~3 s each and call unbiasedness.py
