@@ -45,6 +45,7 @@ import cupy_api
 from tgsim import backend
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import cuda as _cuda, reference as _reference, moments as stats, quantizer as ternary
+from tgsim.errors import NonFiniteGradientError
 from tgsim.rng import StreamKey, philox4x32_10, random_words
 from tgsim.rng.philox import MAX_ELEMENTS
 
@@ -80,7 +81,7 @@ KEYS = [
 _C_TYPES = {
     "float*": ("p", np.float32), "double*": ("p", np.float64), "int*": ("p", np.int32),
     "unsigned char*": ("p", np.uint8), "signed char*": ("p", np.int8),
-    "unsigned int*": ("p", np.uint32), "unsigned long long*": ("p", np.uint64),
+    "unsigned int*": ("p", np.uint32), "unsigned long long*": ("p", np.uint64), "long long*": ("p", np.int64),
     "long long": ("s", np.int64), "int": ("s", np.int32), "unsigned int": ("s", np.uint32),
     "float": ("s", np.float32), "double": ("s", np.float64),
 }
@@ -680,6 +681,56 @@ class _WrapperContract:
         got = _cuda.sum_codes(self.dev(wide)[:, ::2], 1001, "base3")
         assert_same_bits(self.host(got), _reference.sum_codes(p, 1001, "base3"))
 
+    # -- the whole-step forms: every (worker, layer) row in one launch (issue 23 item 3) --------------
+    STEP_LAYERS = [(0, "normal"), (1, "denormal"), (21, "mixed"), (4097, "zeros"), (65537, "denormal"),
+                   (100_003, "normal"), (5, "constant")]
+
+    def step_rows(self, workers: int = 3):
+        """(W, n) float32 rows per layer of STEP_LAYERS, worker w's row from seed 20 + w."""
+        return [np.stack([make_layer(kind, n, seed=20 + w) for w in range(workers)]) if n else
+                np.zeros((workers, 0), np.float32) for n, kind in self.STEP_LAYERS]
+
+    def test_moments_layers_equal_each_layer_and_the_reference(self):
+        Gs = self.step_rows()
+        Gs[2][1, 7] = np.nan                      # worker 1 of layer 2 non-finite
+        for need_sigma in (True, False):
+            got = _cuda.moments_layers([self.dev(G) for G in Gs], need_sigma)
+            assert len(got) == len(Gs)
+            for G, (absmax, sigma, finite) in zip(Gs, got):
+                for w in range(G.shape[0]):
+                    ref = _reference.moments(G[w], need_sigma)
+                    assert bool(finite[w]) == ref.finite
+                    assert same_float(float(absmax[w]), ref.absmax) and same_float(float(sigma[w]), ref.sigma), \
+                        (G.shape, w, absmax[w], sigma[w], ref)
+
+    def test_moments_layers_long_rows_take_the_two_kernels(self, monkeypatch):
+        """Rows longer than ROW_MAX go through moments_many: same bits either way."""
+        Gs = self.step_rows(2)
+        whole = _cuda.moments_layers([self.dev(G) for G in Gs], True)
+        monkeypatch.setattr(_cuda, "ROW_MAX", 30)
+        split = _cuda.moments_layers([self.dev(G) for G in Gs], True)
+        for a, b in zip(whole, split):
+            for x, y in zip(a, b):
+                assert_same_bits(np.asarray(x), np.asarray(y))
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    def test_encode_layers_equal_each_layer_and_the_reference(self, fmt):
+        Gs = self.step_rows()
+        workers = np.array([4, 0, 2**32 - 1], dtype=np.uint32)
+        seed, step = KEYS[0].seed, 77
+        scal = [[ternary.scaling_from_moments(*_reference.moments(G[w], True)[:2], "explicit", 2.5)
+                 for w in range(G.shape[0])] for G in Gs]
+        S = np.array([[sc[w].scaler for sc in scal] for w in range(3)], dtype=np.float32)
+        bounds = [np.array([sc[w].clip_bound for w in range(3)]) for sc in scal]
+        layer_ids = [9, 0, 3, 2**32 - 1, 1, 2, 5]
+        got = _cuda.encode_layers([self.dev(G) for G in Gs], S, bounds, seed, step, workers, layer_ids, fmt)
+        for i, G in enumerate(Gs):
+            one = _cuda.encode_many(self.dev(G), S[:, i], bounds[i], seed, step, workers, layer_ids[i], fmt)
+            assert_same_bits(self.host(got[i]), self.host(one))
+            for w in range(3):
+                key = StreamKey(seed, step, int(workers[w]), layer_ids[i])
+                assert_same_bits(self.host(got[i])[w], ref_encode(G[w], S[w, i], bounds[i][w], key, fmt))
+
     def test_argument_errors(self):
         p = random_payloads(2, 10, "2bit")
         with pytest.raises(ValueError, match="float32 values"):
@@ -701,6 +752,8 @@ class _FakeKernel:
         assert grid[0] >= 1 and 1 <= block[0] <= 1024 and grid[0] < 2**31
         if self.name == "tg_moments_tree":
             assert grid == (1,), "the tree kernel needs one block"
+        if self.name == "tg_moments_rows":
+            assert block == (_cuda.ROW_THREADS,), "tg_moments_rows needs TG_ROW_THREADS threads a block"
         self.launches.append((self.name, grid, block))
         self.harness.call(host_name(self.name), *args, flush=self.flush)
 
@@ -744,6 +797,8 @@ class TestWrapperOnHostHarness(_WrapperContract):
         self.launches = []
         _cuda._reset_cache()
         monkeypatch.setitem(sys.modules, "cupy", fake_cupy(h, self.launches))
+        # the stand-in's device arrays are host arrays: their addresses fill the pointer tables
+        monkeypatch.setattr(_cuda, "_address", lambda a: int(a.ctypes.data))
         yield
         _cuda._reset_cache()
 
@@ -760,6 +815,42 @@ class TestWrapperOnHostHarness(_WrapperContract):
         _cuda.encode(g, 1.0, float("inf"), KEYS[0], "base3")
         names = [name for name, _, _ in self.launches]
         assert names == ["tg_moments_lanes", "tg_moments_tree", "tg_encode_base3"]
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    def test_codec_step_through_the_cuda_kernels(self, fmt, monkeypatch):
+        """TernGrad.encode_many with the CUDA kernels (the stand-in) gives the reference kernels'
+        messages byte for byte, with one tg_moments_rows and one tg_encode_rows launch for the whole
+        step (float layer "bias" included; MAX-shared scalers too); a NaN gives the same error."""
+        from tgsim.codecs.terngrad.codec import TernGrad
+        rng = np.random.default_rng(3)
+        layers = {"conv": rng.standard_normal((3, 4, 5, 7)).astype(np.float32) * 1e-2,
+                  "bias": rng.standard_normal((3, 6)).astype(np.float32),
+                  "fc": make_layer("denormal", 3 * 1001, seed=4).reshape(3, 1001),
+                  "out": rng.standard_normal((3, 70_001)).astype(np.float32)}
+        codec = TernGrad(clip="explicit", packing=fmt, float_layers=("bias",), kernels="reference")
+        workers = np.array([0, 1, 7], dtype=np.uint32)
+        ref = codec.encode_many(layers, 11, 3, workers)
+        ref_shared = codec.encode_many(layers, 11, 3, workers, shared_scalers=np.float32([0.5, 0, 0.5, 4.0]))
+        monkeypatch.setattr(TernGrad, "kernels_for", lambda self, xp: _cuda)
+        self.launches.clear()
+        got = codec.encode_many(layers, 11, 3, workers)
+        assert [name for name, _, _ in self.launches] == ["tg_moments_rows", "tg_encode_rows"]
+        assert [m.to_bytes() for m in got] == [m.to_bytes() for m in ref]
+        got = codec.encode_many(layers, 11, 3, workers, shared_scalers=np.float32([0.5, 0, 0.5, 4.0]))
+        assert [m.to_bytes() for m in got] == [m.to_bytes() for m in ref_shared]
+        layers["out"][1, 9] = np.nan
+        with pytest.raises(NonFiniteGradientError, match="'out'.*worker 1"):
+            codec.encode_many(layers, 11, 3, workers)
+
+    def test_whole_step_is_one_launch_each(self):
+        """moments_layers and encode_layers: one launch for every row of every layer."""
+        Gs = self.step_rows(4)
+        self.launches.clear()
+        m = _cuda.moments_layers(Gs, True)
+        S = np.array([[max(float(m[i][0][w]), 1e-3) for i in range(len(Gs))] for w in range(4)], np.float32)
+        _cuda.encode_layers(Gs, S, [np.full(4, np.inf)] * len(Gs), 1, 2, np.arange(4), list(range(len(Gs))), "2bit")
+        names = [name for name, _, _ in self.launches]
+        assert names == ["tg_moments_rows", "tg_encode_rows"], names
 
 
 class TestWrapperOnGPU(_WrapperContract):

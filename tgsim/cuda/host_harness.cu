@@ -116,4 +116,29 @@ void tg_host_sum_codes(const unsigned char* payloads, int workers, long long nby
         tg_sum_codes_byte(b, payloads, workers, nbytes, n, fmt, out, first_bad);
 }
 
+// --- the whole-step kernels (rows[] / out[] hold host addresses here) ---------------------------
+void tg_host_moments_rows(const unsigned long long* rows, const long long* sizes, int count, double* s1,
+                          double* s2, float* absmax, int* nonfinite) {
+    static double t1[TG_ROW_THREADS], t2[TG_ROW_THREADS];
+    static float ta[TG_ROW_THREADS];
+    for (int r = 0; r < count; ++r) {
+        for (int t = 0; t < TG_ROW_THREADS; ++t)   // every thread's own lanes and levels
+            tg_row_thread_sums(t, (const float*)rows[r], sizes[r], t1 + t, t2 + t, ta + t, nonfinite + r);
+        for (int h = TG_ROW_THREADS / 2; h >= 1; h /= 2)   // the block's shared-memory tree
+            for (int i = 0; i < h; ++i) tg_tree_node(i, h, t1, t2, ta);
+        s1[r] = t1[0];
+        s2[r] = t2[0];
+        absmax[r] = ta[0];
+    }
+}
+
+void tg_host_encode_rows(const unsigned long long* rows, const long long* sizes, const float* scalers,
+                         const float* clip_bounds, const unsigned int* layers, const unsigned int* workers,
+                         const unsigned long long* out, const long long* starts, int count, int fmt,
+                         unsigned int k0, unsigned int k1, unsigned int step) {
+    for (long long j = 0; j < starts[count]; ++j)
+        tg_encode_rows_thread(j, rows, sizes, scalers, clip_bounds, layers, workers, out, starts, count, fmt,
+                              k0, k1, step);
+}
+
 }  // extern "C"

@@ -227,3 +227,122 @@ extern "C" __global__ void tg_sum_codes(const unsigned char* payloads, int worke
                                         long long n, int fmt, int* out, unsigned long long* first_bad) {
     TG_GRID_STRIDE(b, nbytes) tg_sum_codes_byte(b, payloads, workers, nbytes, n, fmt, out, first_bad);
 }
+
+// ---------------------------------------------------------------------------------------------
+// whole-step kernels: many (worker, layer) rows in one launch (issue 23 item 3), as apex's
+// multi_tensor_apply does for optimizers: a table of device pointers and sizes, one launch over all
+// rows, no host round trip between rows. Same bits as the one-row kernels above.
+// ---------------------------------------------------------------------------------------------
+// moments of one row in ONE block of TG_ROW_THREADS threads, in the order of moments.py:
+// thread t owns lanes t + TG_ROW_THREADS*k (k < TG_ROW_LANES_PER_THREAD = LANES / TG_ROW_THREADS).
+// The tree levels h = LANES/2 .. TG_ROW_THREADS pair lane t + TG_ROW_THREADS*k with
+// t + TG_ROW_THREADS*(k + h/TG_ROW_THREADS): both are the thread's own, so it runs those levels on
+// its own partials (q[k] += q[k + m], m = 32 .. 1); levels h = TG_ROW_THREADS/2 .. 1 are the block's
+// shared-memory tree over the threads' results. Same pairs in the same order as tg_moments_lanes +
+// tg_moments_tree, so the same bits.
+#define TG_ROW_THREADS 1024
+#define TG_ROW_LANES_PER_THREAD (TG_LANES / TG_ROW_THREADS)
+
+TG_HD void tg_row_thread_sums(int t, const float* g, long long n, double* out1, double* out2, float* out_amax,
+                              int* nonfinite) {
+    double q1[TG_ROW_LANES_PER_THREAD], q2[TG_ROW_LANES_PER_THREAD];
+    double k = n > 0 ? tg_f2d(g[0]) : 0.0;
+    float amax = 0.0f;
+    bool bad = false;
+    for (int c = 0; c < TG_ROW_LANES_PER_THREAD; ++c) {
+        double a1 = 0.0, a2 = 0.0;
+        for (long long i = t + (long long)TG_ROW_THREADS * c; i < n; i += TG_LANES) {
+            float v = g[i];
+            double d = tg_dsub(tg_f2d(v), k);
+            a1 = tg_dadd(a1, d);
+            a2 = tg_dadd(a2, tg_dmul(d, d));
+            float av = tg_fabs(v);
+            if (tg_f2d(av) > tg_f2d(amax)) amax = av;
+            if (!tg_isfinite(v)) bad = true;
+        }
+        q1[c] = a1;
+        q2[c] = a2;
+    }
+    for (int m = TG_ROW_LANES_PER_THREAD / 2; m >= 1; m /= 2)
+        for (int c = 0; c < m; ++c) {
+            q1[c] = tg_dadd(q1[c], q1[c + m]);
+            q2[c] = tg_dadd(q2[c], q2[c + m]);
+        }
+    *out1 = q1[0];
+    *out2 = q2[0];
+    *out_amax = amax;
+    if (bad) {
+#ifdef __CUDA_ARCH__
+        atomicOr(nonfinite, 1);
+#else
+        *nonfinite = 1;
+#endif
+    }
+}
+
+// rows[r]: device address of row r's float32 elements (sizes[r] of them). Writes s1[r], s2[r]
+// (the tree's totals), absmax[r], and sets nonfinite[r] (start it at 0). Launch with
+// TG_ROW_THREADS threads a block; blocks stride over the rows.
+extern "C" __global__ void tg_moments_rows(const unsigned long long* rows, const long long* sizes, int count,
+                                           double* s1, double* s2, float* absmax, int* nonfinite) {
+#ifdef __CUDA_ARCH__
+    __shared__ double sh1[TG_ROW_THREADS], sh2[TG_ROW_THREADS];
+    __shared__ float sha[TG_ROW_THREADS];
+    int t = threadIdx.x;
+    for (int r = blockIdx.x; r < count; r += gridDim.x) {
+        tg_row_thread_sums(t, (const float*)rows[r], sizes[r], sh1 + t, sh2 + t, sha + t, nonfinite + r);
+        __syncthreads();
+        for (int h = TG_ROW_THREADS / 2; h >= 1; h /= 2) {
+            if (t < h) tg_tree_node(t, h, sh1, sh2, sha);
+            __syncthreads();
+        }
+        if (t == 0) {
+            s1[r] = sh1[0];
+            s2[r] = sh2[0];
+            absmax[r] = sha[0];
+        }
+        __syncthreads();
+    }
+#endif
+}
+
+// Logical threads of the rows' encode, concatenated: row r owns [starts[r], starts[r + 1]);
+// the row of logical thread j (starts ascending, starts[0] = 0): binary search.
+TG_HD int tg_row_of(const long long* starts, int count, long long j) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= j) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// One logical thread of the rows' encode: row r = the one owning j; row r is layer layers[r] of
+// worker workers[r], elements rows[r] (sizes[r]), scaler scalers[r], clip bound clip_bounds[r], its
+// payload at out[r]; the key (k0, k1) and step are the step's. fmt: TG_FMT_2BIT / TG_FMT_BASE3.
+TG_HD void tg_encode_rows_thread(long long j, const unsigned long long* rows, const long long* sizes,
+                                 const float* scalers, const float* clip_bounds, const unsigned int* layers,
+                                 const unsigned int* workers, const unsigned long long* out,
+                                 const long long* starts, int count, int fmt, unsigned int k0, unsigned int k1,
+                                 unsigned int step) {
+    int r = tg_row_of(starts, count, j);
+    long long local = j - starts[r];
+    const float* g = (const float*)rows[r];
+    unsigned char* o = (unsigned char*)out[r];
+    if (fmt == TG_FMT_2BIT)
+        tg_encode_2bit_byte(local, g, sizes[r], scalers[r], clip_bounds[r], k0, k1, layers[r], workers[r], step, o);
+    else
+        tg_encode_base3_quad(local, g, sizes[r], scalers[r], clip_bounds[r], k0, k1, layers[r], workers[r], step, o);
+}
+
+// starts has count + 1 entries; starts[count] is the total of logical threads
+// (tg_encode_2bit_threads / tg_encode_base3_threads of each row's size, summed in row order).
+extern "C" __global__ void tg_encode_rows(const unsigned long long* rows, const long long* sizes,
+                                          const float* scalers, const float* clip_bounds,
+                                          const unsigned int* layers, const unsigned int* workers,
+                                          const unsigned long long* out, const long long* starts, int count,
+                                          int fmt, unsigned int k0, unsigned int k1, unsigned int step) {
+    TG_GRID_STRIDE(j, starts[count])
+        tg_encode_rows_thread(j, rows, sizes, scalers, clip_bounds, layers, workers, out, starts, count, fmt,
+                              k0, k1, step);
+}

@@ -296,7 +296,11 @@ class TernGrad:
     # -- batched over workers -------------------------------------------------------------------
     def _pass1_many(self, layout: Layout, layers: Mapping, nw: int):
         """(float32 (W, n) rows per layer, ScalingBatch | None per layer); errors as the per-worker
-        calls in worker order would raise them: the lowest worker's first failing layer."""
+        calls in worker order would raise them: the lowest worker's first failing layer.
+
+        The layers are converted first, then the ternary layers' statistics computed: in one call
+        for the whole step where the kernels offer `moments_layers` (CUDA: one launch, one copy
+        back), else layer by layer; then the errors are taken in layer order as before."""
         events: dict[int, Exception] = {}    # worker -> its error at its first failing layer
 
         def nonfinite(spec, flat, w):
@@ -306,18 +310,22 @@ class TernGrad:
             err.worker = w
             return err
 
-        flats, scalings = [], []
+        converted, stop = [], None           # per layer: rows, or the worker's float64 overflow
         for spec, g in zip(layout.layers, layers.values()):
             try:
-                flat = as_float32_rows(spec.name, g, nw)
-            except TypeError:
-                if 0 in events:              # worker 0 failed on an earlier layer first
-                    raise events[0] from None
-                raise
+                converted.append(as_float32_rows(spec.name, g, nw))
+            except TypeError as e:
+                stop = e                     # raised after the earlier layers' errors are known
+                break
             except ValueError as e:          # float64 overflow of worker e.worker (the lowest)
                 if getattr(e, "worker", None) is None:
                     raise
-                events.setdefault(e.worker, e)
+                converted.append(e)
+        moments = self._moments_of(layout, converted)
+        flats, scalings = [], []
+        for i, (spec, flat) in enumerate(zip(layout.layers, converted)):
+            if isinstance(flat, ValueError):
+                events.setdefault(flat.worker, flat)
                 flats.append(None)
                 scalings.append(None)
                 continue
@@ -327,16 +335,33 @@ class TernGrad:
                 ok = to_numpy(xp.isfinite(flat).all(axis=1)) if flat.shape[1] else np.ones(nw, dtype=bool)
                 scalings.append(None)
             else:
-                absmax, sigma, ok = self.kernels_for(xp).moments_many(flat, self.clip != "none")
+                absmax, sigma, ok = moments[i]
                 scalings.append(scaling_from_moments_many(absmax, sigma, self.clip, self.clip_factor)
                                 if ok.all() else None)
             if not ok.all():
                 for w in np.flatnonzero(~ok):
                     if int(w) not in events:
                         events[int(w)] = nonfinite(spec, flat, int(w))
+        if stop is not None:
+            if 0 in events:                  # worker 0 failed on an earlier layer first
+                raise events[0] from None
+            raise stop
         if events:
             raise events[min(events)]
         return flats, scalings
+
+    def _moments_of(self, layout: Layout, converted: list) -> dict:
+        """{layer index: (absmax, sigma, finite)} of the converted ternary layers."""
+        need_sigma = self.clip != "none"
+        todo = [i for i, (spec, f) in enumerate(zip(layout.layers, converted))
+                if spec.kind == KIND_TERNARY and not isinstance(f, ValueError)]
+        kerns = {id(self.kernels_for(array_module(converted[i]))): self.kernels_for(array_module(converted[i]))
+                 for i in todo}
+        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "moments_layers"):
+            got = next(iter(kerns.values())).moments_layers([converted[i] for i in todo], need_sigma)
+            return dict(zip(todo, got))
+        return {i: self.kernels_for(array_module(converted[i])).moments_many(converted[i], need_sigma)
+                for i in todo}
 
     def prepare_many(self, layers: Mapping) -> list[ScalingBatch | None]:
         """The protocol's pass 1 (tgsim.codecs.base): `scaling_many`."""
@@ -428,13 +453,21 @@ class TernGrad:
             return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
                                     [None if b is None else float(b[w]) for b in bounds],
                                     StreamKey(int(seed), int(step), int(workers[w]))) for w in range(nw)]
-        parts = []
-        for i, (spec, flat, sc) in enumerate(zip(layout.layers, flats, scalings)):
-            if spec.kind == KIND_FLOAT:
-                parts.append(flat)
-                continue
-            kern = self.kernels_for(array_module(flat))
-            parts.append(kern.encode_many(flat, scalers[:, i], bounds[i], seed, step, workers, i, self.packing))
+        parts = list(flats)                  # float layers: the float32 rows
+        tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
+        kerns = {id(k): k for k in (self.kernels_for(array_module(flats[i])) for i in tern)}
+        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "encode_layers"):
+            # the whole step in one launch (CUDA)
+            got = next(iter(kerns.values())).encode_layers([flats[i] for i in tern], scalers[:, tern],
+                                                           [bounds[i] for i in tern], seed, step, workers, tern,
+                                                           self.packing)
+            for i, p in zip(tern, got):
+                parts[i] = p
+        else:
+            for i in tern:
+                kern = self.kernels_for(array_module(flats[i]))
+                parts[i] = kern.encode_many(flats[i], scalers[:, i], bounds[i], seed, step, workers, i,
+                                            self.packing)
         rows = [tuple(p[w] for w in range(nw)) for p in parts]
         batch = PayloadBatch([p if spec.kind == KIND_TERNARY else None for spec, p in zip(layout.layers, parts)],
                              rows)

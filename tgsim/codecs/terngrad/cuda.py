@@ -4,6 +4,8 @@
     encode(g, scaler, clip_bound, key, fmt)        -> cupy uint8 payload
     moments_many(G, need_sigma)                    -> (absmax, sigma, finite) NumPy arrays over rows
     encode_many(G, scalers, clip_bounds, seed, step, workers, layer, fmt) -> cupy uint8 (W, nbytes)
+    moments_layers(Gs, need_sigma)                 -> [(absmax, sigma, finite)] per layer, one launch
+    encode_layers(Gs, scalers, clip_bounds, seed, step, workers, layers, fmt) -> [cupy uint8 (W, nb)]
     weighted_sum(payloads, scalers, n, fmt, divide_by) -> cupy float32
     sum_codes(payloads, n, fmt, dtype=None)        -> cupy integer codes summed over workers
 
@@ -43,11 +45,13 @@ HEADER_FILE = "philox.cuh"
 # with x86 FTZ/DAZ set. The option is kept to state the intent.
 NVRTC_OPTIONS = ("-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 KERNELS = ("tg_moments_lanes", "tg_moments_tree", "tg_encode_2bit", "tg_encode_base3",
-           "tg_weighted_sum", "tg_sum_codes")
+           "tg_weighted_sum", "tg_sum_codes", "tg_moments_rows", "tg_encode_rows")
 FMT_CODE = {"2bit": 0, "base3": 1}
 BLOCK = 256
 MAX_GRID = 1 << 16          # grid-stride loops cover the rest
 TREE_BLOCK = 1024
+ROW_THREADS = 1024          # terngrad.cu TG_ROW_THREADS: tg_moments_rows runs one block per row
+ROW_MAX = 1 << 22           # rows longer than this take the two-kernel moments (one row, whole GPU)
 NO_BAD = 2**64 - 1
 
 
@@ -235,6 +239,116 @@ def encode_many(G, scalers, clip_bounds, seed: int, step: int, workers, layer: i
     return out
 
 
+# -- a whole step: every (worker, layer) row in one launch --------------------------------------
+def _address(a) -> int:
+    """Device address of a contiguous CuPy array's first element (the kernels' pointer tables)."""
+    return int(a.data.ptr)
+
+
+def _table(values, dtype):
+    return _cp().asarray(np.ascontiguousarray(np.asarray(values, dtype=dtype)))
+
+
+def moments_layers(Gs, need_sigma: bool = True) -> list:
+    """[(absmax, sigma, finite) NumPy arrays over the rows of G] for each G (W, n_l) of Gs: the bits of
+    moments_many(G, need_sigma) for each. Rows of at most ROW_MAX elements take ONE launch of
+    tg_moments_rows for the whole step (a block per row, the order of moments.py) and one copy back;
+    longer rows take moments_many's two kernels each."""
+    cp = _cp()
+    Gs = [_rows(G) for G in Gs]
+    out = [None] * len(Gs)
+    small = [i for i, G in enumerate(Gs) if G.shape[1] <= ROW_MAX]
+    for i, G in enumerate(Gs):
+        if i not in small or G.shape[0] == 0 or G.shape[1] == 0:
+            out[i] = moments_many(G, need_sigma)
+    small = [i for i in small if out[i] is None]
+    if small:
+        addr, sizes, where = [], [], []
+        for i in small:
+            G, nb = Gs[i], Gs[i].strides[0]
+            base = _address(G)
+            for w in range(G.shape[0]):
+                addr.append(base + w * nb)
+                sizes.append(G.shape[1])
+                where.append((i, w))
+        count = len(addr)
+        s1 = cp.empty(count, dtype=cp.float64)
+        s2 = cp.empty(count, dtype=cp.float64)
+        amax = cp.empty(count, dtype=cp.float32)
+        bad = cp.zeros(count, dtype=cp.int32)
+        _kernel("tg_moments_rows")((min(count, MAX_GRID),), (ROW_THREADS,),
+                                   (_table(addr, np.uint64), _table(sizes, np.int64), np.int32(count),
+                                    s1, s2, amax, bad))
+        h1, h2, ha, hb = (cp.asnumpy(x) for x in (s1, s2, amax, bad))
+        for i in small:
+            nw = Gs[i].shape[0]
+            out[i] = (np.zeros(nw), np.zeros(nw), np.ones(nw, dtype=bool))
+        for r, (i, w) in enumerate(where):
+            absmax, sigma, finite = out[i]
+            if hb[r]:
+                finite[w] = False
+                absmax[w] = sigma[w] = np.nan
+                continue
+            absmax[w] = float(ha[r])
+            if need_sigma:
+                sigma[w] = stats.moments_from_sums(sizes[r], 0.0, float(h1[r]), float(h2[r]))
+    return out
+
+
+def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layers, fmt: str) -> list:
+    """[uint8 (W, nbytes_l) device array] for each G (W, n_l) of Gs: the bits of encode_many(G,
+    scalers[:, i], clip_bounds[i], seed, step, workers, layers[i], fmt) for each, in ONE launch of
+    tg_encode_rows over every (layer, worker) row. scalers: (W, len(Gs)); clip_bounds: one (W,)
+    vector per layer."""
+    cp = _cp()
+    code = _fmt(fmt)
+    Gs = [_rows(G) for G in Gs]
+    nw = len(np.asarray(workers))
+    s64 = np.asarray(scalers, dtype=np.float64).reshape(nw, len(Gs))
+    wk = np.asarray(workers)
+    if nw and (wk.dtype.kind not in "iu" or int(wk.min()) < 0 or int(wk.max()) >= 2**32):
+        raise ValueError("workers: expected integer worker ids in [0, 2^32)")
+    if len(clip_bounds) != len(Gs) or len(layers) != len(Gs):
+        raise ValueError(f"{len(Gs)} layers, {len(clip_bounds)} clip bound vectors, {len(layers)} layer ids")
+    k0, k1 = StreamKey(int(seed), int(step)).key
+    outs, rows, sizes, sc, cb, lay, wid, dst, starts = [], [], [], [], [], [], [], [], [0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, G in enumerate(Gs):
+            if G.shape[0] != nw:
+                raise ValueError(f"layer {i}: {G.shape[0]} rows for {nw} workers")
+            n = int(G.shape[1])
+            if n > MAX_ELEMENTS:
+                raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+            nb = packing.packed_size(n, fmt)
+            o = cp.empty((nw, nb), dtype=cp.uint8)
+            outs.append(o)
+            if nb == 0:
+                continue
+            c64 = np.asarray(clip_bounds[i], dtype=np.float64).reshape(-1)
+            if c64.shape != (nw,):
+                raise ValueError(f"layer {i}: clip bounds of shape {c64.shape}, expected ({nw},)")
+            threads = -(-n // 4) if code == 0 else -(-nb // 4)
+            base, obase = _address(G), _address(o)
+            for w in range(nw):
+                rows.append(base + w * G.strides[0])
+                dst.append(obase + w * nb)
+                sizes.append(n)
+                sc.append(s64[w, i])
+                cb.append(c64[w])
+                lay.append(int(layers[i]))
+                wid.append(int(wk[w]))
+                starts.append(starts[-1] + threads)
+        if len(rows):
+            args = (_table(rows, np.uint64), _table(sizes, np.int64),
+                    _table(np.asarray(sc).astype(np.float32), np.float32),
+                    _table(np.asarray(cb).astype(np.float32), np.float32),
+                    _table(lay, np.uint32), _table(wid, np.uint32), _table(dst, np.uint64),
+                    _table(starts, np.int64), np.int32(len(rows)), np.int32(code),
+                    np.uint32(k0), np.uint32(k1), np.uint32(step))
+            _launch("tg_encode_rows", starts[-1], args)
+    return outs
+
+
 # -- decode -------------------------------------------------------------------------------------
 def _payloads(payloads, n: int, fmt: str):
     """(workers, nbytes) contiguous uint8 device array, checked like packing.check_payload."""
@@ -330,5 +444,6 @@ def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
     return out.astype(dtype)
 
 
-__all__ = ["moments", "encode", "moments_many", "encode_many", "weighted_sum", "sum_codes", "source",
+__all__ = ["moments", "encode", "moments_many", "encode_many", "moments_layers", "encode_layers",
+           "weighted_sum", "sum_codes", "source",
            "NVRTC_OPTIONS", "KERNELS"]
