@@ -766,7 +766,7 @@ def fake_cupy(harness: Harness, launches: list) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     for name in ("ndarray", "float32", "float64", "int8", "int16", "int32", "uint8", "uint64"):
         setattr(cp, name, getattr(np, name))
-    for name in ("asarray", "ascontiguousarray", "empty", "zeros", "full", "stack", "isnan"):
+    for name in ("asarray", "ascontiguousarray", "empty", "zeros", "full", "stack", "concatenate", "isnan"):
         setattr(cp, name, cupy_api.strict(getattr(np, name), name))
     cp.asnumpy = cupy_api.strict(lambda a, stream=None, order="C", out=None, blocking=True:
                                  np.array(a, copy=True), "asnumpy")
@@ -820,7 +820,8 @@ class TestWrapperOnHostHarness(_WrapperContract):
     def test_codec_step_through_the_cuda_kernels(self, fmt, monkeypatch):
         """TernGrad.encode_many with the CUDA kernels (the stand-in) gives the reference kernels'
         messages byte for byte, with one tg_moments_rows and one tg_encode_rows launch for the whole
-        step (float layer "bias" included; MAX-shared scalers too); a NaN gives the same error."""
+        step (float layer "bias" included; MAX-shared scalers too), and aggregate the same mean with one
+        tg_weighted_sum_rows launch; a NaN gives the same error."""
         from tgsim.codecs.terngrad.codec import TernGrad
         rng = np.random.default_rng(3)
         layers = {"conv": rng.standard_normal((3, 4, 5, 7)).astype(np.float32) * 1e-2,
@@ -831,6 +832,7 @@ class TestWrapperOnHostHarness(_WrapperContract):
         workers = np.array([0, 1, 7], dtype=np.uint32)
         ref = codec.encode_many(layers, 11, 3, workers)
         ref_shared = codec.encode_many(layers, 11, 3, workers, shared_scalers=np.float32([0.5, 0, 0.5, 4.0]))
+        ref_mean = codec.aggregate(ref_shared, 3)
         monkeypatch.setattr(TernGrad, "kernels_for", lambda self, xp: _cuda)
         self.launches.clear()
         got = codec.encode_many(layers, 11, 3, workers)
@@ -838,9 +840,31 @@ class TestWrapperOnHostHarness(_WrapperContract):
         assert [m.to_bytes() for m in got] == [m.to_bytes() for m in ref]
         got = codec.encode_many(layers, 11, 3, workers, shared_scalers=np.float32([0.5, 0, 0.5, 4.0]))
         assert [m.to_bytes() for m in got] == [m.to_bytes() for m in ref_shared]
+        self.launches.clear()
+        mean = codec.aggregate(got, 3)
+        assert [name for name, _, _ in self.launches] == ["tg_weighted_sum_rows"]
+        assert list(mean) == list(ref_mean)
+        for k in mean:
+            assert_same_bits(mean[k], ref_mean[k])
         layers["out"][1, 9] = np.nan
         with pytest.raises(NonFiniteGradientError, match="'out'.*worker 1"):
             codec.encode_many(layers, 11, 3, workers)
+
+    @pytest.mark.parametrize("fmt", packing.FORMATS)
+    def test_weighted_sum_layers_equal_each_layer(self, fmt):
+        """weighted_sum_layers: every layer's weighted_sum in one launch; an invalid byte raises the
+        error of the first layer (in layer order) that has one, worded as weighted_sum words it."""
+        sizes = [1, 0, 21, 65537, 1001]
+        P = [random_payloads(5, n, fmt, seed=30 + i) for i, n in enumerate(sizes)]
+        S = np.stack([scalers_for("distinct", 5), scalers_for("shared", 5)] * 2 + [scalers_for("distinct", 5)], 1)
+        got = _cuda.weighted_sum_layers([self.dev(p) for p in P], self.dev(S), sizes, fmt, 3)
+        for i, n in enumerate(sizes):
+            with np.errstate(all="ignore"):
+                assert_same_bits(self.host(got[i]), _reference.weighted_sum(P[i], S[:, i], n, fmt, 3))
+        TestDecode.corrupt(fmt, P[4], 1001, 2, 17, "code")
+        TestDecode.corrupt(fmt, P[3], 65537, 1, P[3].shape[1] - 1, "pad")
+        with pytest.raises(ValueError, match=r"payload of worker 1: non-zero pad codes after element 65537"):
+            _cuda.weighted_sum_layers([self.dev(p) for p in P], self.dev(S), sizes, fmt, 3)
 
     def test_whole_step_is_one_launch_each(self):
         """moments_layers and encode_layers: one launch for every row of every layer."""
@@ -851,6 +875,10 @@ class TestWrapperOnHostHarness(_WrapperContract):
         _cuda.encode_layers(Gs, S, [np.full(4, np.inf)] * len(Gs), 1, 2, np.arange(4), list(range(len(Gs))), "2bit")
         names = [name for name, _, _ in self.launches]
         assert names == ["tg_moments_rows", "tg_encode_rows"], names
+        self.launches.clear()
+        P = [random_payloads(4, int(G.shape[1]), "2bit", seed=i) for i, G in enumerate(Gs)]
+        _cuda.weighted_sum_layers(P, S, [int(G.shape[1]) for G in Gs], "2bit", 4)
+        assert [name for name, _, _ in self.launches] == ["tg_weighted_sum_rows"]
 
 
 class TestWrapperOnGPU(_WrapperContract):

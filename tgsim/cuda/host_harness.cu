@@ -141,4 +141,13 @@ void tg_host_encode_rows(const unsigned long long* rows, const long long* sizes,
                               k0, k1, step);
 }
 
+void tg_host_weighted_sum_rows(const unsigned long long* payloads, const long long* nbytes, const long long* sizes,
+                               const float* scalers, int workers, int fmt, double inv_divide_by,
+                               const unsigned long long* out, const long long* starts, int count,
+                               unsigned long long* first_bad) {
+    for (long long j = 0; j < starts[count]; ++j)
+        tg_weighted_sum_rows_thread(j, payloads, nbytes, sizes, scalers, workers, fmt, inv_divide_by, out, starts,
+                                    count, first_bad);
+}
+
 }  // extern "C"

@@ -346,3 +346,27 @@ extern "C" __global__ void tg_encode_rows(const unsigned long long* rows, const 
         tg_encode_rows_thread(j, rows, sizes, scalers, clip_bounds, layers, workers, out, starts, count, fmt,
                               k0, k1, step);
 }
+
+// One logical thread of the rows' weighted sum: row r (a layer) has the (workers, nbytes[r]) payloads
+// at payloads[r], the workers' scalers at scalers + r * workers, sizes[r] elements, its float32 result
+// at out[r] and its own first_bad[r]; byte j - starts[r] of it, as tg_weighted_sum_byte.
+TG_HD void tg_weighted_sum_rows_thread(long long j, const unsigned long long* payloads, const long long* nbytes,
+                                       const long long* sizes, const float* scalers, int workers, int fmt,
+                                       double inv_divide_by, const unsigned long long* out,
+                                       const long long* starts, int count, unsigned long long* first_bad) {
+    int r = tg_row_of(starts, count, j);
+    tg_weighted_sum_byte(j - starts[r], (const unsigned char*)payloads[r], workers, nbytes[r],
+                         scalers + (long long)r * workers, sizes[r], fmt, inv_divide_by, (float*)out[r],
+                         first_bad + r);
+}
+
+// starts: count + 1 entries, starts[r + 1] - starts[r] = nbytes[r].
+extern "C" __global__ void tg_weighted_sum_rows(const unsigned long long* payloads, const long long* nbytes,
+                                                const long long* sizes, const float* scalers, int workers,
+                                                int fmt, double inv_divide_by, const unsigned long long* out,
+                                                const long long* starts, int count,
+                                                unsigned long long* first_bad) {
+    TG_GRID_STRIDE(j, starts[count])
+        tg_weighted_sum_rows_thread(j, payloads, nbytes, sizes, scalers, workers, fmt, inv_divide_by, out, starts,
+                                    count, first_bad);
+}

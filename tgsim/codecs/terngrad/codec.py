@@ -512,10 +512,23 @@ class TernGrad:
                 raise ValueError(f"message of worker {w} has a different layout")
         divide_by = len(messages) if divide_by is None else divide_by
         out = {}
+        tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
+        kerns = {id(k): k for k in (self.kernels_for(array_module(messages[0].parts[i])) for i in tern)}
+        whole = {}
+        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "weighted_sum_layers"):
+            # every ternary layer in one launch (CUDA); errors as the layer-by-layer calls raise them
+            xp = array_module(messages[0].parts[tern[0]])
+            scalers = np.array([[m.scalers[i] for i in tern] for m in messages], dtype=np.float32)
+            got = next(iter(kerns.values())).weighted_sum_layers(
+                [layer_payloads(messages, i, xp) for i in tern], scalers, [layout.layers[i].size for i in tern],
+                self.packing, divide_by)
+            whole = dict(zip(tern, got))
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
             xp = array_module(parts[0])
-            if spec.kind == KIND_FLOAT:
+            if i in whole:
+                flat = whole[i]
+            elif spec.kind == KIND_FLOAT:
                 acc = xp.zeros(spec.size, dtype=xp.float64)
                 for p in parts:
                     acc += p.reshape(-1).astype(xp.float64)

@@ -6,6 +6,7 @@
     encode_many(G, scalers, clip_bounds, seed, step, workers, layer, fmt) -> cupy uint8 (W, nbytes)
     moments_layers(Gs, need_sigma)                 -> [(absmax, sigma, finite)] per layer, one launch
     encode_layers(Gs, scalers, clip_bounds, seed, step, workers, layers, fmt) -> [cupy uint8 (W, nb)]
+    weighted_sum_layers(payloads, scalers, sizes, fmt, divide_by) -> [cupy float32], one launch
     weighted_sum(payloads, scalers, n, fmt, divide_by) -> cupy float32
     sum_codes(payloads, n, fmt, dtype=None)        -> cupy integer codes summed over workers
 
@@ -45,7 +46,7 @@ HEADER_FILE = "philox.cuh"
 # with x86 FTZ/DAZ set. The option is kept to state the intent.
 NVRTC_OPTIONS = ("-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 KERNELS = ("tg_moments_lanes", "tg_moments_tree", "tg_encode_2bit", "tg_encode_base3",
-           "tg_weighted_sum", "tg_sum_codes", "tg_moments_rows", "tg_encode_rows")
+           "tg_weighted_sum", "tg_sum_codes", "tg_moments_rows", "tg_encode_rows", "tg_weighted_sum_rows")
 FMT_CODE = {"2bit": 0, "base3": 1}
 BLOCK = 256
 MAX_GRID = 1 << 16          # grid-stride loops cover the rest
@@ -428,6 +429,39 @@ def weighted_sum(payloads, scalers, n: int, fmt: str, divide_by: int):
     return out
 
 
+def weighted_sum_layers(payloads, scalers, sizes, fmt: str, divide_by: int) -> list:
+    """[weighted_sum(payloads[i], scalers[:, i], sizes[i], fmt, divide_by)] for every layer i, in ONE
+    launch of tg_weighted_sum_rows and one copy back of the layers' first invalid bytes; an invalid
+    payload raises the ValueError of the first such layer, as the layer-by-layer calls would.
+    payloads: per layer a (W, nbytes) uint8 device array or a sequence of W payloads; scalers (W, L)."""
+    cp = _cp()
+    code = _fmt(fmt)
+    if len(payloads) != len(sizes):
+        raise ValueError(f"{len(payloads)} layers of payloads for {len(sizes)} sizes")
+    P = [_payloads(p, int(n), fmt) for p, n in zip(payloads, sizes)]
+    workers = int(P[0].shape[0]) if P else 0
+    if any(int(p.shape[0]) != workers for p in P):
+        raise ValueError("every layer needs the same number of payloads")
+    S = [_scalers(scalers[:, i] if not isinstance(scalers, (list, tuple)) else scalers[i], workers)
+         for i in range(len(P))]
+    outs = [cp.empty(int(n), dtype=cp.float32) for n in sizes]
+    rows = [i for i, p in enumerate(P) if p.shape[1] > 0 and workers > 0]
+    if rows:
+        table = cp.concatenate([S[i] for i in rows]) if len(rows) > 1 else S[rows[0]]
+        starts = np.concatenate([[0], np.cumsum([int(P[i].shape[1]) for i in rows])])
+        first_bad = cp.asarray(np.full(len(rows), NO_BAD, dtype=np.uint64))
+        args = (_table([_address(P[i]) for i in rows], np.uint64), _table([P[i].shape[1] for i in rows], np.int64),
+                _table([int(sizes[i]) for i in rows], np.int64), cp.ascontiguousarray(table), np.int32(workers),
+                np.int32(code), np.float64(1.0 / divide_by), _table([_address(outs[i]) for i in rows], np.uint64),
+                _table(starts, np.int64), np.int32(len(rows)), first_bad)
+        _launch("tg_weighted_sum_rows", int(starts[-1]), args)
+        bad = cp.asnumpy(first_bad)
+        for k, i in enumerate(rows):
+            if int(bad[k]) != NO_BAD:
+                _raise_bad(P[i], first_bad[k:k + 1], int(sizes[i]), fmt)
+    return outs
+
+
 def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
     """Σ_w codes_w as integers (packing.sum_codes), after the payload checks."""
     cp = _cp()
@@ -445,5 +479,5 @@ def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
 
 
 __all__ = ["moments", "encode", "moments_many", "encode_many", "moments_layers", "encode_layers",
-           "weighted_sum", "sum_codes", "source",
+           "weighted_sum_layers", "weighted_sum", "sum_codes", "source",
            "NVRTC_OPTIONS", "KERNELS"]
