@@ -11,7 +11,8 @@ with TGSIM_FIGURES_OUT, as `_common` does):
                          (computed here from `df`), verdict ("confirmed", "not confirmed", "n/a")
 
 and prints one `wrote PATH` line per file. `make_report.py` embeds the PNG and renders the claims
-table in REPORT.md.
+table in REPORT.md. `label_points(ax, xs, ys, texts)` writes a label beside each point where it
+overlaps no other label or marker (call it after the last `tight_layout`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 from _common import OUT, QUICK_OUT, print_written  # noqa: E402
 
@@ -56,6 +58,56 @@ def verdict(ok) -> str:
 def claim(claim: str, paper: str, measured: str, ok) -> dict:
     """One row of a claims table (see the module docstring)."""
     return {"claim": claim, "paper": paper, "measured": measured, "verdict": verdict(ok)}
+
+
+# Offsets (points) tried in order for a label: right-above, right-below, left-above, left-below, above,
+# below, then twice as far.
+_OFFSETS = [(6, 3), (6, -9), (-6, 3), (-6, -9), (0, 8), (0, -13),
+            (12, 8), (12, -15), (-12, 8), (-12, -15), (0, 16), (0, -21)]
+
+
+def label_points(ax, xs, ys, texts, fontsize: float = 7, marker_pt: float = 5) -> list:
+    """Annotate point i with texts[i] at the first offset in _OFFSETS whose text box (in display
+    coordinates, padded by 1 pt) lies inside the axes and overlaps no label placed before it, the
+    axes' legend, and no point's marker (a square of half-side `marker_pt` points); when every offset overlaps something,
+    the offset with the least overlapping area. Returns the annotations. Greedy, points in x order."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    scale = fig.dpi / 72.0
+    centres = ax.transData.transform(list(zip(xs, ys)))
+    half = marker_pt * scale
+    markers = [Bbox.from_extents(cx - half, cy - half, cx + half, cy + half) for cx, cy in centres]
+    frame = ax.get_window_extent(renderer)
+    placed, out = [], []
+    if ax.get_legend() is not None:
+        placed.append(ax.get_legend().get_window_extent(renderer))
+
+    def overlap(a, b) -> float:
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        return w * h if w > 0 and h > 0 else 0.0
+
+    for i in sorted(range(len(texts)), key=lambda k: (centres[k][0], centres[k][1])):
+        best = None
+        for dx, dy in _OFFSETS:
+            ann = ax.annotate(texts[i], (xs[i], ys[i]), xytext=(dx, dy), textcoords="offset points",
+                              fontsize=fontsize, ha="left" if dx > 0 else "right" if dx < 0 else "center")
+            b = ann.get_window_extent(renderer)
+            box = Bbox.from_extents(b.x0 - scale, b.y0 - scale, b.x1 + scale, b.y1 + scale)
+            cost = sum(overlap(box, b) for b in placed) + sum(overlap(box, m) for m in markers)
+            outside = box.width * box.height - overlap(box, frame)
+            cost += outside
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, ann, box)
+            else:
+                ann.remove()
+            if cost == 0:
+                break
+        placed.append(best[2])
+        out.append(best[1])
+    return out
 
 
 def save(fig, name: str, df: pd.DataFrame, quick: bool, claims: list[dict] | None = None) -> list[Path]:

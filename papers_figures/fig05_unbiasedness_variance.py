@@ -58,16 +58,24 @@ df = pd.concat([a_peer.assign(panel="a")[cols], a_codec.assign(panel="a")[cols],
                      "largest_relative_error", "consistent"]]], ignore_index=True)
 
 # %% figure
-fig, ax = plt.subplot_mosaic([["a", "a"], ["b", "c"]], figsize=(13, 10), gridspec_kw={"height_ratios": [1, 1]})
+fig, ax = plt.subplot_mosaic([["a", "a"], ["b", "c"]], figsize=(13, 10.5), gridspec_kw={"height_ratios": [1.1, 1]})
 axes = [ax["a"], ax["b"], ax["c"]]
 a = df[df.panel == "a"].assign(reject=lambda d: d.reject.astype(bool))
-sns.scatterplot(data=a, x="exact", y="measured", hue="label", style="source", ax=axes[0], s=30, alpha=0.85,
-                palette=sns.color_palette("tab20", a.label.nunique()))
-lo, hi = a[["exact", "measured"]].min().min() * 0.5, a[["exact", "measured"]].max().max() * 2
-axes[0].plot([lo, hi], [lo, hi], color="black", lw=1, label="measured = exact")
-axes[0].set(xscale="log", yscale="log", xlabel="exact E||Q(g) - g||² / ||g||²  (dimensionless)",
-            ylabel="measured, mean over draws  (dimensionless)", title="(a) error: measured against exact")
-axes[0].legend(fontsize=8, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+a["ratio"] = a.measured / a.exact
+a["verdict"] = np.where(a.reject, "rejected (Bonferroni, and off by > 0.1 %)", "accepted")
+order = sorted(a.label.unique(), key=lambda x: (not x.startswith("terngrad"), x))
+sns.stripplot(data=a, x="label", y="ratio", hue="source", order=order, dodge=True, jitter=0.25, size=4, alpha=0.75,
+              ax=axes[0], palette="colorblind")
+bad = a[a.reject]
+if len(bad):
+    axes[0].scatter([order.index(x) for x in bad.label], bad.ratio, marker="X", s=80, color="black", zorder=5,
+                    label="rejected (Bonferroni 5 %, off by > 0.1 %)")
+axes[0].axhline(1.0, color="black", lw=1, label="measured = exact")
+axes[0].set(xlabel="codec or quantizer", ylabel="measured / exact  E||Q(g) - g||² (ratio)",
+            title=f"(a) error: measured over exact, every shape, bit budget and N ({len(a)} rows; "
+                  f"exact error {a.exact[a.exact > 0].min():.0e} to {a.exact.max():.0e} of ||g||²)")
+plt.setp(axes[0].get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="source")
 b = df[df.panel == "b"]
 sns.lineplot(data=b, x="R", y="delta_power90", hue="shape", marker="o", ax=axes[1])
 axes[1].set(xscale="log", yscale="log", xlabel="draws R of the binomial test",

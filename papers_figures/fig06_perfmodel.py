@@ -8,13 +8,24 @@
 #
 # Here: `tgsim.analysis.perfmodel.fig5` (docs/THEORY.md §6: wait-free backprop, a parameter server,
 # TernGrad's exact-sum downlink of ceil(log2(2N+1)) bits), and the module's three claim checks. The
-# paper's published points are not in the module (it holds the model only), so none are drawn; the
-# emulated-network measurements (`tgsim bench exchange`) validate a different part of the model and
-# are not drawn either. No training: about 2 s in either form (`--quick` draws the same).
+# paper publishes Fig. 5 as a plot only (no table of its points), so its claims are checked in words
+# and numbers in the claims table, not as drawn points.
+# (c) the model's communication term against a real link: `tgsim bench exchange --quick` (1 Gb/s
+# shaped with tc on a private network namespace's loopback, N = 2 and 4 MPI ranks, 1M and 4M
+# parameters) measures the step-time speedup of each TernGrad exchange over fp32's native
+# all-reduce; the model's communication term predicts the byte ratio (fp32 bytes / TernGrad bytes,
+# encode and decode free). Read from results/bench_exchange.csv when present, else measured here
+# (~30 s; needs root for the namespace: without it the panel says so). `--quick` only reads an
+# existing CSV. About 2 s plus that.
 
 # %%
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line  # noqa: E402
@@ -39,9 +50,53 @@ for (row, col), ax in g.axes_dict.items():
     d = gains[(gains.net == col) & (gains.cluster == df[df.cluster_label == row].cluster.iloc[0])]
     ax.set_title(f"{col}, {row}\nTernGrad/fp32: x{d[d.gpus == 512].gain.iloc[0]:.1f} at 512 GPUs, "
                  f"peak x{d.gain.max():.1f}", fontsize=9)
-sns.move_legend(g, "center left", bbox_to_anchor=(1.0, 0.5), title="codec")
+sns.move_legend(g, "upper center", bbox_to_anchor=(0.45, 0.0), ncol=2, title="codec (the six modeled panels)")
 g.figure.subplots_adjust(hspace=0.42)
 g.figure.suptitle("Modeled throughput, parameter server, wait-free backprop (TernGrad Fig. 5)", y=1.05)
+
+
+# %% (c) the communication term against an emulated 1 Gb/s link (tgsim bench exchange)
+def bench_rows():
+    """(rows of tgsim bench exchange, where they came from): the repo's results/bench_exchange.csv,
+    an earlier run's out/bench_exchange_quick.csv, else a fresh --quick run (full form only)."""
+    repo = HERE.parent / "results" / "bench_exchange.csv"
+    mine = OUT / "bench_exchange_quick.csv"
+    for path in (repo, mine):
+        if path.exists():
+            return pd.read_csv(path), f"{path.relative_to(HERE.parent)}"
+    if QUICK:
+        return None, "not measured in the quick form (run the full form, or `tgsim bench exchange`)"
+    cmd = [sys.executable, "-c", "import sys; from tgsim.cli import main; sys.exit(main(sys.argv[1:]))",
+           "bench", "exchange", "--quick", "--quiet", "--out", str(mine)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    except subprocess.TimeoutExpired:
+        return None, "not measured: tgsim bench exchange --quick timed out"
+    if r.returncode or not mine.exists():
+        why = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1][:90]
+        return None, f"not measured: {why}"
+    return pd.read_csv(mine), "tgsim bench exchange --quick, measured in this run"
+
+
+HERE = Path(__file__).resolve().parent
+bench, source = bench_rows()
+axc = g.figure.add_axes([1.04, 0.12, 0.3, 0.72])
+tg = None
+if bench is not None:
+    tg = bench[bench["mode"].str.startswith("tg_")].copy()
+    tg["config"] = [f"N = {r.ranks}, {r.params / 1e6:g}M params, {r.rate}" for r in tg.itertuples()]
+    sns.scatterplot(data=tg, x="byte_ratio", y="speedup", hue="mode", style="config", s=70, ax=axc,
+                    palette=sns.color_palette("colorblind")[2:2 + tg["mode"].nunique()])
+    hi = float(max(tg.byte_ratio.max(), tg.speedup.max())) * 1.1
+    axc.plot([1, hi], [1, hi], color="black", lw=1, label="measured = byte ratio (model)")
+    axc.set(xscale="log", yscale="log", xlim=(1, hi), ylim=(1, hi))
+    axc.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2)
+else:
+    axc.text(0.5, 0.5, textwrap.fill(source, 38), ha="center", va="center", fontsize=9, transform=axc.transAxes)
+    axc.set(xticks=[], yticks=[])
+axc.set(xlabel="byte ratio fp32 / TernGrad (the model's communication term)",
+        ylabel="measured step speedup over fp32 all-reduce (ratio)")
+axc.set_title("(c) emulated link, tc on loopback\n" + (f"({source})" if tg is not None else "not measured"), fontsize=9)
 
 # %% claims, from the model (the module's checks) and the data
 ok_n, _ = pm.claim_gain_grows_with_workers()
@@ -58,8 +113,16 @@ claims = [
                                                          for n in ib.columns), ok_b),
     claim("more fully-connected weights, more gain", "Fig. 5: AlexNet and VGG-A gain most, GoogLeNet least",
           "Ethernet, 64 GPUs: " + ", ".join(f"{n} x{eth[n].loc[64]:.2f}" for n in eth.columns), ok_fc),
+    claim("on a real (emulated) 1 Gb/s link TernGrad's step speedup reaches its byte ratio",
+          "Fig. 5's model: communication time ∝ bytes (encode/decode not modeled)",
+          ("not measured: " + source) if tg is None else
+          "; ".join(f"{m}: {100 * d.pct_of_ratio.min():.0f}-{100 * d.pct_of_ratio.max():.0f} % of the byte ratio "
+                    f"(speedup x{d.speedup.min():.2f}-x{d.speedup.max():.2f})" for m, d in tg.groupby("mode")),
+          None),
     claim("the gain falls after its peak", "(not in the paper: its downlink is 2 bits)",
           "Ethernet AlexNet x" + f"{eth['alexnet'].max():.1f} peak, x{eth['alexnet'].loc[512]:.1f} at 512 "
           "(the exact-sum downlink widens with N)", None),
 ]
-save(g.figure, "fig06_perfmodel", df, QUICK, claims)
+data = df if tg is None else pd.concat([df.assign(panel="model"), tg.assign(panel="emulated link")],
+                                        ignore_index=True)
+save(g.figure, "fig06_perfmodel", data, QUICK, claims)

@@ -19,7 +19,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, compare_outputs, paper_rule  # noqa: E402
-from _theme import claim, plt, save, sns, theme  # noqa: E402
+from _theme import claim, label_points, plt, save, sns, theme  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 
 QUICK, OUT = command_line("Speedup in workers and against compression: tgsim compare speedup, plotted.")
@@ -54,9 +54,6 @@ ref = w[w.workers == M][["method", "K_gmean", "compression"]]
 c = pd.concat([c, ref[ref.method.isin(["fp32", "terngrad"])]], ignore_index=True)
 sns.scatterplot(data=c, x="compression", y="K_gmean", hue="method", style="method", s=70, ax=axes[1],
                 palette={**pal, **{m: "gray" for m in c.method if m not in pal}})
-for i, r in enumerate(c[c.knob_value.notna()].sort_values("compression").itertuples()):
-    axes[1].annotate(f"{r.knob} {r.knob_value:g}", (r.compression, r.K_gmean), xytext=(5, 4 if i % 2 else -10),
-                     textcoords="offset points", fontsize=7)
 axes[1].set(xscale="log", yscale="log", xlabel="compression ratio (32 / bits up per element)",
             ylabel="iterations K_ε (geometric mean over seeds)", title=f"(b) against compression at M = {M}")
 axes[1].yaxis.set_major_formatter(ScalarFormatter())
@@ -66,6 +63,9 @@ axes[1].xaxis.set_major_formatter(ScalarFormatter())
 axes[1].xaxis.set_minor_locator(NullLocator())
 axes[1].legend(fontsize=8, title="method (knob value beside)")
 fig.tight_layout()
+lab = c[c.knob_value.notna()]
+label_points(axes[1], lab.compression.to_numpy(), lab.K_gmean.to_numpy(),
+             [f"{r.knob} {r.knob_value:g}" for r in lab.itertuples()])
 
 # %% claims, from the data
 def slope(m):
