@@ -63,7 +63,7 @@ def bench_rows():
     mine = OUT / "bench_exchange_quick.csv"
     for path in (repo, mine):
         if path.exists():
-            return pd.read_csv(path), f"{path.relative_to(HERE.parent)}"
+            return pd.read_csv(path), os.path.relpath(path, HERE.parent)
     if QUICK:
         return None, "not measured in the quick form (run the full form, or `tgsim bench exchange`)"
     cmd = [sys.executable, "-c", "import sys; from tgsim.cli import main; sys.exit(main(sys.argv[1:]))",
