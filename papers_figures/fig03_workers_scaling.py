@@ -11,19 +11,26 @@
 # full form reads its CSV (out/terngrad_workers_scaling.csv) when present and runs the script only
 # when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: ~30 s, a
 # smoke run whose accuracies mean nothing). Panel (b): the runs' largest shared/median scaler ratio.
+# Row (c): one run's collapse diagnostics against its accuracy, step by step: the demo recipe
+# (tgsim/configs/demo.toml: 8 workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the
+# scaler shared as the MAX (it collapses) and as the MEAN, from each run's metrics.csv: test accuracy,
+# the largest shared/median scaler ratio over layers, the largest noise-to-signal over layers, and the
+# largest fraction of dead units (elements with a zero gradient on every worker). ~40 s (quick: 200 steps).
 
 # %%
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-from matplotlib.ticker import LogFormatter, NullLocator
+from matplotlib.ticker import LogFormatter, NullFormatter, NullLocator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import command_line, t_half_width  # noqa: E402
+from _common import command_line, t_half_width, train_many  # noqa: E402
 from _theme import claim, plt, save, sns  # noqa: E402
 
 QUICK, OUT = command_line("Accuracy against workers at a fixed total batch, per sharing mode (from the sweep's CSV).")
@@ -33,8 +40,32 @@ if QUICK or not csv.exists():
                    check=True, env={**os.environ, "TGSIM_FIGURES_OUT": str(OUT.parent if QUICK else OUT)})
 df = pd.read_csv(csv)
 
-# %% figure: (a) accuracy, (b) MAX scaler ratio, one row per optimizer
-fig, axes = plt.subplots(2, 2, figsize=(11.5, 7.5), sharex=True)
+# %% one run's collapse diagnostics: the demo recipe with MAX and with MEAN sharing
+demo = tomllib.loads((HERE.parent / "tgsim" / "configs" / "demo.toml").read_text())
+STEPS_C = 200 if QUICK else demo["run"]["steps"]
+SHARING = ("max", "mean")
+runs = train_many([(demo, {"run": {"name": f"collapse-{m}", "steps": STEPS_C, "eval_every": max(1, STEPS_C // 20),
+                                   "log_every": max(1, STEPS_C // 40), "checkpoint_every": 0},
+                           "codec": {"sharing": m}, "schedule": {"every": int(STEPS_C * 0.75)}}) for m in SHARING],
+                  "collapse runs")
+diag = []
+for m, r in zip(SHARING, runs):
+    met = pd.read_csv(Path(r["out"]) / "metrics.csv")
+    acc = met[(met.split != "train") & (met.layer == "model")][["step", "accuracy"]]
+    lay = met[(met.split == "train") & (met.layer != "model")].groupby("step")[
+        ["scaler_ratio", "noise_to_signal", "zero_grad_fraction"]].max()
+    d = lay.reset_index().merge(acc, on="step", how="outer").sort_values("step")
+    diag.append(d.assign(variant=f"terngrad, {m}"))
+diag = pd.concat(diag, ignore_index=True)
+
+# %% figure: (a) accuracy, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
+fig = plt.figure(figsize=(13, 11.5))
+grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.5, wspace=0.7, top=0.94, bottom=0.11)
+axes = np.empty((2, 2), dtype=object)
+for i in range(2):
+    axes[i, 0] = fig.add_subplot(grid[i, 0:2], sharex=axes[0, 0] if i else None)
+    axes[i, 1] = fig.add_subplot(grid[i, 2:4], sharex=axes[0, 0])
+axc = [fig.add_subplot(grid[2, k]) for k in range(4)]
 workers = sorted(df.workers.unique())
 variants = list(dict.fromkeys(df.variant))
 pal = dict(zip(variants, sns.color_palette("colorblind", len(variants))))
@@ -56,10 +87,23 @@ for ax in axes[:, 1]:
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
 h, lab = axes[0, 0].get_legend_handles_labels()
 axes[0, 0].get_legend().remove()
-fig.legend(h, lab, loc="lower center", ncol=len(lab), title="variant (scaler sharing)")
+fig.legend(h, lab, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(lab), title="variant (scaler sharing)")
+for ax, (col, label) in zip(axc, [("accuracy", "test accuracy (fraction)"),
+                                  ("scaler_ratio", "shared / median scaler\n(largest layer)"),
+                                  ("noise_to_signal", "noise-to-signal\n(largest layer)"),
+                                  ("zero_grad_fraction", "dead units\n(largest layer, fraction)")]):
+    d = diag.dropna(subset=[col])
+    sns.lineplot(data=d, x="step", y=col, hue="variant", palette=pal, ax=ax, legend=False, lw=1.3)
+    ax.set(xlabel="training step (iterations)", ylabel=label)
+    if col in ("scaler_ratio", "noise_to_signal"):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1))
+                                     if col == "scaler_ratio" else NullFormatter())
+axc[0].set_title(f"(c) one run each: the demo recipe ({STEPS_C} steps), MAX (orange) vs MEAN (green) sharing",
+                 loc="left", fontsize=10)
 steps, seeds = int(df.steps.iloc[0]), df.seed.nunique()
-fig.suptitle(f"MNIST-1D convnet, {steps} steps, {seeds} seed(s){' (quick: a smoke run)' if QUICK else ''}")
-fig.tight_layout(rect=(0, 0.07, 1, 1))
+fig.suptitle(f"MNIST-1D convnet, {steps} steps, {seeds} seed(s){' (quick: a smoke run)' if QUICK else ''}", y=0.985)
 
 # %% claims, from the data
 s = (df.groupby(["optimizer", "workers", "variant"], sort=False)
@@ -77,4 +121,11 @@ mx = df[df.variant.str.contains("max")].groupby("workers").ratio_max.median()
 claims.append(claim("MAX sharing's scaler grows with N", "(not in the paper)",
                     f"median largest shared/median ratio x{mx.iloc[0]:.3g} at N = {mx.index[0]}, x{mx.iloc[-1]:.3g} "
                     f"at N = {mx.index[-1]}", None))
-save(fig, "fig03_workers_scaling", df, QUICK, claims)
+last = diag.dropna(subset=["accuracy"]).groupby("variant").last()
+dead = diag.groupby("variant").zero_grad_fraction.max()
+ratio = diag.groupby("variant").scaler_ratio.max()
+claims.append(claim("one run: MAX sharing's collapse in its diagnostics (demo recipe)", "(not in the paper)",
+                    "; ".join(f"{v}: final accuracy {last.accuracy[v]:.3f}, largest scaler ratio x{ratio[v]:.3g}, "
+                              f"dead units up to {dead[v]:.2f}" for v in last.index), None))
+save(fig, "fig03_workers_scaling", pd.concat([df.assign(panel="sweep"), diag.assign(panel="one run")],
+                                             ignore_index=True), QUICK, claims)
