@@ -7,7 +7,7 @@
 #
 # Here: the sweep of papers_figures/terngrad_workers_scaling.py (MNIST-1D convnet, total batch 256,
 # N = 2..64, momentum 0.9 and plain SGD, fp32 against TernGrad with the scaler shared as the MAX,
-# the MEAN or not at all, 3 seeds, 144 runs, 24 min on 2 cores). It is not rerun here in full: the
+# the MEAN or not at all, 3 seeds, 144 runs, 11 min on 2 cores). It is not rerun here in full: the
 # full form reads its CSV (out/terngrad_workers_scaling.csv) when present and runs the script only
 # when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: ~30 s, a
 # smoke run whose accuracies mean nothing). Panel (b): the runs' largest shared/median scaler ratio.
