@@ -23,7 +23,13 @@ into a trampoline, which the Numba @njit kernels do not survive. This runner is 
   mutant runs only the tests that execute its line, fastest first, with `-x`; a mutant on a line
   no test executes is reported as "uncovered" (it survives without running anything); one on a
   line that runs at import (module constants, class bodies, defaults) runs the fastest 12 tests
-  that execute some line of the module, and every test of tests/test_mutants_*.py that does.
+  that execute some line of the module, and every test of tests/test_mutants_*.py that does
+  ("at import" = before the first test: a module first imported inside a test has its
+  module-level lines counted as that test's, so test files import their targets at the top).
+* The MPI exchange (tgsim/exchange/mpi.py, mpi_pipelined.py, mpi_transport.py) is scored
+  in-process: tests/test_mutants_exchange2.py drives MPIExchange over a fake communicator (one
+  thread per rank). Lines that run only inside `mpiexec` children (tests/test_mpi.py) are not
+  traced, so those tests are not in any selection; CuPy-only lines are covered by stand-ins or not.
 * Each mutant's pytest is a fork of this process, which has imported numpy, scipy, pandas,
   numba and pytest once (but never tgsim): about 0.3 s a mutant instead of 2 s.
 * killed: a test failed or errored (or the run timed out: 3x the traced time + 20 s);
@@ -59,6 +65,7 @@ CODEC_TESTS = ["tests/test_codec_contract.py", "tests/test_golden.py", "tests/te
                "tests/test_numba_kernels.py", "tests/test_statistics.py", "tests/test_bad_input.py",
                "tests/test_batched_codec.py"]
 EXCHANGE_TESTS = ["tests/test_exchange_oracle.py", "tests/test_pieces.py", "tests/test_mpi_errors.py"]
+MPI_UNIT_TESTS = ["tests/test_mpi_errors.py", "tests/test_pieces.py"]   # no mpiexec launch
 MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.py",
                 "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py",
                 "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py",
@@ -77,11 +84,19 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/codecs/terngrad/reference.py": CODEC_TESTS,
     "tgsim/codecs/terngrad/moments.py": CODEC_TESTS,
     "tgsim/codecs/terngrad/codec.py": CODEC_TESTS,
+    "tgsim/codecs/base.py": CODEC_TESTS + ["tests/test_registry.py"],
     "tgsim/exchange/base.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/inprocess.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/ps_downlink.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/pieces.py": EXCHANGE_TESTS,
     "tgsim/exchange/mpi_errors.py": EXCHANGE_TESTS,
+    # The MPI exchange in-process: tests/test_mutants_exchange2.py drives MPIExchange with a fake
+    # communicator (one thread per rank). Lines that run only inside `mpiexec` children
+    # (tests/test_mpi.py) are not traced, so those tests are not in the selection.
+    "tgsim/exchange/mpi.py": MPI_UNIT_TESTS,
+    "tgsim/exchange/mpi_transport.py": MPI_UNIT_TESTS,
+    "tgsim/exchange/mpi_pipelined.py": MPI_UNIT_TESTS,
+    "tgsim/exchange/mpi_env.py": ["tests/test_mpi_env.py"],
     "tgsim/codecs/error_feedback.py": ["tests/test_error_feedback.py"],
     "tgsim/codecs/qsgd.py": ["tests/test_peer_qsgd.py", "tests/test_peer_numba_kernels.py",
                              "tests/test_codec_contract.py"],

@@ -15,7 +15,7 @@ from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, layer_payloads
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.exchange.base import CommBytes, mean_of_scalers, own_wire_bytes, ring_allreduce_bytes
-from tgsim.exchange.ps_downlink import ps_downlink_size
+from tgsim.exchange.ps_downlink import code_dtype, ps_downlink_size
 
 
 def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
@@ -41,6 +41,7 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
         mean = codec.aggregate(messages, divide_by=n)
         down = 0                  # no downlink in an all-gather; ps sets it below (allreduce needs sharing)
     else:
+        dtype = code_dtype(n)     # int8 / int16, as the MPI all-reduce; ValueError above 32767 workers
         mean, down = {}, 0
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
@@ -54,12 +55,11 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                 # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
                 out = kern.scaled_code_sum(layer_payloads(messages, i, np), spec.size, codec.packing, s, n)
             else:
-                intsum = kern.sum_codes(layer_payloads(messages, i, np), spec.size, codec.packing,
-                                        np.int8 if n <= 127 else np.int16)
+                intsum = kern.sum_codes(layer_payloads(messages, i, np), spec.size, codec.packing, dtype)
                 out = np.empty(spec.size, dtype=np.float32)
                 for a in range(0, spec.size, _CHUNK):
                     out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
-            down += (1 if n <= 127 else 2) * spec.size    # the int8/int16 sums of the all-reduce
+            down += np.dtype(dtype).itemsize * spec.size    # the int8/int16 sums of the all-reduce
             mean[spec.name] = out.reshape(spec.shape)
     if mode == "ps":
         # the bytes the MPI server sends (ps_downlink: Σ codes + N bit-packed, or the float32 mean);
