@@ -224,12 +224,7 @@ def test_fp16_aggregate_mean_and_divide_by(kernels, monkeypatch):
     monkeypatch.setattr(numba_half, "to_fp16", lambda *a, **k: (calls.append("cast"), real_cast(*a, **k))[1])
     monkeypatch.setattr(numba_half, "decode_sum", lambda *a, **k: (calls.append("sum"), real_sum(*a, **k))[1])
     codec = Float16(kernels=kernels)
-    g = np.array([[[1.0, -2.0]], [[3.0, 0.25]], [[0.5, 0.0]]], np.float32)
-    msgs = codec.encode_many({"w": g}, 0, 0, [0, 1, 2])
-    assert codec.aggregate(msgs)["w"].tolist() == [[1.5, np.float32(-1.75 * (1.0 / 3))]]
-    assert codec.aggregate(msgs, divide_by=6)["w"].tolist() == [[0.75, np.float32(-1.75 * (1.0 / 6))]]
-    one = codec.aggregate(msgs[:1])["w"]
-    assert one.shape == (1, 2) and one.tolist() == [[1.0, -2.0]]
+    _aggregate_of_three_workers(codec)
     assert calls == (["cast", "sum", "sum", "sum"] if kernels in ("auto", "numba") else [])
 
 
@@ -327,12 +322,7 @@ def test_bf16_kernel_choice_and_aggregate(kernels, monkeypatch):
     monkeypatch.setattr(bf16, "_numba_kernel", lambda: (calls.append("round"), real_kernel())[1])
     monkeypatch.setattr(numba_half, "decode_sum", lambda *a, **k: (calls.append("sum"), real_sum(*a, **k))[1])
     codec = bf16.BFloat16(kernels=kernels)
-    g = np.array([[[1.0, -2.0]], [[3.0, 0.25]], [[0.5, 0.0]]], np.float32)
-    msgs = codec.encode_many({"w": g}, 0, 0, [0, 1, 2])
-    assert codec.aggregate(msgs)["w"].tolist() == [[1.5, np.float32(-1.75 * (1.0 / 3))]]
-    assert codec.aggregate(msgs, divide_by=6)["w"].tolist() == [[0.75, np.float32(-1.75 * (1.0 / 6))]]
-    one = codec.aggregate(msgs[:1])["w"]
-    assert one.shape == (1, 2) and one.tolist() == [[1.0, -2.0]]
+    _aggregate_of_three_workers(codec)
     numba = kernels in ("auto", "numba")
     assert calls == (["round", "sum", "sum", "sum"] if numba else [])
 
@@ -870,3 +860,14 @@ def test_suresh_rotation_signs_are_words_from_2_33(monkeypatch):
         calls.clear()
         assert suresh._words(n, key, np).tolist() == random_words(n, key, np).tolist()
         assert calls == ([n] if numba else []), n
+
+
+def _aggregate_of_three_workers(codec):
+    """Three workers' (1, 2) layers, every value exact in fp16 and bf16: the mean (Σ in float64, then
+    f32(acc · (1/divide_by))), the sum over 6, and one message decoded as itself."""
+    g = np.array([[[1.0, -2.0]], [[3.0, 0.25]], [[0.5, 0.0]]], np.float32)
+    msgs = codec.encode_many({"w": g}, 0, 0, [0, 1, 2])
+    assert codec.aggregate(msgs)["w"].tolist() == [[1.5, np.float32(-1.75 * (1.0 / 3))]]
+    assert codec.aggregate(msgs, divide_by=6)["w"].tolist() == [[0.75, np.float32(-1.75 * (1.0 / 6))]]
+    one = codec.aggregate(msgs[:1])["w"]
+    assert one.shape == (1, 2) and one.tolist() == [[1.0, -2.0]]
