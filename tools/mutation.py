@@ -71,7 +71,8 @@ MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.
                 "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py",
                 "tests/test_mutants_unbiasedness2.py", "tests/test_mutants_packing2.py",
                 "tests/test_mutants_peers.py", "tests/test_mutants_peers2.py",
-                "tests/test_mutants_exchange2.py", "tests/test_mutants_terngrad2.py"]
+                "tests/test_mutants_exchange2.py", "tests/test_mutants_terngrad2.py",
+                "tests/test_mutants_peers3.py", "tests/test_mutants_peers4.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
