@@ -350,16 +350,20 @@ class TernGrad:
             raise events[min(events)]
         return flats, scalings
 
+    def _whole_step(self, arrays, name: str):
+        """The kernel set's whole-step function `name` (moments_layers, encode_layers,
+        weighted_sum_layers) when every array runs on one kernel set that offers it (CUDA), else None."""
+        kerns = {id(k): k for k in (self.kernels_for(array_module(a)) for a in arrays)}
+        return getattr(next(iter(kerns.values())), name, None) if len(kerns) == 1 else None
+
     def _moments_of(self, layout: Layout, converted: list) -> dict:
         """{layer index: (absmax, sigma, finite)} of the converted ternary layers."""
         need_sigma = self.clip != "none"
         todo = [i for i, (spec, f) in enumerate(zip(layout.layers, converted))
                 if spec.kind == KIND_TERNARY and not isinstance(f, ValueError)]
-        kerns = {id(self.kernels_for(array_module(converted[i]))): self.kernels_for(array_module(converted[i]))
-                 for i in todo}
-        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "moments_layers"):
-            got = next(iter(kerns.values())).moments_layers([converted[i] for i in todo], need_sigma)
-            return dict(zip(todo, got))
+        step = self._whole_step([converted[i] for i in todo], "moments_layers")
+        if step is not None:
+            return dict(zip(todo, step([converted[i] for i in todo], need_sigma)))
         return {i: self.kernels_for(array_module(converted[i])).moments_many(converted[i], need_sigma)
                 for i in todo}
 
@@ -455,12 +459,10 @@ class TernGrad:
                                     StreamKey(int(seed), int(step), int(workers[w]))) for w in range(nw)]
         parts = list(flats)                  # float layers: the float32 rows
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
-        kerns = {id(k): k for k in (self.kernels_for(array_module(flats[i])) for i in tern)}
-        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "encode_layers"):
-            # the whole step in one launch (CUDA)
-            got = next(iter(kerns.values())).encode_layers([flats[i] for i in tern], scalers[:, tern],
-                                                           [bounds[i] for i in tern], seed, step, workers, tern,
-                                                           self.packing)
+        whole = self._whole_step([flats[i] for i in tern], "encode_layers")
+        if whole is not None:       # the whole step in one launch (CUDA)
+            got = whole([flats[i] for i in tern], scalers[:, tern], [bounds[i] for i in tern], seed, step, workers,
+                        tern, self.packing)
             for i, p in zip(tern, got):
                 parts[i] = p
         else:
@@ -513,16 +515,13 @@ class TernGrad:
         divide_by = len(messages) if divide_by is None else divide_by
         out = {}
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
-        kerns = {id(k): k for k in (self.kernels_for(array_module(messages[0].parts[i])) for i in tern)}
+        step = self._whole_step([messages[0].parts[i] for i in tern], "weighted_sum_layers")
         whole = {}
-        if len(kerns) == 1 and hasattr(next(iter(kerns.values())), "weighted_sum_layers"):
-            # every ternary layer in one launch (CUDA); errors as the layer-by-layer calls raise them
+        if step is not None:        # every ternary layer in one launch (CUDA); errors as layer by layer
             xp = array_module(messages[0].parts[tern[0]])
             scalers = np.array([[m.scalers[i] for i in tern] for m in messages], dtype=np.float32)
-            got = next(iter(kerns.values())).weighted_sum_layers(
-                [layer_payloads(messages, i, xp) for i in tern], scalers, [layout.layers[i].size for i in tern],
-                self.packing, divide_by)
-            whole = dict(zip(tern, got))
+            whole = dict(zip(tern, step([layer_payloads(messages, i, xp) for i in tern], scalers,
+                                        [layout.layers[i].size for i in tern], self.packing, divide_by)))
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
             xp = array_module(parts[0])

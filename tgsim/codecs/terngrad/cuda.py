@@ -183,14 +183,23 @@ def moments_many(G, need_sigma: bool = True):
 
 
 # -- encode -------------------------------------------------------------------------------------
+def _check_stream_range(n: int) -> None:
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+
+
+def _check_worker_ids(wk: np.ndarray) -> None:
+    if wk.size and (wk.dtype.kind not in "iu" or int(wk.min()) < 0 or int(wk.max()) >= 2**32):
+        raise ValueError("workers: expected integer worker ids in [0, 2^32)")
+
+
 def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
     """Packed payload of ternary.ternarize(g, scaler, key, clip_bound): one fused kernel."""
     cp = _cp()
     code = _fmt(fmt)
     g = _layer(g)
     n = int(g.size)
-    if n > MAX_ELEMENTS:
-        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    _check_stream_range(n)
     nb = packing.packed_size(n, fmt)
     out = cp.empty(nb, dtype=cp.uint8)
     if nb == 0:
@@ -212,16 +221,14 @@ def encode_many(G, scalers, clip_bounds, seed: int, step: int, workers, layer: i
     code = _fmt(fmt)
     G = _rows(G)
     nw, n = int(G.shape[0]), int(G.shape[1])
-    if n > MAX_ELEMENTS:
-        raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+    _check_stream_range(n)
     s64 = np.asarray(scalers, dtype=np.float64).reshape(-1)
     c64 = np.asarray(clip_bounds, dtype=np.float64).reshape(-1)
     wk = np.asarray(workers)
     if s64.shape != (nw,) or c64.shape != (nw,) or wk.shape != (nw,):
         raise ValueError(f"scalers, clip_bounds and workers must have shape ({nw},), got "
                          f"{s64.shape}, {c64.shape}, {wk.shape}")
-    if nw and (wk.dtype.kind not in "iu" or int(wk.min()) < 0 or int(wk.max()) >= 2**32):
-        raise ValueError("workers: expected integer worker ids in [0, 2^32)")
+    _check_worker_ids(wk)
     k0, k1 = StreamKey(int(seed), int(step), 0, int(layer)).key
     with np.errstate(over="ignore", invalid="ignore"):
         s32, c32 = s64.astype(np.float32), c64.astype(np.float32)
@@ -307,8 +314,7 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
     nw = len(np.asarray(workers))
     s64 = np.asarray(scalers, dtype=np.float64).reshape(nw, len(Gs))
     wk = np.asarray(workers)
-    if nw and (wk.dtype.kind not in "iu" or int(wk.min()) < 0 or int(wk.max()) >= 2**32):
-        raise ValueError("workers: expected integer worker ids in [0, 2^32)")
+    _check_worker_ids(wk)
     if len(clip_bounds) != len(Gs) or len(layers) != len(Gs):
         raise ValueError(f"{len(Gs)} layers, {len(clip_bounds)} clip bound vectors, {len(layers)} layer ids")
     k0, k1 = StreamKey(int(seed), int(step)).key
@@ -318,8 +324,7 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
             if G.shape[0] != nw:
                 raise ValueError(f"layer {i}: {G.shape[0]} rows for {nw} workers")
             n = int(G.shape[1])
-            if n > MAX_ELEMENTS:
-                raise ValueError(f"stream range [0, {n}) outside [0, {MAX_ELEMENTS})")
+            _check_stream_range(n)
             nb = packing.packed_size(n, fmt)
             o = cp.empty((nw, nb), dtype=cp.uint8)
             outs.append(o)
