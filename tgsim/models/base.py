@@ -40,7 +40,7 @@ from typing import Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from tgsim.backend import array_module
-from tgsim.models import _numba_bmm, _numba_elementwise
+from tgsim.models import _numba_bmm, _numba_elementwise, cuda_ops
 
 TASKS = ("regression", "classification")
 _SEED_TAG = 0x6D6F64656C  # "model"
@@ -132,11 +132,24 @@ def bmm(xp, a, b):
     """a @ b with the worker axis kept: a (N, M, K) (any strides, e.g. a swapaxes view), b (K, P) or
     (N, K, P). NumPy float32/float64 operands go through `_numba_bmm.products` (one single-threaded
     gemm per worker, the workers over the Numba threads), anything else (CuPy, other dtypes) through
-    xp.matmul. The route depends on the backend, dtype and operand pattern, never on N, so a
-    worker's bits are those of a call with that worker alone."""
+    xp.matmul; CuPy float32/float64 operands through `cuda_ops.bmm` (one fixed-order loop per output
+    element; any other dtype is a TypeError there). The route depends on the backend, dtype and
+    operand pattern, never on N, so a worker's bits are those of a call with that worker alone."""
     if xp is np and _numba_bmm.supported(a, b):
         return _numba_bmm.products(a, b)
+    if xp is not np:
+        return cuda_ops.bmm(a, b)        # fixed order per element (tgsim/cuda/batched.cu)
     return xp.matmul(a, b)
+
+
+def sum_axis(xp, x, axis: int):
+    """x.sum(axis=axis), a worker's bits independent of N: NumPy's own sum (it reduces each output
+    along its axis the same way whatever the other axes hold; tests/test_models.py checks it), and on
+    CuPy the fixed-order kernel of tgsim.models.cuda_ops (CuPy's reduction picks its blocking from
+    the whole shape)."""
+    if xp is np:
+        return x.sum(axis=axis)
+    return cuda_ops.sum_axis(x, axis)
 
 
 # Weights up to this many elements are transposed into a contiguous copy for the input gradient
@@ -162,7 +175,7 @@ def dense_backward(xp, h, w, d, need_input_grad: bool = True):
     hands the transposed view to BLAS directly, measured 10 vs 11 us at B = 8, 256x256).
     """
     dw = bmm(xp, xp.swapaxes(h, 1, 2), d)
-    db = d.sum(axis=1)
+    db = sum_axis(xp, d, 1)
     dh = None
     if need_input_grad:
         wt = xp.ascontiguousarray(w.T) if w.size <= TRANSPOSE_MAX else w.T
@@ -254,7 +267,7 @@ def softmax_head(xp, z, y):
     classes = z.shape[-1]
     m = z.max(axis=-1, keepdims=True)
     s = z - m
-    lse = xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+    lse = xp.log(sum_axis(xp, xp.exp(s), -1)[..., None])
     zy = xp.take_along_axis(s, y[..., None].astype(xp.int64), axis=-1)
     per = (lse - zy)[..., 0]
     p = xp.exp(s - lse)
@@ -270,7 +283,7 @@ def check_labels(xp, model, y, classes: int) -> None:
 
 def mean_loss(xp, per):
     """(N, B) per-sample losses -> (N,) float64 means (row-wise, so per-worker results are bit-stable)."""
-    return per.astype(xp.float64).sum(axis=-1) / per.shape[-1]
+    return sum_axis(xp, per.astype(xp.float64), -1) / per.shape[-1]
 
 
 # ---------------------------------------------------------------------------------------------

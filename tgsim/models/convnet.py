@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tgsim.models.base import (TRANSPOSE_MAX, ModelBase, bmm, dense_backward, dense_forward, keep_where, relu,
-                               relu_backward)
+                               relu_backward, sum_axis)
 
 PADDINGS = ("same", "valid")
 
@@ -54,7 +54,7 @@ def conv1d_backward(xp, cache, dz, need_input_grad: bool = True):
     dz2 = dz.reshape(n, bsz * l_out, o)
     dwmat = bmm(xp, xp.swapaxes(cols, 1, 2), dz2)                   # (N, k*C, O)
     dw = xp.ascontiguousarray(dwmat.reshape(n, k, c, o).transpose(0, 3, 2, 1))
-    db = dz2.sum(axis=1)
+    db = sum_axis(xp, dz2, 1)
     if not need_input_grad:
         return dw, db, None
     wt = xp.ascontiguousarray(wmat.T) if wmat.size <= TRANSPOSE_MAX else wmat.T   # NN gemms (see base)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tgsim.backend import array_module
-from tgsim.models.base import ModelBase, bmm, dense_backward, dense_forward
+from tgsim.models.base import ModelBase, bmm, dense_backward, dense_forward, sum_axis
 
 
 def _check_positive(name: str, **vals):
@@ -52,7 +52,7 @@ class _ScalarLinear(ModelBase):
         # (N, 1, B) @ (N, B, d) -> (N, 1, d)
         grads = {"linear.w": bmm(xp, dz[:, None, :], x)[:, 0, :]}
         if "linear.b" in params:
-            grads["linear.b"] = dz.sum(axis=1, keepdims=True)
+            grads["linear.b"] = sum_axis(xp, dz, 1)[:, None]
         return grads
 
 
