@@ -48,13 +48,15 @@ bench: $(STAMP)
 	$(BIN)/tgsim bench codec $(ARGS)
 
 # On a GPU machine: every GPU- or nvcc-marked test (skips name their reason), the MPI selftest with
-# CuPy buffers at -n 2, and TernGrad's GPU encode/aggregate ratios. GPU_BIN holds python and mpiexec
+# CuPy buffers at -n 2, TernGrad's GPU encode/aggregate ratios and the batch-invariant models'
+# cost (bench sim --backend cupy). GPU_BIN holds python and mpiexec
 # with CuPy and this package installed (default the venv; e.g. `make test-gpu GPU_BIN=/usr/bin`).
 GPU_BIN ?= $(BIN)
 test-gpu:
 	$(GPU_BIN)/python -m pytest -m "gpu or nvcc" -rs
 	$(GPU_BIN)/mpiexec -n 2 $(GPU_BIN)/python -m mpi_runs.selftest --gpu
 	$(GPU_BIN)/python -m tgsim.cli bench codec --backend cupy
+	$(GPU_BIN)/python -m tgsim.cli bench sim --backend cupy
 
 # Every papers_figures/figNN_*.py (PNG, PDF, CSV in papers_figures/out/) and papers_figures/REPORT.md;
 # `make figures QUICK=1`: their smoke-test forms, in papers_figures/out/quick/ (REPORT.md there too).

@@ -84,6 +84,8 @@ API: dict[str, tuple[str, ...]] = {
                   "enable_cooperative_groups", "name_expressions", "jitify"),   # cupy.RawModule.html
     "cuda.Device": ("device",),                                      # cupy.cuda.Device.html
     "cuda.runtime.getDeviceCount": (),                               # source: cupy_backends runtime
+    # getDeviceProperties(int device) -> dict of cudaDeviceProp fields, "name" as bytes; positional
+    "cuda.runtime.getDeviceProperties": (),                          # source: cupy_backends runtime.pyx
     "cuda.get_current_stream": ("device",),                          # cupy.cuda.get_current_stream.html
     "cuda.alloc_pinned_memory": ("size",),                           # cupy.cuda.alloc_pinned_memory.html
 }

@@ -40,7 +40,8 @@ def get_xp(name: str = "numpy") -> types.ModuleType:
     if name == "cupy":
         if not gpu_available():
             raise RuntimeError("backend 'cupy' requested but no CUDA device/CuPy is available; "
-                               "install the 'gpu' extra on a machine with a GPU")
+                               "on a machine with a GPU, install the 'gpu-cuda12' or 'gpu-cuda13' extra (the "
+                               "CUDA major version `nvidia-smi` shows; README, \"On a GPU\")")
         return _cupy()
     raise ValueError(f"unknown backend {name!r}; expected 'numpy' or 'cupy'")
 

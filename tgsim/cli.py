@@ -131,6 +131,14 @@ def _cmd_bench_codec(args) -> int:
 
 
 def _cmd_bench_sim(args) -> int:
+    if args.backend:
+        from tgsim.bench import sim_gpu
+
+        kw = dict(workers=(2, 4), repeats=2) if args.quick else {}
+        if args.repeats:
+            kw["repeats"] = args.repeats
+        print(sim_gpu.format_rows(sim_gpu.run(args.backend, **kw), args.backend))
+        return 0
     from tgsim.bench import sim
 
     quick = BENCH_SIM_QUICK if args.quick else {}
@@ -190,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "on the whole batch; peak memory")
     bs.add_argument("--repeats", type=int, help="interleaved rounds per N (default 15)")
     bs.add_argument("--quick", action="store_true", help="N = 1, 8, 3 rounds: a smoke test, not a measurement")
+    bs.add_argument("--backend", choices=("cupy", "numpy"), help="the models' batch-invariant loss_and_grad "
+                    "against the vendor route (cupy.matmul), a per-worker loop and one process, on CuPy (GPU) "
+                    "or NumPy (tgsim.bench.sim_gpu)")
     bs.set_defaults(func=_cmd_bench_sim)
     from tgsim.bench import exchange  # light: numpy and pandas are imported when a sweep runs
 

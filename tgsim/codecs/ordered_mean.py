@@ -25,5 +25,10 @@ def ordered_mean_flat(parts: Sequence, divide_by: int):
 
 def ordered_mean(layers: Sequence[dict], divide_by: int) -> dict:
     """{name: f32(Σ_w f64(layers[w][name]) · (1/divide_by))}, w in list order (`ordered_mean_flat` per layer)."""
-    return {name: ordered_mean_flat([np.asarray(lay[name]) for lay in layers], divide_by).reshape(np.shape(first))
+    return {name: ordered_mean_flat([_as_array(lay[name]) for lay in layers], divide_by).reshape(tuple(np.shape(first)))
             for name, first in layers[0].items()}
+
+
+def _as_array(v):
+    """`v` as an array of its own module (a CuPy array stays on the device; lists become NumPy)."""
+    return array_module(v).asarray(v)

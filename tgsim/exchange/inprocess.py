@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tgsim.backend import array_module
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, layer_payloads
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -50,13 +51,14 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                 down += 4 * spec.size
                 continue
             s = float(messages[0].scalers[i])
-            kern = codec.kernels_for(np)
+            xp = array_module(parts[0])           # CuPy payloads are summed on the device
+            kern = codec.kernels_for(xp)
             if hasattr(kern, "scaled_code_sum") and n <= 32767:
                 # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
-                out = kern.scaled_code_sum(layer_payloads(messages, i, np), spec.size, codec.packing, s, n)
+                out = kern.scaled_code_sum(layer_payloads(messages, i, xp), spec.size, codec.packing, s, n)
             else:
-                intsum = kern.sum_codes(layer_payloads(messages, i, np), spec.size, codec.packing, dtype)
-                out = np.empty(spec.size, dtype=np.float32)
+                intsum = kern.sum_codes(layer_payloads(messages, i, xp), spec.size, codec.packing, dtype)
+                out = xp.empty(spec.size, dtype=xp.float32)
                 for a in range(0, spec.size, _CHUNK):
                     out[a:a + _CHUNK] = packing.scale_integer_sum(intsum[a:a + _CHUNK], s, n)
             down += np.dtype(dtype).itemsize * spec.size    # the int8/int16 sums of the all-reduce

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tgsim.backend import to_numpy
+
 _TRAILER = b"TGCK"
 _NAME = re.compile(r"^ckpt-(\d{8})\.tgck$")
 
@@ -27,7 +29,7 @@ def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
         if isinstance(v, dict):
             out.update(flatten(v, key + "/"))
         else:
-            out[key] = np.asarray(v)
+            out[key] = to_numpy(v)          # host arrays: a checkpoint resumes on a CPU or a GPU
     return out
 
 

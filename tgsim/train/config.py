@@ -32,6 +32,7 @@ class RunConfig:
     checkpoint_every: int = 0    # 0 = no checkpoints; else every k steps and at the last step
     keep_checkpoints: int = 3
     on_nonfinite: str = "raise"  # "raise" | "skip" (skip the step, count it)
+    backend: str = "numpy"       # "numpy" (CPU) | "cupy" (one GPU per process: data, model, codec, exchange, optimizer)
 
 
 @dataclass(frozen=True)
@@ -186,11 +187,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"[run] on_nonfinite must be 'raise' or 'skip', got {r.on_nonfinite!r}")
     if not 0 <= r.seed < 2**63:
         raise ConfigError(f"[run] seed must be in [0, 2^63), got {r.seed}")
+    if r.backend not in BACKENDS:
+        raise ConfigError(f"[run] backend must be one of {BACKENDS}, got {r.backend!r}")
     c = cfg.codec
     if c.name not in registry.names():
         raise ConfigError(f"[codec] unknown codec {c.name!r}; expected one of {', '.join(registry.names())}")
     if c.kernels not in ("auto", "reference", "numba", "cuda"):
         raise ConfigError(f"[codec] kernels must be auto/reference/numba/cuda, got {c.kernels!r}")
+    _check_backend(cfg)
     e = cfg.exchange
     if e.mode not in EXCHANGE_MODES:
         raise ConfigError(f"[exchange] mode must be one of {EXCHANGE_MODES}, got {e.mode!r}")
@@ -215,6 +219,30 @@ def validate(cfg: Config) -> None:
     if cfg.data.sharding not in ("iid", "dirichlet"):
         raise ConfigError(f"[data] sharding must be 'iid' or 'dirichlet', got {cfg.data.sharding!r}")
     _check_local_steps(cfg, props)
+
+
+BACKENDS = ("numpy", "cupy")
+# What runs on the GPU backend: the codecs whose encode, decode and aggregate are written for CuPy
+# arrays (the TernGrad kernels of tgsim/cuda/terngrad.cu, the ordered fp32 mean), without error
+# feedback or local steps (their per-worker state is kept in host arrays).
+GPU_CODECS = ("terngrad", "fp32")
+
+
+def _check_backend(cfg: Config) -> None:
+    """ConfigError for a combination the CuPy backend does not run (checked before any work)."""
+    if cfg.run.backend != "cupy":
+        if cfg.codec.kernels == "cuda":
+            raise ConfigError("[codec] kernels = 'cuda' runs on CuPy arrays: set run.backend = 'cupy'")
+        return
+    if cfg.codec.name not in GPU_CODECS:
+        raise ConfigError(f"[run] backend 'cupy' runs the codecs {GPU_CODECS}; {cfg.codec.name!r} runs on "
+                          "NumPy only (run.backend = 'numpy')")
+    if cfg.codec.kernels == "numba":
+        raise ConfigError("[codec] kernels = 'numba' runs on NumPy arrays; with run.backend = 'cupy' use "
+                          "'auto', 'cuda' or 'reference'")
+    if cfg.codec.error_feedback or cfg.exchange.local != "none":
+        raise ConfigError("[run] backend 'cupy' does not run error feedback or local steps yet (their "
+                          "per-worker state lives in host arrays): use run.backend = 'numpy'")
 
 
 def _check_local_steps(cfg: Config, props) -> None:

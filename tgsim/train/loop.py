@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, NonFiniteGradientError
 from tgsim.rng import StreamKey
@@ -41,12 +42,14 @@ class Setup:
     optimizer: object
     exchange: object
     optimum: dict | None = None   # w* of the full training objective, where the model can solve it
+    xp: object = np               # the array module of run.backend: NumPy, or CuPy (one GPU)
+    device_data: tuple = ()       # (x_train, y_train, x_test, y_test) as arrays of xp
 
     def distance_to_optimum(self, params) -> float:
         """||w - w*|| / ||w*|| over all parameters (nan when w* is unknown)."""
         if self.optimum is None:
             return float("nan")
-        num = sum(float(np.sum((np.asarray(params[k], np.float64) - v) ** 2)) for k, v in self.optimum.items())
+        num = sum(float(np.sum((to_numpy(params[k]).astype(np.float64) - v) ** 2)) for k, v in self.optimum.items())
         den = sum(float(np.sum(v ** 2)) for v in self.optimum.values())
         return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
@@ -68,6 +71,10 @@ def build(cfg: Config, exchange=None) -> Setup:
     from tgsim.models import make_model
 
     try:
+        xp = get_xp(cfg.run.backend)              # first: no GPU fails before any data is loaded
+    except RuntimeError as e:
+        raise ConfigError(f"[run] {e}") from e
+    try:
         dataset = load(cfg.data.name, seed=cfg.run.seed, **cfg.data.options)
         shards = shard(dataset.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha,
                        seed=cfg.run.seed)
@@ -87,7 +94,17 @@ def build(cfg: Config, exchange=None) -> Setup:
     if exchange.n_workers != cfg.workers.n:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
     optimum = model.optimum(dataset.x_train, dataset.y_train) if hasattr(model, "optimum") else None
-    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum)
+    device = tuple(xp.asarray(a) for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
+    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum, xp, device)
+
+
+def to_device(tree, xp):
+    """A checkpoint's tree on the backend: float arrays become arrays of `xp`; integer ones (Adam's
+    step count) stay NumPy, as `optimizer.init` makes them."""
+    if isinstance(tree, dict):
+        return {k: to_device(v, xp) for k, v in tree.items()}
+    a = np.asarray(tree)
+    return xp.asarray(a) if a.dtype.kind == "f" else a
 
 
 def local_batch(setup: Setup, step: int):
@@ -98,7 +115,11 @@ def local_batch(setup: Setup, step: int):
     local = setup.exchange.local_workers
     idx = batch_indices_many([setup.shards[w] for w in local], cfg.workers.per_worker_batch, cfg.run.seed,
                              step, local)
-    return ds.x_train[idx], ds.y_train[idx]
+    if setup.xp is np:
+        return ds.x_train[idx], ds.y_train[idx]
+    x, y = setup.device_data[:2]
+    idx = setup.xp.asarray(idx)                 # the indices go up, the data stays on the device
+    return x[idx], y[idx]
 
 
 @dataclass
@@ -129,9 +150,12 @@ def _layer_stats(grads: dict, scalers, scalings, decoded=None, mean=None, ex=Non
     """
     from tgsim.train.layer_stats import row_abs_stats
 
+    if decoded is not None:                    # a logging step: the statistics are computed on the host
+        decoded = [{k: to_numpy(v) for k, v in d.items()} for d in decoded]
+        mean = {k: to_numpy(v) for k, v in mean.items()}
     rows = []
     for i, (name, g) in enumerate(grads.items()):
-        g = np.asarray(g)
+        g = to_numpy(g)
         flat = g.reshape(g.shape[0], -1)
         sc = scalings[i] if scalings is not None else None
         st = row_abs_stats(flat.astype(np.float32, copy=False), None if sc is None else sc.clip_bound)
@@ -226,7 +250,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
     layer_rows = _layer_stats(grads, shared, stats, decoded, mean, ex) if with_stats else []
-    loss = ex.mean_scalar(float(np.sum(losses)))
+    loss = ex.mean_scalar(float(np.sum(to_numpy(losses))))
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 
 
@@ -269,6 +293,26 @@ def _residual_to_save(ex, residual) -> dict:
     if rows is None:
         return {}
     return {"ef_residual": error_feedback.unpack_rows(rows, {k: v.shape[1:] for k, v in residual.items()})}
+
+
+def _device_info(setup: Setup) -> dict:
+    """The manifest's GPU lines: the device, and over MPI whether buffers go to MPI from the device
+    (CUDA-aware MPI) or are staged through pinned host memory."""
+    if setup.xp is np:
+        return {}
+    dev = setup.xp.cuda.Device()
+    info = {"device": int(dev.id), "device_name": _device_name(setup.xp, int(dev.id))}
+    if hasattr(setup.exchange, "cuda_aware"):
+        info["mpi_gpu_buffers"] = "cuda-aware" if setup.exchange.cuda_aware else "staged through pinned host memory"
+    return info
+
+
+def _device_name(xp, device: int) -> str:
+    try:
+        name = xp.cuda.runtime.getDeviceProperties(device)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001  (a name is for the record only)
+        return "unknown"
 
 
 @dataclass
@@ -315,13 +359,16 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             bits_down = float(totals.get("bits_down", 0.0))
             skipped = int(totals.get("skipped", 0))
     if params is None:
-        params = setup.model.init(cfg.run.seed)
+        params = {k: setup.xp.asarray(v) for k, v in setup.model.init(cfg.run.seed).items()}
         opt_state = setup.optimizer.init(params)
+    else:                                          # a checkpoint holds host arrays, from a CPU or a GPU run
+        params, opt_state = to_device(params, setup.xp), to_device(opt_state, setup.xp)
     residual = start_residual(setup, state)        # error feedback's per-worker state, else None
     metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
     if writer:
-        results.write_manifest(out, cfg, {"backend": "numpy", "kernels": cfg.codec.kernels,
-                                          "exchange": type(ex).__name__, "resumed_from_step": start})
+        results.write_manifest(out, cfg, {"backend": cfg.run.backend, **_device_info(setup),
+                                          "kernels": cfg.codec.kernels, "exchange": type(ex).__name__,
+                                          "resumed_from_step": start})
 
     bar = None
     if not quiet and writer:
@@ -348,7 +395,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             for row in info.layer_stats:
                 metrics.write(step=done, split="train", **row)
         if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
-            test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
+            test = setup.model.evaluate(params, *setup.device_data[2:])
             if metrics is not None:
                 metrics.write(step=done, split=setup.dataset.eval_split, layer="model", loss=float(test[0]), accuracy=float(test[1]))
         if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
@@ -372,6 +419,6 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         metrics.close()
         results.save_params(out, params)
     if start >= cfg.run.steps and math.isnan(test[0]):
-        test = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)
+        test = setup.model.evaluate(params, *setup.device_data[2:])
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
                      bits_up, bits_down, skipped, setup.distance_to_optimum(params), setup.dataset.eval_split, start)

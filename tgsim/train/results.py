@@ -21,6 +21,7 @@ import numpy as np
 import tomli_w
 
 from tgsim import blas
+from tgsim.backend import to_numpy
 from tgsim.train.config import Config, config_hash, to_dict
 
 METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "dist_opt", "bits_up", "bits_down", "lr",
@@ -129,5 +130,5 @@ class MetricsWriter:
 def save_params(out: Path, params: dict) -> None:
     path = out / "params.npz"
     tmp = out / "params.tmp.npz"
-    np.savez(tmp, **{k: np.asarray(v) for k, v in params.items()})
+    np.savez(tmp, **{k: to_numpy(v) for k, v in params.items()})
     os.replace(tmp, path)
