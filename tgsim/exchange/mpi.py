@@ -394,7 +394,7 @@ class MPIExchange(PipelinedModes):
         where = f"rank {self.rank}"
         msgs = [parse_slot(slots[r], msg.layout, r, where) for r in range(n)]
         if shared:
-            check_scalers(msgs, msg, where)
+            check_scalers(msgs, msgs[0], where)     # rank 0's as the reference: every rank names the same sender
         xp = _xp_of(msg.parts[0]) if msg.parts else np
         msgs = [message_to(m, xp) for m in msgs]
         try:

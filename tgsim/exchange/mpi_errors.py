@@ -103,7 +103,8 @@ def parse_slot(slot: np.ndarray, layout: Layout, sender: int, where: str) -> Mes
 
 def check_scalers(messages: Sequence[Message], ref: Message, where: str) -> None:
     """With shared scalers every message carries the same (MAX-shared) scaler per ternary layer as
-    `ref`: PeerPayloadError naming the first sender (rank = index) and layer that differ."""
+    `ref`: PeerPayloadError naming the first sender (rank = index) and layer that differ. Every rank
+    passes the same `ref` (rank 0's message; the server's own in ps mode), so all name one sender."""
     tern = np.array([s.kind == KIND_TERNARY for s in ref.layout.layers], dtype=bool)
     for r, m in enumerate(messages):
         bad = np.flatnonzero(tern & (np.asarray(m.scalers) != np.asarray(ref.scalers)))

@@ -149,8 +149,9 @@ class PiecePlan:
 
     def _layer_parts(self, k: int, rows: np.ndarray, base: int, scalers: np.ndarray, shared):
         """Yield (layer i, e0, e1, rows of its codes or float32 values) of piece k. At a ternary
-        layer's first element, scalers[i] <- the N senders' scalers, checked (finite, >= 0, and equal
-        to shared[i] unless shared is None): SenderError names the first bad one."""
+        layer's first element, scalers[i] <- the N senders' scalers, checked (finite, >= 0, and, unless
+        shared is None, equal to rank 0's: every rank checks against the same reference, so all name
+        the same sender): SenderError names the first bad one."""
         for i, e0, e1 in self.pieces[k].ranges:
             spec = self.layout.layers[i]
             lo = self.up_pos(i, e0) - base
@@ -162,8 +163,8 @@ class PiecePlan:
                 for r, s in enumerate(got):
                     if not (np.isfinite(s) and s >= 0):
                         raise SenderError(r, f"layer {spec.name!r}: invalid scaler {s}")
-                    if shared is not None and s != np.float32(shared[i]):
-                        raise SenderError(r, f"layer {spec.name!r} has scaler {s}, the shared scaler is {shared[i]}")
+                    if shared is not None and s != got[0]:
+                        raise SenderError(r, f"layer {spec.name!r} has scaler {s}, the shared scaler is {got[0]}")
                 scalers[i] = got
                 lo += 4
             yield i, e0, e1, rows[:, lo:lo + packing.packed_size(e1 - e0, self.layout.packing)]
