@@ -28,6 +28,14 @@ def first_nonfinite(layers: Mapping) -> NonFiniteGradientError | None:
     return err
 
 
+def _as_float32(v):
+    """`v` as a float32 array of its own module (no copy when it is one already)."""
+    from tgsim.backend import array_module
+
+    xp = array_module(v)
+    return xp.asarray(v, dtype=xp.float32)
+
+
 def first_beyond_float32(layers: Mapping, sends: str) -> ValueError | None:
     """The error for the first worker's value beyond float32's range in a wider-than-float32 layer
     (layers in order), naming the layer, the worker and what the codec sends as float32; or None."""
@@ -72,9 +80,9 @@ class Float32(PlainCodec):
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[Float32Message]:
-        """One message per local worker: its layers as float32 (views where they are float32 already)."""
-        return [Float32Message({k: np.asarray(g[i], dtype=np.float32) for k, g in layers.items()})
-                for i in range(len(workers))]
+        """One message per local worker: its layers as float32 (views where they are float32 already),
+        arrays of the gradients' own module (CuPy gradients stay on the device)."""
+        return [Float32Message({k: _as_float32(g[i]) for k, g in layers.items()}) for i in range(len(workers))]
 
     def from_bytes(self, buf, like: Float32Message) -> Float32Message:
         """float32 layers shaped like `like` from their concatenated bytes (PayloadError on a wrong size)."""
@@ -90,7 +98,7 @@ class Float32(PlainCodec):
         return out
 
     def decode(self, message: dict) -> dict:
-        return {k: np.asarray(v, dtype=np.float32) for k, v in message.items()}
+        return {k: _as_float32(v) for k, v in message.items()}
 
     def aggregate(self, messages: Sequence[dict], divide_by: int | None = None) -> dict:
         from tgsim.codecs.ordered_mean import ordered_mean
