@@ -35,6 +35,13 @@ into a trampoline, which the Numba @njit kernels do not survive. This runner is 
 * killed: a test failed or errored (or the run timed out: 3x the traced time + 20 s);
   survived: all the tests that execute the line passed.
 * One pytest process at a time (no parallel workers).
+* nvcc: tests/test_cuda_kernels.py builds the host harness (and the PTX) once per pytest session,
+  so once per mutant: ~2 s of nvcc each. The runner puts a caching `nvcc` first on PATH
+  (<workdir>/bin/nvcc): it keys the output on the real compiler, the arguments (the -o path
+  aside) and the text of the input file and of every .cu/.cuh/.h file beside it, runs the real nvcc
+  on a miss and copies the stored output on a hit. A mutant of a .py file changes no input, so
+  the harness is compiled once; a mutant of the module source (cuda.source()) changes the PTX
+  input and is compiled anew. The normal test suite never sees the shim.
 
 Results: <workdir>/results.json and a table of survivors on stdout. Exit status 0 always (the
 score is a report, not a gate); --fail-under P makes it 1 below P %.
@@ -72,7 +79,8 @@ MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.
                 "tests/test_mutants_unbiasedness2.py", "tests/test_mutants_packing2.py",
                 "tests/test_mutants_peers.py", "tests/test_mutants_peers2.py",
                 "tests/test_mutants_exchange2.py", "tests/test_mutants_terngrad2.py",
-                "tests/test_mutants_peers3.py", "tests/test_mutants_peers4.py"]
+                "tests/test_mutants_peers3.py", "tests/test_mutants_peers4.py",
+                "tests/test_mutants_cuda.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
@@ -114,6 +122,13 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/codecs/elias.py": ["tests/test_peer_qsgd.py", "tests/test_peer_numba_kernels.py"],
     "tgsim/codecs/fp32.py": ["tests/test_codec_contract.py", "tests/test_registry.py", "tests/test_golden.py"],
     "tgsim/codecs/registry.py": ["tests/test_registry.py", "tests/test_codec_contract.py"],
+    # The CuPy wrapper of the CUDA kernels, on the CPU: TestWrapperOnHostHarness runs it against a
+    # stand-in `cupy` whose kernels are the nvcc-built host harness (see the nvcc note above).
+    # TestWrapperOnGPU is skipped without a GPU: lines only it reaches are tool-limit survivors.
+    "tgsim/codecs/terngrad/cuda.py": ["tests/test_cuda_kernels.py", "tests/test_cupy_api.py"],
+    # the choice of kernel set: the codec's tests call get_kernels through TernGrad.kernels_for
+    "tgsim/codecs/terngrad/kernels.py": ["tests/test_batched_codec.py", "tests/test_codec_contract.py",
+                                         "tests/test_numba_kernels.py", "tests/test_cuda_kernels.py"],
 }
 # -k filters for selections that would otherwise run slow, unrelated tests.
 # (the codec-level Monte Carlo tests of test_statistics.py take ~3 s each and call unbiasedness.py
@@ -324,6 +339,7 @@ def make_tree(work: Path) -> Path:
         if (ROOT / name).exists():
             os.symlink(ROOT / name, tree / name)
     os.symlink("../analysis", tree / "tgsim" / "analysis")
+    _nvcc_shim(work)
     check = subprocess.run([sys.executable, "-c", "import tgsim, tgsim.analysis, os; "
                             "print(os.path.realpath(tgsim.__file__)); "
                             "print(os.path.realpath(tgsim.analysis.__file__))"],
@@ -334,8 +350,58 @@ def make_tree(work: Path) -> Path:
     return tree
 
 
+NVCC_SHIM = '''#!{python}
+"""nvcc with an output cache (written by tools/mutation.py; see its docstring)."""
+import hashlib, os, shutil, subprocess, sys
+REAL, CACHE = {real!r}, {cache!r}
+args = sys.argv[1:]
+out = args[args.index("-o") + 1] if "-o" in args[:-1] else None
+src = args[-1] if args and args[-1].endswith(".cu") and os.path.isfile(args[-1]) else None
+if out is None or src is None:
+    os.execv(REAL, [REAL, *args])
+h = hashlib.sha256()
+st = os.stat(REAL)
+h.update(repr((REAL, st.st_size, st.st_mtime_ns, [a if a != out else "<out>" for a in args])).encode())
+folder = os.path.dirname(os.path.abspath(src))
+names = sorted(f for f in os.listdir(folder) if f.endswith((".cu", ".cuh", ".h")))
+for f in [src] + [os.path.join(folder, f) for f in names]:
+    h.update(f.encode() if f == src else os.path.basename(f).encode())
+    with open(f, "rb") as fh:
+        h.update(fh.read())
+stored = os.path.join(CACHE, h.hexdigest())
+if os.path.exists(stored):
+    shutil.copyfile(stored, out)
+    sys.exit(0)
+rc = subprocess.run([REAL, *args]).returncode
+if rc == 0 and os.path.exists(out):
+    os.makedirs(CACHE, exist_ok=True)
+    tmp = stored + ".%d.tmp" % os.getpid()
+    shutil.copyfile(out, tmp)
+    os.replace(tmp, stored)
+sys.exit(rc)
+'''
+
+
+def _nvcc_shim(work: Path) -> None:
+    """<work>/bin/nvcc: the caching nvcc (module docstring); nothing when nvcc is not on PATH."""
+    bindir = work.resolve() / "bin"
+    shim = bindir / "nvcc"
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if Path(p or ".").resolve() != bindir)
+    real = shutil.which("nvcc", path=path)
+    if real is None:
+        return
+    bindir.mkdir(parents=True, exist_ok=True)
+    shim.write_text(NVCC_SHIM.format(python=sys.executable, real=os.path.realpath(real),
+                                     cache=str(work.resolve() / "nvcc_cache")))
+    shim.chmod(0o755)
+
+
 def _env(tree: Path) -> dict:
     env = dict(os.environ)
+    shim = (tree.parent / "bin" / "nvcc").resolve()
+    if shim.exists() and not env.get("PATH", "").startswith(str(shim.parent) + os.pathsep):
+        env["PATH"] = str(shim.parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "tools")])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("TGSIM_SLOW", None)

@@ -449,7 +449,7 @@ def weighted_sum_layers(payloads, scalers, sizes, fmt: str, divide_by: int) -> l
         raise ValueError("every layer needs the same number of payloads")
     S = [_scalers(scalers[:, i] if not isinstance(scalers, (list, tuple)) else scalers[i], workers)
          for i in range(len(P))]
-    outs = [cp.empty(int(n), dtype=cp.float32) for n in sizes]
+    outs = [(cp.empty if workers > 0 else cp.zeros)(int(n), dtype=cp.float32) for n in sizes]   # 0 workers: +0.0
     rows = [i for i, p in enumerate(P) if p.shape[1] > 0 and workers > 0]
     if rows:
         table = cp.concatenate([S[i] for i in rows]) if len(rows) > 1 else S[rows[0]]
