@@ -63,6 +63,19 @@ def test_backend_config_errors(sections, match):
         cfg_with(**sections)
 
 
+def test_codecs_declare_their_backends():
+    from tgsim.codecs import registry
+    from tgsim.codecs.base import CodecProperties
+    from tgsim.train.config import CodecConfig
+
+    on_gpu = {r["codec"] for r in registry.describe(CodecConfig()) if "cupy" in r["backends"]}
+    assert on_gpu == {"terngrad", "fp32"}
+    assert all("numpy" in r["backends"] for r in registry.describe(CodecConfig()))
+    for bad in ((), ("torch",), ("numpy", "jax")):
+        with pytest.raises(ValueError, match="backends must be"):
+            CodecProperties(unbiased=True, backends=bad)
+
+
 def test_fp32_and_reference_kernels_are_accepted_on_cupy():
     assert cfg_with(codec={"name": "fp32"}).run.backend == "cupy"
     assert cfg_with(codec={"kernels": "reference"}).codec.kernels == "reference"

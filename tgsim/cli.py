@@ -90,7 +90,10 @@ def _cmd_codecs(args) -> int:
     from tgsim.train.config import CodecConfig
 
     rows = registry.describe(CodecConfig())
-    cols = ["codec", "unbiased", "wire", "sums_exactly", "shared_stats", "server_reencodes", "stateful", "combine", "class"]
+    cols = ["codec", "unbiased", "wire", "sums_exactly", "shared_stats", "server_reencodes", "stateful", "combine",
+            "backends", "class"]
+    for r in rows:
+        r["backends"] = ",".join(r["backends"])
     width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     print("  ".join(f"{c:<{width[c]}}" for c in cols).rstrip())
     for r in rows:

@@ -24,6 +24,7 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 WIRES = ("float32", "tgm1", "own")
 COMBINES = ("mean", "majority")
+BACKENDS = ("numpy", "cupy")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class CodecProperties:
     combine:          how `aggregate` combines the workers' decoded messages: "mean", f32(Σ_w f64(
                       decode_w) · (1/N)) in worker order; "majority", the majority vote sign(Σ_w
                       decode_w) (0 on a tie), as signSGD's server does (Bernstein et al. 2019)
+    backends:         the array backends (run.backend) whose arrays encode, decode and aggregate
+                      take: "numpy", and "cupy" where they run on CuPy arrays on the device
     """
 
     unbiased: bool
@@ -55,6 +58,7 @@ class CodecProperties:
     server_reencodes: bool = False
     stateful: bool = False
     combine: str = "mean"
+    backends: tuple[str, ...] = ("numpy",)
 
     def __post_init__(self):
         if self.wire not in WIRES:
@@ -63,6 +67,8 @@ class CodecProperties:
             raise ValueError(f"shared_stats must be None, 'max' or 'mean', got {self.shared_stats!r}")
         if self.combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {self.combine!r}")
+        if not self.backends or set(self.backends) - set(BACKENDS):
+            raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {self.backends!r}")
 
 
 class PlainCodec:

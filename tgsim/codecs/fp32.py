@@ -69,7 +69,7 @@ class Float32(PlainCodec):
     """fp32: no compression, 32 bits per element each way."""
 
     name = "fp32"
-    properties = CodecProperties(unbiased=True, wire="float32")
+    properties = CodecProperties(unbiased=True, wire="float32", backends=("numpy", "cupy"))
 
     def prepare_many(self, layers: Mapping) -> None:
         """Raise NonFiniteGradientError for the first worker with a NaN/Inf gradient; no statistics."""

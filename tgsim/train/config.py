@@ -194,7 +194,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"[codec] unknown codec {c.name!r}; expected one of {', '.join(registry.names())}")
     if c.kernels not in ("auto", "reference", "numba", "cuda"):
         raise ConfigError(f"[codec] kernels must be auto/reference/numba/cuda, got {c.kernels!r}")
-    _check_backend(cfg)
     e = cfg.exchange
     if e.mode not in EXCHANGE_MODES:
         raise ConfigError(f"[exchange] mode must be one of {EXCHANGE_MODES}, got {e.mode!r}")
@@ -202,6 +201,7 @@ def validate(cfg: Config) -> None:
         props = registry.make_codec(c).properties
     except (TypeError, ValueError) as err:
         raise ConfigError(f"[codec] {err}") from err
+    _check_backend(cfg, props)
     if e.reternarize_downlink and e.mode != "ps":
         raise ConfigError("[exchange] reternarize_downlink needs mode = 'ps'")
     if e.reternarize_downlink and not props.server_reencodes:
@@ -222,20 +222,20 @@ def validate(cfg: Config) -> None:
 
 
 BACKENDS = ("numpy", "cupy")
-# What runs on the GPU backend: the codecs whose encode, decode and aggregate are written for CuPy
-# arrays (the TernGrad kernels of tgsim/cuda/terngrad.cu, the ordered fp32 mean), without error
-# feedback or local steps (their per-worker state is kept in host arrays).
-GPU_CODECS = ("terngrad", "fp32")
 
 
-def _check_backend(cfg: Config) -> None:
-    """ConfigError for a combination the CuPy backend does not run (checked before any work)."""
+def _check_backend(cfg: Config, props) -> None:
+    """ConfigError for a combination the CuPy backend does not run (checked before any work): a codec
+    that does not declare "cupy" in its properties.backends; error feedback and local steps (their
+    per-worker state is kept in host arrays)."""
     if cfg.run.backend != "cupy":
         if cfg.codec.kernels == "cuda":
             raise ConfigError("[codec] kernels = 'cuda' runs on CuPy arrays: set run.backend = 'cupy'")
         return
-    if cfg.codec.name not in GPU_CODECS:
-        raise ConfigError(f"[run] backend 'cupy' runs the codecs {GPU_CODECS}; {cfg.codec.name!r} runs on "
+    if "cupy" not in props.backends:
+        gpu = [n for n in registry.names()
+               if "cupy" in registry.make_codec(type(cfg.codec)(name=n)).properties.backends]
+        raise ConfigError(f"[run] backend 'cupy' runs the codecs {', '.join(gpu)}; {cfg.codec.name!r} runs on "
                           "NumPy only (run.backend = 'numpy')")
     if cfg.codec.kernels == "numba":
         raise ConfigError("[codec] kernels = 'numba' runs on NumPy arrays; with run.backend = 'cupy' use "

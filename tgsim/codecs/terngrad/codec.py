@@ -211,7 +211,8 @@ class TernGrad:
     @property
     def properties(self) -> CodecProperties:
         return CodecProperties(unbiased=self.unbiased, wire="tgm1", sums_exactly=True,
-                               shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True)
+                               shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True,
+                               backends=("numpy", "cupy"))
 
     @property
     def unbiased(self) -> bool:
