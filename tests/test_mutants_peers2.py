@@ -72,7 +72,7 @@ def test_fp32_message_bytes_and_from_bytes_layer_order():
 
     codec = Float32()
     assert codec.name == Float32.name == "fp32"
-    assert Float32.properties == CodecProperties(unbiased=True, wire="float32")
+    assert Float32.properties == CodecProperties(unbiased=True, wire="float32", backends=("numpy", "cupy"))
     a = np.array([[1.0, -2.0, 0.5]], np.float32)
     b = np.arange(4, dtype=np.float64).reshape(1, 2, 2) + 10
     m = codec.encode_many({"a": a, "b": b}, 0, 0, [0])[0]
