@@ -248,3 +248,16 @@ def test_sum_codes_integer_width_follows_the_workers(workers, dtype):
     one = packing.pack(np.ones(4, np.int8))
     s = packing.sum_codes(np.repeat(one[None, :], workers, axis=0), 4)
     assert s.dtype == dtype and s.tolist() == [workers] * 4
+
+
+def test_codec_properties_backends_must_be_a_nonempty_subset():
+    """CodecProperties.backends: ("numpy",) by default; each of ("numpy",), ("cupy",) and both is
+    accepted; an empty tuple, or a name outside ("numpy", "cupy"), is a ValueError naming the field."""
+    from tgsim.codecs.base import CodecProperties
+
+    assert CodecProperties(unbiased=True).backends == ("numpy",)
+    for ok in (("numpy",), ("cupy",), ("numpy", "cupy")):
+        assert CodecProperties(unbiased=True, backends=ok).backends == ok
+    for bad in ((), ("torch",), ("numpy", "jax")):
+        with pytest.raises(ValueError, match=r"^backends must be a non-empty subset of \('numpy', 'cupy'\)"):
+            CodecProperties(unbiased=True, backends=bad)

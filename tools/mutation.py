@@ -93,7 +93,7 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/codecs/terngrad/reference.py": CODEC_TESTS,
     "tgsim/codecs/terngrad/moments.py": CODEC_TESTS,
     "tgsim/codecs/terngrad/codec.py": CODEC_TESTS,
-    "tgsim/codecs/base.py": CODEC_TESTS + ["tests/test_registry.py"],
+    "tgsim/codecs/base.py": CODEC_TESTS + ["tests/test_registry.py", "tests/test_gpu_backend.py"],
     "tgsim/exchange/base.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/inprocess.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/ps_downlink.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
