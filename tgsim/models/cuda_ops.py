@@ -17,10 +17,11 @@ is imported only inside functions; tests/test_cuda_batched.py runs the kernel bo
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
+
+from tgsim.backend import RawKernels
 
 CUDA_FILE = Path(__file__).resolve().parents[1] / "cuda" / "batched.cu"
 NVRTC_OPTIONS = ("-fmad=false", "-prec-div=true", "-prec-sqrt=true")
@@ -35,27 +36,9 @@ def _cp():
     return cupy
 
 
-@functools.lru_cache(maxsize=None)
-def _module():
-    return _cp().RawModule(code=CUDA_FILE.read_text(), options=NVRTC_OPTIONS)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    return _module().get_function(name)
-
-
-def _reset_cache() -> None:
-    """Forget the compiled module (tests swap the array module)."""
-    _kernel.cache_clear()
-    _module.cache_clear()
-
-
-def _launch(name: str, threads: int, args: tuple) -> None:
-    if threads <= 0:
-        return
-    grid = min(-(-threads // BLOCK), MAX_GRID)
-    _kernel(name)((grid,), (BLOCK,), args)
+_KERNELS = RawKernels(lambda: CUDA_FILE.read_text(), NVRTC_OPTIONS, lambda: _cp(), BLOCK, MAX_GRID)
+_reset_cache = _KERNELS.reset          # forget the compiled module (tests swap the array module)
+_launch = _KERNELS.launch
 
 
 def _suffix(*arrays) -> str:

@@ -24,11 +24,11 @@ reference arithmetic bit for bit).
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 
+from tgsim.backend import RawKernels
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import moments as stats
 from tgsim.rng import StreamKey
@@ -71,27 +71,10 @@ def source() -> str:
     return code.replace(include, header, 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _module():
-    return _cp().RawModule(code=source(), options=NVRTC_OPTIONS)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    return _module().get_function(name)
-
-
-def _reset_cache() -> None:
-    """Forget the compiled module (tests swap the array module)."""
-    _kernel.cache_clear()
-    _module.cache_clear()
-
-
-def _launch(name: str, threads: int, args: tuple) -> None:
-    if threads <= 0:
-        return
-    grid = min(-(-threads // BLOCK), MAX_GRID)
-    _kernel(name)((grid,), (BLOCK,), args)
+_KERNELS = RawKernels(lambda: source(), NVRTC_OPTIONS, lambda: _cp(), BLOCK, MAX_GRID)
+_kernel = _KERNELS.kernel
+_reset_cache = _KERNELS.reset          # forget the compiled module (tests swap the array module)
+_launch = _KERNELS.launch
 
 
 def _fmt(fmt: str) -> int:
