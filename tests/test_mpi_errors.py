@@ -58,21 +58,25 @@ def test_a_config_mismatch_of_one_rank_and_of_two_keys():
         + TAIL)
 
 
+class ConfigComm:
+    """A 3-rank communicator for check_same_config: ranks 0 and 1 send this rank's dict, rank 2 the
+    same dict updated with `other`."""
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather(self, mine):
+        return [mine, dict(mine), dict(mine, **self.other)]
+
+
 def test_check_same_config_raises_the_message_on_a_fake_comm():
     """MPIExchange.check_same_config: the allgathered dicts through config_mismatch (no MPI needed)."""
     from tgsim.exchange.mpi import MPIExchange
 
-    class Comm:
-        def __init__(self, other):
-            self.other = other
-
-        def allgather(self, mine):
-            return [mine, dict(mine), dict(mine, **self.other)]
-
     ex = object.__new__(MPIExchange)
-    ex.size, ex.comm = 3, Comm({})
+    ex.size, ex.comm = 3, ConfigComm({})
     ex.check_same_config("d1", shard_plan="p")
-    ex.comm = Comm({"shard plan": "q"})
+    ex.comm = ConfigComm({"shard plan": "q"})
     with pytest.raises(RankConfigMismatchError, match=r"^MPI ranks .* \(3 ranks\): shard plan differs from "
                                                        r"rank 0's on rank 2 \(ranks 0-1: p; rank 2: q\)\. Launch"):
         ex.check_same_config("d1", shard_plan="p")

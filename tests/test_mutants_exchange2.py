@@ -1313,24 +1313,18 @@ def test_mpi_check_same_config_names_each_entry():
     """The entries every rank compares, by name: a rank 2 that differs in config digest, tgsim
     version, message version and NumPy is named for each; a rank without a shard plan shows "-"."""
     from tgsim.errors import RankConfigMismatchError
+    from test_mpi_errors import ConfigComm
     from tgsim.exchange.mpi import MPIExchange
-
-    class Comm:
-        def __init__(self, other):
-            self.other = other
-
-        def allgather(self, mine):
-            return [mine, dict(mine), dict(mine, **self.other)]
 
     ex = object.__new__(MPIExchange)
     ex.size = 3
     keys = ("config sha256", "tgsim", "codec message version", "numpy")
-    ex.comm = Comm({k: "other" for k in keys})
+    ex.comm = ConfigComm({k: "other" for k in keys})
     with pytest.raises(RankConfigMismatchError) as e:
         ex.check_same_config("d1")
     for k in keys:
         assert f"{k} differs from rank 0's on rank 2 (ranks 0-1: " in str(e.value)
-    ex.comm = Comm({"shard plan": "p"})
+    ex.comm = ConfigComm({"shard plan": "p"})
     with pytest.raises(RankConfigMismatchError, match=r"shard plan differs from rank 0's on rank 2 \(ranks 0-1: -; "
                                                        r"rank 2: p\)"):
         ex.check_same_config("d1")

@@ -260,15 +260,23 @@ def test_qsgd_option_ranges_and_level_dtype():
         assert np.iinfo(dt).max >= s and -np.iinfo(dt).max - 1 <= -s
 
 
-def test_qsgd_uniforms_from_2_15_elements_come_from_the_numba_philox(monkeypatch):
-    """_uniform: the same 24-bit uniforms as tgsim.rng.uniform at any length, drawn by the Numba Philox
-    on the host from 2^15 = 32768 elements on (documented), by the reference below that."""
-    from tgsim.codecs import qsgd
-    from tgsim.rng import StreamKey, numba_philox, uniform
+def numba_philox_calls(monkeypatch) -> list:
+    """The lengths tgsim.rng.numba_philox.random_words is called with from now on (it still draws)."""
+    from tgsim.rng import numba_philox
 
     calls = []
     real = numba_philox.random_words
     monkeypatch.setattr(numba_philox, "random_words", lambda n, key, *a: (calls.append(n), real(n, key, *a))[1])
+    return calls
+
+
+def test_qsgd_uniforms_from_2_15_elements_come_from_the_numba_philox(monkeypatch):
+    """_uniform: the same 24-bit uniforms as tgsim.rng.uniform at any length, drawn by the Numba Philox
+    on the host from 2^15 = 32768 elements on (documented), by the reference below that."""
+    from tgsim.codecs import qsgd
+    from tgsim.rng import StreamKey, uniform
+
+    calls = numba_philox_calls(monkeypatch)
     key = StreamKey(4, 1, 2, 3)
     for n, numba in ((32767, False), (32768, True)):
         calls.clear()

@@ -770,12 +770,11 @@ def test_randomk_draw_by_hand(kernels):
 def test_sparse_words_from_2_15_elements_come_from_the_numba_philox(monkeypatch):
     """_words24: w_i = word_i >> 8 of tgsim.rng.random_words at any length, drawn by the Numba Philox
     from 2^15 = 32768 elements on (documented), by the reference below that."""
+    from test_mutants_peers import numba_philox_calls
     from tgsim.codecs import sparse
-    from tgsim.rng import StreamKey, numba_philox, random_words
+    from tgsim.rng import StreamKey, random_words
 
-    calls = []
-    real = numba_philox.random_words
-    monkeypatch.setattr(numba_philox, "random_words", lambda n, key, *a: (calls.append(n), real(n, key, *a))[1])
+    calls = numba_philox_calls(monkeypatch)
     key = StreamKey(4, 1, 2, 3)
     for n, numba in ((32767, False), (32768, True)):
         calls.clear()
