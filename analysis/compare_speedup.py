@@ -158,7 +158,7 @@ class _Setups:
         if cfg.codec.error_feedback:
             codec = error_feedback.ErrorFeedback(codec)
         return Setup(cfg, b.dataset, shards, b.model, codec, make_optimizer(cfg.optimizer),
-                     InProcessExchange(cfg.workers.n), b.optimum, b.xp, b.device_data)
+                     InProcessExchange(cfg.workers.n), b.optimum, b.xp)
 
 
 def _count_bytes(codec, sizes: list):

@@ -14,6 +14,7 @@ state besides the parameters and the optimizer state.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -43,7 +44,13 @@ class Setup:
     exchange: object
     optimum: dict | None = None   # w* of the full training objective, where the model can solve it
     xp: object = np               # the array module of run.backend: NumPy, or CuPy (one GPU)
-    device_data: tuple = ()       # (x_train, y_train, x_test, y_test) as arrays of xp
+
+    @functools.cached_property
+    def device_data(self) -> tuple:
+        """(x_train, y_train, x_test, y_test) as arrays of xp: copied to the device once (NumPy: the
+        dataset's own arrays)."""
+        ds = self.dataset
+        return tuple(self.xp.asarray(a) for a in (ds.x_train, ds.y_train, ds.x_test, ds.y_test))
 
     def distance_to_optimum(self, params) -> float:
         """||w - w*|| / ||w*|| over all parameters (nan when w* is unknown)."""
@@ -94,8 +101,7 @@ def build(cfg: Config, exchange=None) -> Setup:
     if exchange.n_workers != cfg.workers.n:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
     optimum = model.optimum(dataset.x_train, dataset.y_train) if hasattr(model, "optimum") else None
-    device = tuple(xp.asarray(a) for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
-    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum, xp, device)
+    return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum, xp)
 
 
 def to_device(tree, xp):
@@ -111,14 +117,12 @@ def local_batch(setup: Setup, step: int):
     """(x, y) of this process's workers at `step`: shapes (n_local, B, *features), (n_local, B)."""
     from tgsim.data.batching import batch_indices_many
 
-    cfg, ds = setup.cfg, setup.dataset
+    cfg = setup.cfg
     local = setup.exchange.local_workers
     idx = batch_indices_many([setup.shards[w] for w in local], cfg.workers.per_worker_batch, cfg.run.seed,
                              step, local)
-    if setup.xp is np:
-        return ds.x_train[idx], ds.y_train[idx]
     x, y = setup.device_data[:2]
-    idx = setup.xp.asarray(idx)                 # the indices go up, the data stays on the device
+    idx = setup.xp.asarray(idx)                 # on a GPU the indices go up, the data stays there
     return x[idx], y[idx]
 
 
