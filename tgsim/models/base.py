@@ -131,9 +131,9 @@ def prepare_batch(model, params: Mapping, x, y):
 def bmm(xp, a, b):
     """a @ b with the worker axis kept: a (N, M, K) (any strides, e.g. a swapaxes view), b (K, P) or
     (N, K, P). NumPy float32/float64 operands go through `_numba_bmm.products` (one single-threaded
-    gemm per worker, the workers over the Numba threads), anything else (CuPy, other dtypes) through
-    xp.matmul; CuPy float32/float64 operands through `cuda_ops.bmm` (one fixed-order loop per output
-    element; any other dtype is a TypeError there). The route depends on the backend, dtype and
+    gemm per worker, the workers over the Numba threads), other NumPy dtypes through np.matmul; CuPy
+    operands through `cuda_ops.bmm` (one fixed-order loop per output element, float32/float64; any
+    other dtype is a TypeError there). The route depends on the backend, dtype and
     operand pattern, never on N, so a worker's bits are those of a call with that worker alone."""
     if xp is np and _numba_bmm.supported(a, b):
         return _numba_bmm.products(a, b)
