@@ -15,11 +15,16 @@ Per layer this reports the first and last logged values, the maximum, and flags:
               every other worker's quantization variance grows with it): a warning
     noise     noise_to_signal > NOISE_ALERT at the last logged step (the update is mostly noise): a
               warning; near convergence the mean gradient is small, so a healthy run can show it
+
+Exit status: 0 when no layer raises an ALERT (warnings alone exit 0), 1 when some layer raises an
+ALERT (its units died: CI and batch jobs can gate on it), 2 on bad input (no run directory, no
+metrics.csv, or one written by an older tgsim without the per-layer columns).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +39,10 @@ NOISE_ALERT = 1.0
 DEAD_ALERT = 0.75
 DEAD_STEPS = 2
 
-__all__ = ["DEAD_ALERT", "DEAD_STEPS", "NOISE_ALERT", "RATIO_ALERT", "dead_step", "run_health"]
+EXIT_OK, EXIT_ALERT, EXIT_BAD_INPUT = 0, 1, 2
+
+__all__ = ["DEAD_ALERT", "DEAD_STEPS", "EXIT_ALERT", "EXIT_BAD_INPUT", "EXIT_OK", "NOISE_ALERT", "RATIO_ALERT",
+           "dead_step", "run_health"]
 
 
 def dead_step(steps: np.ndarray, zero: np.ndarray) -> float:
@@ -54,7 +62,7 @@ def run_health(run_dir) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path}: not a tgsim run directory (no metrics.csv)")
     m = pd.read_csv(path)
-    need = {"scaler_ratio", "noise_to_signal", "zero_grad_fraction"}
+    need = {"step", "split", "layer", "scaler_ratio", "noise_to_signal", "zero_grad_fraction"}
     if not need <= set(m.columns):
         raise ValueError(f"{path} has no {sorted(need - set(m.columns))}: written by an older tgsim")
     layers = m[(m["split"] == "train") & (m["layer"] != "model")].sort_values("step")
@@ -78,11 +86,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         df = run_health(args.run_dir)
     except (FileNotFoundError, ValueError) as e:
-        print(f"tgsim analyze run-health: {e}")
-        return 2
+        print(f"tgsim analyze run-health: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if df.empty:
         print(f"{args.run_dir}: no per-layer metrics (run with log_every <= steps)")
-        return 0
+        return EXIT_OK
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     flagged = df[df[["alert_ratio", "alert_noise", "alert_dying"]].any(axis=1)]
@@ -97,11 +105,12 @@ def main(args: argparse.Namespace) -> int:
                 if f]
         if warn:
             print(f"warning {r.layer}: " + "; ".join(warn))
-    return 0
+    return EXIT_ALERT if df["alert_dying"].any() else EXIT_OK
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("run-health", help="signs of a scaler-sharing collapse in a run directory's metrics.csv",
+    p = sub.add_parser("run-health", help="signs of a scaler-sharing collapse in a run directory's metrics.csv "
+                       "(exit 0: healthy, 1: ALERT, 2: bad input)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", help="a `tgsim run` output directory (with metrics.csv)")
     p.set_defaults(func=main)

@@ -119,3 +119,42 @@ def test_run_health_cli_on_a_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ratio_max" in out and "fc" in out
     assert main(["analyze", "run-health", str(tmp_path / "nothing")]) == 2
+
+
+def _cli(tmp_path, name, ratio, zero, noise, capsys):
+    from tgsim.cli import main
+
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    _metrics(run_dir, ratio, zero, noise)
+    rc = main(["analyze", "run-health", str(run_dir)])
+    return rc, capsys.readouterr()
+
+
+def test_run_health_exit_status_gates_on_alert(tmp_path, capsys):
+    """Exit 1 on a dying ALERT (80 % then 90 % of the elements without gradient), 0 on a healthy
+    history and on warnings alone (a ratio of 10 and a last noise of 3 without dying units), 2 on a
+    directory without metrics.csv or a metrics.csv without the per-layer columns."""
+    from tgsim.analysis.run_health import EXIT_ALERT, EXIT_BAD_INPUT, EXIT_OK
+    from tgsim.cli import main
+
+    assert (EXIT_OK, EXIT_ALERT, EXIT_BAD_INPUT) == (0, 1, 2)
+    rc, out = _cli(tmp_path, "collapsed", (1.3, 1.2, 1.3), (0.1, 0.8, 0.9), (0.2, 0.2, 0.2), capsys)
+    assert rc == 1 and "ALERT fc.b" in out.out, out
+    rc, out = _cli(tmp_path, "healthy", (1.3, 1.2, 1.3), (0.13, 0.48, 0.45), (0.2, 0.2, 0.2), capsys)
+    assert rc == 0 and "no alert" in out.out and "ALERT" not in out.out, out
+    rc, out = _cli(tmp_path, "warned", (1.3, 4.0, 10.0), (0.1, 0.3, 0.4), (0.2, 1.0, 3.0), capsys)
+    assert rc == 0 and "warning fc.b" in out.out and "ALERT" not in out.out, out
+    (tmp_path / "old").mkdir()
+    pd.DataFrame(dict(step=[1], split=["train"], layer=["model"], loss=[1.0])).to_csv(tmp_path / "old/metrics.csv")
+    assert main(["analyze", "run-health", str(tmp_path / "old")]) == 2
+    assert "older tgsim" in capsys.readouterr().err
+
+
+def test_run_health_help_states_the_exit_status(capsys):
+    from tgsim.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["analyze", "run-health", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 when some layer raises an ALERT" in out and "2 on bad input" in out
