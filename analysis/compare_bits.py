@@ -37,6 +37,9 @@ Outputs (`--out DIR`, default results/compare-bits):
                     mean over seeds with a 95 % t-interval; nan unless every seed reached the threshold)
   bits.png          bits to threshold relative to fp32 per method (log scale), one panel per problem,
                     one bar per rule
+Each CSV has a column `quick`: True when written by --quick (a smoke test, numbers not for reporting);
+the figure's title and the printed summary then say QUICK. `tgsim compare time` refuses such rows
+unless asked with --allow-quick (`QUICK_COLUMN`).
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ METHODS = {
 
 RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
                "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element", "loss_smoothed",
-               "accuracy", "seconds"]
+               "accuracy", "seconds", "quick"]
 COLUMNS = ["problem", "rule", "method", "lr", "seeds", "reached", "threshold", "K_mean", "bits_total_mean", "ratio_mean",
-           "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean"]
+           "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean", "quick"]
+QUICK_COLUMN = "quick"     # True in every row of a --quick run (1 seed, a few steps): a smoke test, not a result
 
 GRID_COLUMNS = ["problem", "method", "lr", "seed", "steps", "status", "val_loss", "val_accuracy", "chosen_fp32_lr",
                 "chosen_own_lr", "seconds"]
@@ -223,11 +227,12 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          bits_total_mean=float(g.bits_total.mean()) if every else float("nan"),
                          ratio_mean=m, ratio_lo=lo, ratio_hi=hi,
                          bits_up_per_element=float(g.bits_up_per_element.mean()),
-                         accuracy_mean=float(g.accuracy.mean())))
+                         accuracy_mean=float(g.accuracy.mean()),
+                         quick=bool(g[QUICK_COLUMN].astype(bool).any()) if QUICK_COLUMN in g else False))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _figure(runs: pd.DataFrame, path: Path) -> None:
+def _figure(runs: pd.DataFrame, path: Path, quick: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,6 +261,8 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
             else:
                 ax.get_legend().remove()
         ax.tick_params(axis="x", rotation=60)
+    if quick:
+        fig.suptitle("QUICK (--quick: a smoke test, numbers not for reporting)", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -263,11 +270,11 @@ def _figure(runs: pd.DataFrame, path: Path) -> None:
 
 def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(METHODS), seeds=(0, 1, 2),
         window: int = 50, cap_factor: float = 2.0, lr_grid=LR_GRID, jobs: int = 1,
-        quiet: bool = False) -> dict[str, pd.DataFrame]:
+        quiet: bool = False, quick: bool = False) -> dict[str, pd.DataFrame]:
     """Phase 0: the learning-rate grid on the validation split (`tune`; lr_grid=(): no tuning, every
     method at `Problem.lr`, rule fp32-lr only); phase 1: fp32 at its rate per (problem, seed) for the
     threshold; phase 2: every (problem, rule, method, seed) to the threshold. Writes the CSVs and the
-    figure to `out` (None: nothing written)."""
+    figure to `out` (None: nothing written). quick: the --quick form; every CSV row says so (QUICK_COLUMN)."""
     from tqdm import tqdm
 
     from tgsim.analysis.common import write_tables
@@ -305,11 +312,12 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     ref = runs[(runs.method == "fp32") & (runs.rule == RULES[0])].set_index(["problem", "seed"]).bits_total
     fp = runs.apply(lambda r: ref.get((r.problem, r.seed), float("nan")), axis=1)
     runs["ratio"] = np.where(runs.K.notna() & np.isfinite(fp), runs.bits_total / fp, np.nan)
-    runs = runs[RUN_COLUMNS]
+    runs[QUICK_COLUMN] = bool(quick)
+    runs, grid = runs[RUN_COLUMNS], grid.assign(**{QUICK_COLUMN: bool(quick)})
     table = summarize(runs)
     res = {"bits_lr_grid": grid, "bits_runs": runs, "bits": table}
     seconds = time.perf_counter() - t0
-    out = write_tables(out, res, lambda d: _figure(runs, d / "bits.png"))
+    out = write_tables(out, res, lambda d: _figure(runs, d / "bits.png", quick))
     if not quiet:
         _print_summary(res, problems, seeds, seconds, out, jobs, cap_factor, lr_grid)
     return res
@@ -317,6 +325,8 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
 
 def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, cap_factor: float, lr_grid) -> None:
     table = res["bits"]
+    if table[QUICK_COLUMN].any():
+        print("QUICK: --quick run (a smoke test, numbers not for reporting)")
     for p in problems:
         t = table[table.problem == p.name]
         fp_lr = float(t[(t.method == "fp32")].lr.iloc[0])

@@ -5,12 +5,14 @@
                            [--tune-steps T] [--jobs J]
     tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b]
                            [--lr-grid a,b] [--jobs J]
-    tgsim compare time     [--quick] [--out DIR] [--bits DIR] [--problem P] [--nets a,b] [--workers 8,16,..]
-                           [--codec-cost gpu|host|none]
+    tgsim compare time     [--quick] [--out DIR] [--bits DIR] [--allow-quick] [--problem P] [--nets a,b]
+                           [--workers 8,16,..] [--codec-cost gpu|host|none]
 
 Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
 summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
-for reporting); an option given on the command line wins over its --quick value. Heavy imports happen
+for reporting; compare bits marks its rows `quick`, and `compare time` refuses them with exit status 2
+unless --allow-quick, then marks its own output QUICK); an option given on the command line wins over
+its --quick value. Heavy imports happen
 only when a command runs (tgsim.analysis.compare_variance, tgsim.analysis.compare_speedup,
 tgsim.analysis.compare_bits, tgsim.analysis.compare_time).
 """
@@ -18,6 +20,7 @@ tgsim.analysis.compare_bits, tgsim.analysis.compare_time).
 from __future__ import annotations
 
 import argparse
+import sys
 
 # option dest -> (full default, --quick value); None: the module's own default
 VARIANCE = {"R": (30, 10), "n": (1 << 15, 1 << 14), "seed": (0, 0), "recorded_steps": (50, 3),
@@ -97,7 +100,7 @@ def _bits(args) -> int:
         p = cb.PROBLEMS[name]
         problems.append(dataclasses.replace(p, steps=steps) if steps else p)
     cb.run(args.out, problems=problems, methods=methods, seeds=tuple(range(args.seeds)),
-           lr_grid=_list(args.lr_grid, float), jobs=_jobs(args.jobs))
+           lr_grid=_list(args.lr_grid, float), jobs=_jobs(args.jobs), quick=args.quick)
     return 0
 
 
@@ -110,9 +113,13 @@ def _time(args) -> int:
 
     _resolve(args, TIME)
     bits = args.bits or ("results/compare-bits" if not args.quick else f"{args.out}/bits-quick")
-    ct.run(args.out, bits=bits, bits_quick=args.quick, problem=args.problem, nets=_list(args.nets),
-           workers=_list(args.workers, int), codec_cost=args.codec_cost, n_wire=args.n_wire, n_cost=args.n_cost,
-           jobs=_jobs(0) if not args.quick else 1)
+    try:
+        ct.run(args.out, bits=bits, bits_quick=args.quick, problem=args.problem, nets=_list(args.nets),
+               workers=_list(args.workers, int), codec_cost=args.codec_cost, n_wire=args.n_wire,
+               n_cost=args.n_cost, jobs=_jobs(0) if not args.quick else 1, allow_quick=args.allow_quick)
+    except ct.QuickInputError as e:
+        print(f"tgsim compare time: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -180,6 +187,8 @@ def register(sub) -> None:
                    "--quick into OUT/bits-quick unless --bits is given: a smoke test")
     t.add_argument("--bits", default=None, help="directory of compare bits' bits_runs.csv (default "
                    "results/compare-bits; run there first when missing)")
+    t.add_argument("--allow-quick", action="store_true", help="use a bits_runs.csv written by compare bits --quick "
+                   "(refused otherwise, exit 2); the output then says QUICK in its tables, CSVs and title")
     t.add_argument("--problem", default="convnet", help="the compare bits problem whose steps are used "
                    "(default %(default)s)")
     t.add_argument("--nets", default=None, help="comma-separated perf-model nets " + _help(TIME, "nets"))

@@ -47,6 +47,12 @@ Outputs (`--out DIR`, default results/compare-time):
                   (> 1: the codec wins against every uncompressed baseline)
   time.png        speedup_best against N, one panel per (net, link), one line per method (own-lr, where
                   every method has its own rate; fp32-lr is in time.csv)
+
+QUICK input. `compare bits --quick` (1 seed, a few steps; written to results/compare-bits unless told
+otherwise) marks its rows (compare_bits.QUICK_COLUMN). Such a bits_runs.csv is refused with one line
+(QuickInputError; exit 2) unless asked with --allow-quick; `compare time --quick` (a smoke test itself)
+accepts it. When the input or the run is quick, every CSV has `quick` = True, and the printed tables
+and the figure's title say QUICK.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tgsim.errors import ConfigError
+
 DEFAULT_OUT = "results/compare-time"
 GPU_TERNGRAD_ENCODE = 0.6e-3 / (64 * 2 ** 20)   # s per element: H100, CUDA codec, 64M-element layer
 FLOATS = {"fp32": 4, "fp16": 2, "bf16": 2}      # ring all-reduce bytes per element
@@ -68,7 +76,29 @@ LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
 CODEC_COSTS = ("gpu", "host", "none")
 COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "lr", "K", "pattern", "t_step", "compute",
            "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo",
-           "speedup_best_hi", "best_float", "codec_cost"]
+           "speedup_best_hi", "best_float", "codec_cost", "quick"]
+QUICK_MARK = "QUICK (a --quick smoke test, numbers not for reporting)"
+
+
+class QuickInputError(ConfigError):
+    """compare bits' output was written by --quick and --allow-quick was not given."""
+
+
+def read_bits_runs(path, allow_quick: bool = False) -> tuple[pd.DataFrame, bool]:
+    """(compare bits' bits_runs.csv, whether it was written by --quick); QuickInputError (one line) for a
+    --quick one unless allow_quick. A CSV without the column (an older tgsim) counts as not quick."""
+    from tgsim.analysis.compare_bits import QUICK_COLUMN
+
+    runs = pd.read_csv(path)
+    quick = bool(QUICK_COLUMN in runs and runs[QUICK_COLUMN].astype(bool).any())
+    if quick and not allow_quick:
+        seeds = runs.seed.nunique() if "seed" in runs else "?"
+        steps = ", ".join(f"{p} {int(s)}" for p, s in runs.groupby("problem").steps.max().items()) \
+            if {"problem", "steps"} <= set(runs.columns) else "?"
+        raise QuickInputError(f"{path} was written by `tgsim compare bits --quick` ({seeds} seed(s), steps {steps}: "
+                              "a smoke test); rerun compare bits without --quick, or pass --allow-quick to use it "
+                              "(the output is then marked QUICK)")
+    return runs, quick
 
 
 def _config(method: str):
@@ -211,8 +241,9 @@ def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
 
 
 def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
-                workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True) -> pd.DataFrame:
-    """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target."""
+                workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True, quick: bool = False) -> pd.DataFrame:
+    """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target
+    (column quick: the steps or the run came from --quick)."""
     from tgsim.analysis.compare_bits import METHODS
     from tgsim.analysis.perfmodel_nets import get_net
     from tgsim.analysis.perfmodel_throughput import Cluster, Exchange, Network, iteration
@@ -253,7 +284,16 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     df["speedup_fp32"] = ref.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
     df["speedup_best"], df["speedup_best_lo"], df["speedup_best_hi"] = _seed_speedups(df, steps)
     df["best_float"] = best_f.method.reindex(idx).to_numpy()
+    df["quick"] = bool(quick)
     return df[COLUMNS]
+
+
+def figure_title(rule: str, quick: bool) -> str:
+    """time.png's title; it starts with QUICK_MARK when the steps or the run came from --quick."""
+    return ((QUICK_MARK + "\n" if quick else "") +
+            "time to the loss target relative to the best of fp32/fp16/bf16 (> 1: the codec wins)\n"
+            f"steps measured ({rule}), step time modeled, codec seconds counted; a missing method did not "
+            "reach the target in every seed")
 
 
 def _figure(df: pd.DataFrame, path: Path) -> None:
@@ -291,9 +331,8 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
             ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f") if hi / lo < 2.5 else NullFormatter())
     if axes[0, -1].get_legend() is not None:
         sns.move_legend(axes[0, -1], "upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, title="method")
-    fig.suptitle(f"time to the loss target relative to the best of fp32/fp16/bf16 (> 1: the codec wins)\n"
-                 f"steps measured ({rule}), step time modeled, codec seconds counted; a missing method did not "
-                 f"reach the target in every seed", fontsize=9)
+    quick = bool(df.quick.any())
+    fig.suptitle(figure_title(rule, quick), fontsize=9, color="tab:red" if quick else None)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -301,9 +340,12 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
 
 def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bits_quick: bool = False,
         problem: str = "convnet", nets=NETS, workers=WORKERS, links=LINKS, codec_cost: str = "gpu",
-        n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False) -> dict[str, pd.DataFrame]:
+        n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False,
+        allow_quick: bool = False) -> dict[str, pd.DataFrame]:
     """Steps from `bits`/bits_runs.csv (run `compare bits` into that directory first when it is missing,
-    --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure."""
+    --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure.
+    A --quick bits_runs.csv raises QuickInputError unless allow_quick or bits_quick (this run is --quick);
+    the output is marked quick when the input or this run is."""
     from tgsim.analysis.common import write_tables
 
     if codec_cost not in CODEC_COSTS:
@@ -321,17 +363,21 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
                                      if p.name == problem))
         if not quiet:
             print(f"no {path}: running tgsim compare bits{' --quick' if bits_quick else ''} first")
-        runs = cb.run(bits, jobs=jobs, quiet=quiet, **kw)["bits_runs"]
+        runs = cb.run(bits, jobs=jobs, quiet=quiet, quick=bits_quick, **kw)["bits_runs"]
+        quick = bool(bits_quick)
     else:
-        runs = pd.read_csv(path)
+        runs, quick = read_bits_runs(path, allow_quick=allow_quick or bits_quick)
+        quick = quick or bool(bits_quick)
+        if quick and not quiet:
+            print(f"{QUICK_MARK}: steps from {path}" + (" (--allow-quick)" if allow_quick else ""))
     steps = steps_to_target(runs, problem)
     methods = list(dict.fromkeys(steps.method))
     wire = measure_wire(methods, workers, n_wire, quiet=quiet)
     cost = measure_codec_cost(methods, n_cost, quiet=quiet)
     factor = cost_scale(cost, codec_cost)
     cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
-    table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet)
-    res = {"time_wire": wire, "time_codec": cost, "time": table}
+    table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet, quick=quick)
+    res = {"time_wire": wire.assign(quick=quick), "time_codec": cost.assign(quick=quick), "time": table}
     seconds = time.perf_counter() - t0
     out = write_tables(out, res, lambda d: _figure(table, d / "time.png"))
     if not quiet:
@@ -341,16 +387,19 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
 
 def _print_summary(res: dict, seconds: float, out) -> None:
     t, cost = res["time"], res["time_codec"]
-    print("codec seconds per element (host, one core; used = " + str(t.codec_cost.iloc[0]) + "):")
+    mark = "QUICK " if t.quick.any() else ""
+    if mark:
+        print(QUICK_MARK)
+    print(mark + "codec seconds per element (host, one core; used = " + str(t.codec_cost.iloc[0]) + "):")
     print(cost.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for rule, d in t.groupby("rule", sort=False):
-        print(f"\n{rule}: speedup of the time to target over the best of fp32 / fp16 / bf16 (> 1: the codec wins; "
+        print(f"\n{mark}{rule}: speedup of the time to target over the best of fp32 / fp16 / bf16 (> 1: the codec wins; "
               "nan: not reached)")
         piv = d.pivot_table(index=["net", "link_gbps", "workers"], columns="method", values="speedup_best",
                             dropna=False, sort=False)
         print(piv.to_string(float_format=lambda v: f"{v:.2f}"))
         wins = d[(d.speedup_best > 1) & ~d.method.isin(list(FLOATS))]
-        print(f"{rule}: a codec beats every float baseline in {wins[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} "
+        print(f"{mark}{rule}: a codec beats every float baseline in {wins[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} "
               f"of {d[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} (net, link, N) settings")
     if out is not None:
         print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time.png ({seconds:.0f} s)")

@@ -46,11 +46,21 @@ def test_quick_writes_csvs_with_expected_columns(bits):
     assert (runs[runs.status != "reached"].K.isna()).all()
 
 
+def test_quick_rows_say_so(bits):
+    """--quick marks every row of the three CSVs (compare time refuses them unless --allow-quick); a
+    summary of unmarked rows (an older CSV, or a full run) is not marked."""
+    _, runs, table, grid = bits
+    for df in (runs, table, grid):
+        assert df[cb.QUICK_COLUMN].astype(bool).all()
+    assert not cb.summarize(runs.assign(quick=False)).quick.any()
+    assert not cb.summarize(runs.drop(columns="quick")).quick.any()
+
+
 def test_learning_rate_rules_follow_the_validation_grid(bits):
     """fp32-lr: every method at fp32's rate of least validation loss; own-lr: each method at its own
     argmin; the grid's rows are tuning runs (seed 100, validation split), not the reported seeds."""
     _, runs, _, grid = bits
-    assert list(grid.columns) == cb.GRID_COLUMNS
+    assert list(grid.columns) == cb.GRID_COLUMNS + [cb.QUICK_COLUMN]
     assert set(grid.lr) == {0.05, 0.1} and set(grid.seed) == {cb.TUNE_SEED}
     assert len(grid) == 2 * 3 * 2 and not grid.duplicated(["problem", "method", "lr"]).any()
     for (prob, method), g in grid.groupby(["problem", "method"]):

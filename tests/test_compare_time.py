@@ -108,3 +108,55 @@ def test_speedup_over_the_best_float_is_taken_per_seed():
     assert lo[2] < 1.9 < hi[2] and math.isclose((lo[2] + hi[2]) / 2, 1.9)
     steps.at[2, "K_seed"] = {0: 5.0, 1: float("nan")}
     assert math.isnan(ct._seed_speedups(df, steps)[0][2])
+
+
+def test_quick_consuming_quick_is_marked(timed):
+    """`compare time --quick` runs compare bits --quick into OUT/bits-quick (marked quick) and marks
+    its own three CSVs quick, whether it ran that step or read it back."""
+    out, t = timed
+    assert pd.read_csv(out / "bits-quick" / "bits_runs.csv").quick.all()
+    for df in t.values():
+        assert df.quick.all()
+    assert ct.figure_title("own-lr", True).startswith("QUICK") and "QUICK" not in ct.figure_title("own-lr", False)
+
+
+def _bits_dir(path, quick):
+    """A bits_runs.csv by hand: fp32 and terngrad, 2 seeds, convnet, both rules."""
+    path.mkdir()
+    rows = [dict(problem="convnet", rule=rule, method=m, seed=s, lr=0.1, steps=30, K=k + s, quick=quick)
+            for rule in ("fp32-lr", "own-lr") for m, k in (("fp32", 20), ("terngrad", 24)) for s in (0, 1)]
+    pd.DataFrame(rows).to_csv(path / "bits_runs.csv", index=False)
+    return path
+
+
+def test_quick_bits_are_refused_without_allow_quick(tmp_path, capsys):
+    """A quick bits_runs.csv: exit 2 and one line on stderr naming the file and --allow-quick, nothing
+    written; an unmarked one (or one without the column: an older tgsim) is read."""
+    bits = _bits_dir(tmp_path / "bits", True)
+    out = tmp_path / "time"
+    assert main(["compare", "time", "--bits", str(bits), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--quick" in err[0] and "--allow-quick" in err[0] and str(bits) in err[0], err
+    assert not out.exists()
+    with pytest.raises(ct.QuickInputError):
+        ct.read_bits_runs(bits / "bits_runs.csv")
+    runs, quick = ct.read_bits_runs(bits / "bits_runs.csv", allow_quick=True)
+    assert quick and len(runs) == 8
+    full = _bits_dir(tmp_path / "full", False)
+    assert ct.read_bits_runs(full / "bits_runs.csv")[1] is False
+    pd.read_csv(full / "bits_runs.csv").drop(columns="quick").to_csv(full / "bits_runs.csv", index=False)
+    assert ct.read_bits_runs(full / "bits_runs.csv")[1] is False
+
+
+def test_allow_quick_marks_the_output(tmp_path, capsys):
+    """--allow-quick on a quick bits_runs.csv (not a quick run itself): every CSV has quick = True and
+    the printed tables say QUICK; the same steps unmarked give quick = False and no QUICK."""
+    small = dict(nets=("alexnet",), workers=(8,), n_wire=1 << 10, n_cost=1 << 12)
+    res = ct.run(tmp_path / "t1", bits=_bits_dir(tmp_path / "b1", True), allow_quick=True, **small)
+    printed = capsys.readouterr().out
+    assert all(df.quick.all() for df in res.values())
+    assert all(r.quick for r in (pd.read_csv(tmp_path / "t1" / f"{n}.csv") for n in res)
+               for r in r.itertuples())
+    assert printed.count("QUICK own-lr") == 2 and printed.count("QUICK fp32-lr") == 2 and ct.QUICK_MARK in printed
+    res = ct.run(tmp_path / "t2", bits=_bits_dir(tmp_path / "b2", False), **small)
+    assert not any(df.quick.any() for df in res.values()) and "QUICK" not in capsys.readouterr().out
