@@ -1,7 +1,13 @@
 """Atomic, checksummed checkpoints: one file per checkpoint, written to a temp file and renamed.
 
-File = npz bytes + sha256(npz bytes) + b"TGCK". A checkpoint whose digest does not match is named
-as corrupt and the previous good one is used.
+File = npz bytes + sha256(npz bytes) + b"TGCK". On resume (`latest_good`):
+
+  a corrupt checkpoint (truncated, digest mismatch, unreadable) with an older good one: one plain line
+      on stderr, `tgsim: skipping checkpoint PATH: reason`, and the newest good one is used;
+  checkpoints, none of them usable: NoUsableCheckpointError (a ConfigError: `tgsim run` prints it in
+      one line and exits 2) naming each file and why; never a silent restart from step 0;
+  no checkpoint at all (the run was stopped before its first one, or checkpoint_every = 0): one plain
+      line on stderr and the run starts again from step 0 (nothing saved was lost).
 """
 
 from __future__ import annotations
@@ -10,15 +16,21 @@ import hashlib
 import io
 import os
 import re
-import warnings
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from tgsim.backend import to_numpy
+from tgsim.errors import ConfigError
 
 _TRAILER = b"TGCK"
 _NAME = re.compile(r"^ckpt-(\d{8})\.tgck$")
+
+
+class NoUsableCheckpointError(ConfigError):
+    """--resume found checkpoint files and none of them can be read; the message names each and why."""
 
 
 def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
@@ -94,13 +106,34 @@ def read(path: str | Path) -> dict:
         return unflatten({k: z[k] for k in z.files})
 
 
-def latest_good(directory: str | Path) -> tuple[int, dict] | None:
-    """(step, state) of the newest checkpoint that verifies, warning about each corrupt one skipped."""
-    for path in reversed(list_checkpoints(directory)):
+def _why(path: Path, e: Exception) -> str:
+    """The reason a checkpoint cannot be used, without repeating its path."""
+    text = str(e).replace(f"checkpoint {path} is ", "").replace(str(path), "").strip(" :")
+    return text or type(e).__name__
+
+
+def latest_good(directory: str | Path, say=None) -> tuple[int, dict] | None:
+    """(step, state) of the newest checkpoint that verifies; None when `directory` holds no checkpoint.
+
+    Each corrupt one skipped for an older good one is one line to `say` (default: stderr,
+    `tgsim: skipping checkpoint PATH: reason`); NoUsableCheckpointError names every file and why when
+    none verifies; no checkpoint at all is also said in one line (the caller starts from step 0)."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    paths = list_checkpoints(directory)
+    if not paths:
+        say(f"tgsim: no checkpoint in {directory} (the run stopped before its first one, or "
+            "run.checkpoint_every = 0): starting from step 0")
+        return None
+    bad = []
+    for path in reversed(paths):
         try:
             state = read(path)
-        except ValueError as e:
-            warnings.warn(f"{e}; falling back to the previous checkpoint", stacklevel=2)
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
+            bad.append((path, _why(path, e)))
             continue
+        for p, why in bad:
+            say(f"tgsim: skipping checkpoint {p}: {why}")
         return int(_NAME.match(path.name).group(1)), state
-    return None
+    raise NoUsableCheckpointError(
+        f"--resume: no usable checkpoint in {directory}: " + "; ".join(f"{p.name}: {why}" for p, why in bad)
+        + " (refusing to restart from step 0; move the checkpoints away to start the run over)")
