@@ -27,7 +27,7 @@ from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, NonFiniteGradientError
 from tgsim.rng import StreamKey
-from tgsim.train import checkpoint, results
+from tgsim.train import checkpoint, progress, results
 from tgsim.train.config import Config, config_hash
 from tgsim.train.optim import make_optimizer
 from tgsim.train.schedules import learning_rate
@@ -336,7 +336,12 @@ class RunResult:
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
         exchange=None, writer: bool = True, results_base: str | Path = "results") -> RunResult:
-    """Train per `cfg`, writing a results directory (only where `writer`); see module docstring."""
+    """Train per `cfg`, writing a results directory (only where `writer`); see module docstring.
+
+    Progress, only where `writer` and not `quiet`: a tqdm bar on stderr where stderr is a terminal, and
+    plain lines on stdout (tgsim.train.progress: every `run.log_every` steps and at the last) where stdout
+    is not a terminal or there is no bar, so a batch job's log shows how far the run is.
+    """
     setup = build(cfg, exchange)
     ex = setup.exchange
     from tgsim.data import shard_plan_digest
@@ -374,14 +379,19 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
                                           "kernels": cfg.codec.kernels, "exchange": type(ex).__name__,
                                           "resumed_from_step": start})
 
-    bar = None
+    bar = lines = None
     if not quiet and writer:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.run.steps, initial=start, desc=cfg.run.name, unit="step", file=sys.stderr,
                    dynamic_ncols=True, disable=None)     # None: no bar where stderr is not a terminal (logs, CI)
+        if bar.disable or not progress.is_terminal(sys.stdout):   # batch jobs: plain lines on stdout
+            own = len(ex.local_workers) == ex.n_workers   # over MPI: rank 0's own counts (metrics.csv's)
+            lines = progress.ProgressLines(cfg.run.steps, cfg.run.log_every, start,
+                                           "bits/worker" if own else "rank 0 bits")
     t0 = time.perf_counter()
     test = (float("nan"), float("nan"))
+    last_eval = None                               # the latest evaluation of this process, for the lines
     step_fn = step_function(setup)
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
@@ -400,6 +410,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
                 metrics.write(step=done, split="train", **row)
         if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
             test = setup.model.evaluate(params, *setup.device_data[2:])
+            last_eval = progress.Evaluation(done, float(test[0]), float(test[1]))
             if metrics is not None:
                 metrics.write(step=done, split=setup.dataset.eval_split, layer="model", loss=float(test[0]), accuracy=float(test[1]))
         if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
@@ -417,6 +428,14 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             bar.update(1)
             if done % 10 == 0 or done == cfg.run.steps:
                 bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
+        if lines is not None:
+            text = lines.line(done, info.loss, bits_up, bits_down, last_eval, skipped)
+            if text is not None:
+                if bar.disable:
+                    print(text, flush=True)
+                else:                                  # stdout piped, the bar on the terminal: keep it whole
+                    bar.write(text, file=sys.stdout)
+                    sys.stdout.flush()
     if bar is not None:
         bar.close()
     if writer:
