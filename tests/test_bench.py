@@ -101,13 +101,15 @@ def test_bench_codec_quick_prints_every_row(capsys):
     out = capsys.readouterr().out
     assert "n_elements=262144 (1 MiB float32), numba threads=" in out
     head = next(line for line in out.splitlines() if line.startswith("what"))
-    assert head.split() == ["what", "ms", "min", "ms", "x", "floor", "speedup", "wire", "bytes", "identical"]
+    assert head.split() == ["what", "ms", "min", "ms", "spread", "x", "floor", "speedup", "wire", "bytes", "identical",
+                            "warning"]
+    assert "load average " in out and " cores; clock perf_counter, resolution " in out
     for key in ("floor read g (float32, 1 pass)", "fused moments+encode 2bit clip=explicit",
                 "fused moments+encode base3 clip=none", "floor wsum = read payloads + write out",
                 "fused weighted_sum 8 x 2bit, per-worker scalers, out= preallocated", "fused sum_codes 8 x 2bit"):
         assert key in out, key
     fused = _table_rows(out, "fused")
-    compared = [r[-1] for r in fused if r[-1] in ("True", "False")]
+    compared = [t for r in fused for t in r if t in ("True", "False")]     # the warning column never holds them
     assert len(compared) == 9 and set(compared) == {"True"}        # 4 encodes, 4 weighted sums, sum_codes
 
 
@@ -115,12 +117,13 @@ def test_bench_sim_quick_reports_the_floor(capsys):
     assert main(["bench", "sim", "--quick"]) == 0
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.strip().startswith("N "))
-    assert "floor steps/s" in head and head.rstrip().endswith("x floor") and "pipeline speedup" in head
-    rows = [line.replace("(", " ").replace(")", " ").replace("x", " ").split() for line in out.splitlines()
-            if line[:5].strip().isdigit()]
+    assert "floor steps/s" in head and head.rstrip().endswith("x floor  spread") and "pipeline speedup" in head
+    assert "load average " in out and " cores; clock perf_counter, resolution " in out
+    rows = [line.replace("(", " ").replace(")", " ").replace("x", " ").replace("%", " ").split()
+            for line in out.splitlines() if line[:5].strip().isdigit()]
     assert [r[0] for r in rows] == ["1", "8"]
-    for r in rows:      # N, steps/s, looped steps/s, step x2, grad x2, pipeline steps/s, pipeline x2, floor, x floor x2
-        assert len(r) == 13 and all(float(v) > 0 for v in r), r
+    for r in rows:  # N, steps/s, looped steps/s, step x2, grad x2, pipeline steps/s, pipeline x2, floor, x floor x2, spread
+        assert len(r) == 14 and all(float(v) > 0 for v in r[:13]) and float(r[13]) >= 0, r
     assert "x floor = batched step time / floor time" in out and "peak memory of one step" in out
 
 

@@ -24,7 +24,10 @@ Columns: seconds (median), min_seconds (fastest call: the machine may be shared)
 seconds / floor (the read floor of g for the encode rows, the wsum floor for the payload rows);
 ratio_vs_reference = reference seconds / seconds (the speed-up; > 1 is faster); wire_bytes = payload
 bytes (2-bit: n/4 per worker, base-3: ceil(n/5)); bit_identical = the fused output equals the
-reference output byte for byte (None: not compared).
+reference output byte for byte (None: not compared); load_avg, spread (the largest (max - min) /
+median of the row's own, its floor's and its reference's timed calls) and warning (load above the
+core count, spread above 20 %, too few calls or a time near the clock's resolution: the row's
+numbers, its ratios first, are not to be trusted; tgsim.bench.timing.row_check).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from tgsim.bench import timing
 from tgsim.bench.timing import time_call
 from tgsim.codecs.terngrad import numba_kernels as fused
 from tgsim.codecs import packing
@@ -72,6 +76,11 @@ class _Sum(NamedTuple):
 
     median: float
     best: float
+    parts: tuple = ()
+
+    @property
+    def timings(self) -> tuple:
+        return self.parts
 
 
 def _reference_encode(g, clip, key, fmt):
@@ -95,13 +104,19 @@ def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> lis
     key = StreamKey(seed=0x1234_5678_9ABC, step=3, worker=1, layer=2)
     wire = {f: packing.packed_size(n, f) for f in packing.FORMATS}
     rows: list[dict] = []
+    cores, resolution = timing.core_count(), timing.clock_resolution()
+
+    def parts(t):
+        return list(t.timings) if isinstance(t, _Sum) else [t]
 
     def row(what, t, floor=None, reference=None, wire_bytes=None, same=None):
         """t, floor, reference: timings (.median and .best seconds); ratios of medians."""
+        used = parts(t) + [p for x in (floor, reference) if x is not None and x is not t for p in parts(x)]
         rows.append({"what": what, "seconds": t.median, "min_seconds": t.best,
                      "ratio_vs_floor": None if floor is None else t.median / floor.median,
                      "ratio_vs_reference": None if reference is None else reference.median / t.median,
-                     "wire_bytes": wire_bytes, "bit_identical": same})
+                     "wire_bytes": wire_bytes, "bit_identical": same,
+                     **timing.row_check(used, timing.load_average(), cores, resolution)})
 
     # -- floor of the encode side ------------------------------------------------------------------
     floor_read = time_call(lambda: _read_floor_f32(g), repeats)
@@ -135,7 +150,7 @@ def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> lis
     out = np.empty(n, dtype=np.float32)
     floor_rp = time_call(lambda: _read_floor_u8(payloads.reshape(-1)), repeats)
     floor_w = time_call(lambda: _write_floor_f32(out, np.float32(1.0)), repeats)
-    floor_ws = _Sum(floor_rp.median + floor_w.median, floor_rp.best + floor_w.best)
+    floor_ws = _Sum(floor_rp.median + floor_w.median, floor_rp.best + floor_w.best, (floor_rp, floor_w))
     row(f"floor read payloads ({workers} x 2bit)", floor_rp, floor=floor_rp, wire_bytes=payloads.size)
     row("floor write out (float32[n], preallocated)", floor_w, floor=floor_w)
     row("floor wsum = read payloads + write out", floor_ws, floor=floor_ws)
@@ -161,23 +176,29 @@ def run(n_elements: int = 16_777_216, workers: int = 8, repeats: int = 5) -> lis
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = (f"{'what':<62} {'ms':>9} {'min ms':>8} {'x floor':>8} {'speedup':>8} "
-            f"{'wire bytes':>11} {'identical':>9}")
+    head = (f"{'what':<62} {'ms':>9} {'min ms':>8} {'spread':>7} {'x floor':>8} {'speedup':>8} "
+            f"{'wire bytes':>11} {'identical':>9}  warning")
     lines = [head, "-" * len(head)]
     for r in rows:
         f = "" if r["ratio_vs_floor"] is None else f"{r['ratio_vs_floor']:.2f}"
         s = "" if r["ratio_vs_reference"] is None else f"{r['ratio_vs_reference']:.1f}"
         w = "" if r["wire_bytes"] is None else str(r["wire_bytes"])
         b = "" if r.get("bit_identical") is None else str(r["bit_identical"])
-        lines.append(f"{r['what']:<62} {r['seconds'] * 1e3:>9.3f} {r['min_seconds'] * 1e3:>8.3f} "
-                     f"{f:>8} {s:>8} {w:>11} {b:>9}")
+        sp = "" if r["spread"] != r["spread"] else f"{100 * r['spread']:.0f}%"
+        lines.append((f"{r['what']:<62} {r['seconds'] * 1e3:>9.3f} {r['min_seconds'] * 1e3:>8.3f} {sp:>7} "
+                      f"{f:>8} {s:>8} {w:>11} {b:>9}  {r['warning']}").rstrip())
+    warned = sum(bool(r["warning"]) for r in rows)
+    if warned:
+        lines.append(f"WARNING: {warned} of {len(rows)} rows warn (last column): their times and ratios are not "
+                     "reliable; rerun on an idle machine or with more --repeats")
     return "\n".join(lines)
 
 
 def header(n_elements: int) -> str:
     """The line printed above the table: the gradient size and Numba's thread count."""
     return (f"n_elements={n_elements} ({n_elements * 4 / 2**20:.0f} MiB float32), "
-            f"numba threads={numba.get_num_threads()}")
+            f"numba threads={numba.get_num_threads()}\n"
+            + timing.machine_line(timing.load_average(), timing.core_count(), timing.clock_resolution()))
 
 
 def main(argv: list[str] | None = None) -> None:

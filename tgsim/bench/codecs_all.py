@@ -20,7 +20,10 @@ elements, in the same process and run:
               reference's own time over the same read pass / floor, so one run shows the reference,
               the Numba kernels and the read pass side by side.
 
-Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing).
+Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing). Each row also
+has load_avg, spread (the largest (max - min) / median over its timings: encode, aggregate, the floors
+and the reference's) and warning (tgsim.bench.timing.row_check: load above the core count, spread
+above 20 %, too few calls, a time near the clock's resolution).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import dataclasses
 
 import numpy as np
 
+from tgsim.bench import timing
 from tgsim.bench.timing import time_call
 
 
@@ -51,16 +55,18 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
     g = np.random.default_rng(0).standard_normal(n_elements).astype(np.float32)
     layers = {"g": np.repeat(g[None], workers, axis=0)}
     ids = np.arange(workers)
-    floor_read = time_call(lambda: np.add.reduce(g), repeats).median
+    cores, resolution = timing.core_count(), timing.clock_resolution()
+    t_read = time_call(lambda: np.add.reduce(g), repeats)
     out = np.empty(n_elements, dtype=np.float32)
-    floor_write = time_call(lambda: out.fill(0.0), repeats).median
+    t_write = time_call(lambda: out.fill(0.0), repeats)
+    floor_read, floor_write = t_read.median, t_write.median
     rows = []
     for name in names:
         cfg = dataclasses.replace(CodecConfig(), name=name)
         variants = {"default": registry.make_codec(cfg)}
         if getattr(variants["default"], "kernels", None) not in (None, "reference"):
             variants["reference"] = registry.make_codec(dataclasses.replace(cfg, kernels="reference"))
-        t = {}
+        t, used = {}, [t_read, t_write]
         for label, codec in variants.items():
             encode = _steps(codec, layers, ids)
             te = time_call(encode, repeats if label == "default" else min(repeats, 2))
@@ -68,10 +74,12 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
             ta = time_call(lambda: codec.aggregate(msgs, divide_by=workers), repeats if label == "default" else
                            min(repeats, 2))
             t[label] = (te.median, ta.median, msgs)
+            used += [te, ta]
         enc, agg, msgs = t["default"]
         wire = int(np.mean([m.wire_bytes for m in msgs]))
         payload = np.frombuffer(b"".join(m.to_bytes() for m in msgs), dtype=np.uint8)
-        floor_agg = time_call(lambda: np.bitwise_or.reduce(payload), repeats).median + floor_write
+        t_or = time_call(lambda: np.bitwise_or.reduce(payload), repeats)
+        floor_agg = t_or.median + floor_write
         ref = t.get("reference")
         nan = float("nan")
         rows.append(dict(
@@ -82,7 +90,8 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
             aggregate_ms=1e3 * agg, aggregate_x_floor=agg / floor_agg,
             aggregate_x_reference=(ref[1] / agg) if ref else nan,
             aggregate_ref_x_floor=(ref[1] / floor_agg) if ref else nan,
-            bits_per_element=8 * wire / n_elements))
+            bits_per_element=8 * wire / n_elements,
+            **timing.row_check(used + [t_or], timing.load_average(), cores, resolution)))
     return rows
 
 
@@ -94,8 +103,15 @@ def format_rows(rows: list[dict], n_elements: int, workers: int) -> str:
             "ref x read / ref x floor: the array code's time over the same read pass / floor")
     cols = list(rows[0])
     fmt = {c: (lambda v: f"{v:.3g}") for c in cols if c != "codec"}
+    fmt.update(load_avg=lambda v: f"{v:.2f}", spread=lambda v: "" if v != v else f"{100 * v:.0f}%",
+               warning=str)
     cells = [[r["codec"]] + [fmt[c](r[c]) for c in cols[1:]] for r in rows]
     width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, width))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, width)) for row in cells]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, width)).rstrip() for row in cells]
+    lines.insert(1, timing.machine_line(timing.load_average(), timing.core_count(), timing.clock_resolution()))
+    warned = sum(bool(r["warning"]) for r in rows)
+    if warned:
+        lines.append(f"WARNING: {warned} of {len(rows)} rows warn (column warning): their times and ratios are not "
+                     "reliable; rerun on an idle machine or with more --repeats")
     return "\n".join(lines)

@@ -21,6 +21,10 @@ synthetic AlexNet-shaped gradients of P parameters, every exchange mode of
   cause          why a row misses the target (CPU-bound encode/decode, MPICH moving more than the
                  payload, oversubscription, a parameter server's uplink and downlink in sequence on
                  a switch), from its own timings
+  load_avg       the 1-minute load average when the row was measured (the rank's `loadavg`)
+  spread         (t_step_max - t_step_min) / t_step over the row's timed steps
+  warning        tgsim.bench.timing.judge: load average above `cores`, spread above 20 %, fewer than
+                 2 timed steps ('' when none applies); the table's rows that warn are listed under it
 
 Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) for `unshare --net` and `tc`; `check_environment()`
 says what is missing.
@@ -144,7 +148,28 @@ def summarize(raw):
         & ~df["mode"].str.endswith("_whole")    # not pipelined: reference rows, not modes of their own
     df["meets_target"] = np.where(df["target_applies"], df["pct_of_ratio"] >= TARGET, np.nan)
     df["cause"] = [_cause(r) for r in df.itertuples(index=False)]
+    _trust(df)
     return df
+
+
+def _trust(df) -> None:
+    """Add load_avg, spread and warning (tgsim.bench.timing.judge) to the summarized rows, in place."""
+    import numpy as np
+
+    from tgsim.bench import timing
+
+    n = len(df)
+    load = df["loadavg"].astype(float) if "loadavg" in df else np.full(n, np.nan)
+    cores = df["cores"] if "cores" in df else np.full(n, timing.core_count())
+    if {"t_step_min", "t_step_max"} <= set(df.columns):
+        spread = (df["t_step_max"] - df["t_step_min"]) / df["t_step"]
+    else:
+        spread = np.full(n, np.nan)
+    steps = df["steps"] if "steps" in df else np.full(n, timing.MIN_REPEATS)     # unknown: not judged
+    resolution = timing.clock_resolution()
+    df["load_avg"], df["spread"] = np.asarray(load, dtype=float), np.asarray(spread, dtype=float)
+    df["warning"] = [timing.judge(float(sp), int(st), float(t), float(ld), int(c), resolution)
+                     for sp, st, t, ld, c in zip(df["spread"], steps, df["t_step"], df["load_avg"], cores)]
 
 
 def _cause(r) -> str:
@@ -223,6 +248,11 @@ def print_table(df, file=None) -> None:
               f"{r.t_encode * 1e3:7.1f} {r.t_wire * 1e3:8.1f} {r.t_decode * 1e3:7.1f} {r.payload_total / 1e6:8.2f} "
               f"{r.wire_bytes / 1e6:8.2f} {r.speedup:7.2f} {r.byte_ratio:6.2f} {100 * r.pct_of_ratio:5.0f} {ok:>3}  "
               f"{r.cause}", file=file)
+    warned = [r for r in df.itertuples(index=False) if getattr(r, "warning", "")]
+    for r in warned:
+        print(f"warning {r.topology} {r.rate} N={r.ranks} {r.params / 1e6:.0f}M {r.mode}: {r.warning}", file=file)
+    if warned:
+        print(f"WARNING: {len(warned)} of {len(df)} rows warn: their times and speedups are not reliable", file=file)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,9 @@ For N virtual workers on the MLP (MNIST-1D shapes, per-worker batch fixed):
     N · params · 4 bytes for the workers' float32 gradients, on an MLP of >= 1M parameters.
 All variants are timed in interleaved rounds (tgsim.bench.timing.rounds: each once per round, after
 one untimed call), so that a shared machine's load affects them alike; ratios are given
-best-against-best and as the median within-round ratio.
+best-against-best and as the median within-round ratio. Each row also has load_avg, spread (the
+largest (max - min) / median over rounds of its six variants) and warning (tgsim.bench.timing.row_check:
+load above the core count, spread above 20 %, too few rounds, a time near the clock's resolution).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tracemalloc
 
 import numpy as np
 
+from tgsim.bench import timing
 from tgsim.bench.timing import rounds
 from tgsim.codecs.terngrad.codec import ScalingBatch
 from tgsim.data.batching import batch_indices_many
@@ -113,6 +116,7 @@ def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repea
     slow / fast (> 1: the batched form is faster); x_floor = batched step / floor: the cost of the
     simulated step against training the same model as one process."""
     rows = []
+    cores, resolution = timing.core_count(), timing.clock_resolution()
     for n in workers:
         setup = build(_config(n, hidden, batch, kernels))
         params = setup.model.init(0)
@@ -146,6 +150,7 @@ def throughput(workers=(1, 8, 32, 128), hidden=(256, 256), batch: int = 8, repea
                                   "pipeline": ("pipeline", "batched")}.items():
             row[f"{key}_speedup"], row[f"{key}_speedup_median_round"] = ratio(slow, fast)
         row["x_floor"], row["x_floor_median_round"] = ratio("batched", "floor")
+        row.update(timing.row_check(list(t.values()), timing.load_average(), cores, resolution))
         rows.append(row)
     return rows
 
@@ -171,20 +176,32 @@ def run(workers=(1, 8, 32, 128), repeats: int = 15) -> dict:
     return {"throughput": throughput(workers, repeats=repeats), "memory": peak_memory()}
 
 
+def _percent(v: float) -> str:
+    return "" if v != v else f"{100 * v:.0f}%"
+
+
 def print_report(res: dict) -> None:
     print("simulator throughput, MLP 40-256-256-10, 8 samples per worker, TernGrad (ps, explicit clip)")
+    print(timing.machine_line(timing.load_average(), timing.core_count(), timing.clock_resolution()))
     print("ratios: best round against best round (min/min), and in brackets the median over rounds "
           "of the within-round ratio")
     print(f"{'N':>5} {'steps/s':>9} {'looped steps/s':>15} {'step speedup':>16} {'grad speedup':>16} "
-          f"{'pipeline steps/s':>17} {'pipeline speedup':>17} {'floor steps/s':>14} {'x floor':>16}")
+          f"{'pipeline steps/s':>17} {'pipeline speedup':>17} {'floor steps/s':>14} {'x floor':>16} {'spread':>7}")
+    warned = 0
     for r in res["throughput"]:
+        warned += bool(r["warning"])
         print(f"{r['workers']:5d} {r['steps_per_s']:9.1f} {r['looped_steps_per_s']:15.1f} "
               f"{r['step_speedup']:6.2f}x ({r['step_speedup_median_round']:5.2f}x) "
               f"{r['grad_speedup']:6.2f}x ({r['grad_speedup_median_round']:5.2f}x) "
               f"{r['pipeline_steps_per_s']:17.1f} "
               f"{r['pipeline_speedup']:6.2f}x ({r['pipeline_speedup_median_round']:5.2f}x) "
               f"{r['floor_steps_per_s']:14.1f} "
-              f"{r['x_floor']:6.2f}x ({r['x_floor_median_round']:5.2f}x)")
+              f"{r['x_floor']:6.2f}x ({r['x_floor_median_round']:5.2f}x) {_percent(r['spread']):>7}")
+        if r["warning"]:
+            print(f"      warning N = {r['workers']}: {r['warning']}")
+    if warned:
+        print(f"WARNING: {warned} of {len(res['throughput'])} rows warn: their steps/s and ratios are not reliable; "
+              "rerun on an idle machine or with more --repeats")
     print("looped: per-worker loss_and_grad, codec batched; pipeline: per-worker loss_and_grad, "
           "scaling and encode (the target: pipeline speedup >= 5x at N = 32)")
     print("floor: the same model as one process on the whole batch (N x 8 samples, one loss_and_grad, "
