@@ -8,6 +8,8 @@ limited to one BLAS / Numba thread, with a progress bar on stderr. Results are b
 runs: the simulator's bits do not depend on thread counts (tests/test_models.py,
 tests/test_numba_kernels.py). The bar is hidden when stderr is not a terminal or when the environment
 variable CI is set to a true-ish value (anything but "", "0", "false", "no", "off").
+`write_csv(df, path, quick)` writes a script's CSV with a `quick` column (True in the quick form), so
+a smoke run's numbers cannot pass for a full run's; its figures carry QUICK_MARK (`_theme.mark_quick`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tgsim.train.loop import run
 OUT = Path(os.environ.get("TGSIM_FIGURES_OUT", Path(__file__).resolve().parent / "out"))
 QUICK_OUT = OUT / "quick"
 _FALSE = ("", "0", "false", "no", "off")
+QUICK_MARK = "QUICK (smoke test, not for reporting)"
 
 
 def command_line(description: str) -> tuple[bool, Path]:
@@ -47,6 +50,13 @@ def print_written(paths: Iterable[Path]) -> None:
     """Print one `wrote PATH` line per output file."""
     for p in paths:
         print(f"wrote {p}")
+
+
+def write_csv(df, path: Path, quick: bool) -> Path:
+    """Write `df` to `path` (no index) with a last column `quick`: True for a --quick run's rows, whose
+    numbers come from a smoke run and are not results. Returns `path`."""
+    df.drop(columns="quick", errors="ignore").assign(quick=bool(quick)).to_csv(path, index=False)
+    return Path(path)
 
 
 def _merged(base: dict, sections: dict) -> dict:

@@ -13,6 +13,12 @@ with TGSIM_FIGURES_OUT, as `_common` does):
 and prints one `wrote PATH` line per file. `make_report.py` embeds the PNG and renders the claims
 table in REPORT.md. `label_points(ax, xs, ys, texts)` writes a label beside each point where it
 overlaps no other label or marker (call it after the last `tight_layout`).
+
+Every figure goes out through `save_figure(fig, paths, quick)` (`save` calls it; the sweep scripts that
+write their own CSVs call it directly): it stamps a quick run's figure with QUICK_MARK above everything
+else (`mark_quick`), then runs `check_layout(fig)` and raises LayoutError, writing nothing, when the
+figure has overlapping tick labels, an axis with data but no label, or a panel letter used twice. The
+CSVs of a quick run carry a `quick` column (`_common.write_csv`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from _common import OUT, QUICK_OUT, print_written  # noqa: E402
+from _common import OUT, QUICK_MARK, QUICK_OUT, print_written, write_csv  # noqa: E402
+from _layout import LayoutError, check_layout  # noqa: E402,F401
 
 CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict"]
 
@@ -110,16 +117,68 @@ def label_points(ax, xs, ys, texts, fontsize: float = 7, marker_pt: float = 5) -
     return out
 
 
-def save(fig, name: str, df: pd.DataFrame, quick: bool, claims: list[dict] | None = None) -> list[Path]:
-    """Write NAME.png, NAME.pdf, NAME.csv (and NAME_claims.csv) to out/ or out/quick/; close the figure."""
-    d = out_dir(quick)
-    paths = [d / f"{name}.png", d / f"{name}.pdf", d / f"{name}.csv"]
-    fig.savefig(paths[0], bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
-    df.to_csv(paths[2], index=False)
-    if claims is not None:
-        paths.append(d / f"{name}_claims.csv")
-        pd.DataFrame(claims, columns=CLAIM_COLUMNS).to_csv(paths[-1], index=False)
+def log_ticks(ax, which: str, values, pad: float = 1.25) -> list[float]:
+    """On a log `which` ("x" or "y") axis: limits that cover `values` (padded by the factor `pad`) and
+    labelled ticks at 1-2-5 x 10^k inside them; at 1-1.5-2-3-4-5-6-8 x 10^k where that gives fewer than
+    3; at 10^k (every few decades, at most 8 ticks) where it gives more than 8. No minor labels.
+    Returns the ticks."""
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return []
+    lo, hi = v.min() / pad, v.max() * pad
+    decades = 10.0 ** np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(hi)) + 1)
+    ticks = [float(m * d) for d in decades for m in (1, 2, 5) if lo <= m * d <= hi]
+    if len(ticks) < 3:
+        ticks = [float(m * d) for d in decades for m in (1, 1.5, 2, 3, 4, 5, 6, 8) if lo <= m * d <= hi]
+    elif len(ticks) > 8:
+        ticks = [float(d) for d in decades if lo <= d <= hi]
+        ticks = ticks[::-(-len(ticks) // 8)]
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xlim if which == "x" else ax.set_ylim)(lo, hi)
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.4g}"))
+    axis.set_minor_locator(NullLocator())
+    return ticks
+
+
+def mark_quick(fig, quick: bool) -> None:
+    """On a quick run's figure, QUICK_MARK in bold red just above everything drawn (once; nothing when
+    `quick` is false). Call it last: it sits above the figure's tight bounding box at call time."""
+    if not quick or any(t.get_gid() == "quick-mark" for t in fig.texts):
+        return
+    renderer = fig.canvas.get_renderer()
+    box = fig.get_tightbbox(renderer)          # inches; the text in figure fractions, which a tight save shifts
+    w, h = fig.get_size_inches()
+    fig.text(box.x0 / w, (box.y1 + 0.06) / h, QUICK_MARK, ha="left", va="bottom", fontsize=12, fontweight="bold",
+             color="#c00000", gid="quick-mark")
+
+
+def save_figure(fig, paths, quick: bool, **savefig) -> list[Path]:
+    """Mark a quick run's figure (`mark_quick`), check its layout (`check_layout`: LayoutError, and
+    nothing written, on any problem), write it to every path in `paths` (tight bounding box) and close it."""
+    mark_quick(fig, quick)
+    problems = check_layout(fig)
+    if problems:
+        plt.close(fig)
+        raise LayoutError("figure layout problems:\n  " + "\n  ".join(problems))
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight", **savefig)
     plt.close(fig)
+    return paths
+
+
+def save(fig, name: str, df: pd.DataFrame, quick: bool, claims: list[dict] | None = None) -> list[Path]:
+    """Write NAME.png, NAME.pdf, NAME.csv (and NAME_claims.csv) to out/ or out/quick/; close the figure.
+    The figure goes through `save_figure` (quick mark, layout check) before any file is written."""
+    d = out_dir(quick)
+    paths = save_figure(fig, [d / f"{name}.png", d / f"{name}.pdf"], quick)
+    paths.append(write_csv(df, d / f"{name}.csv", quick))
+    if claims is not None:
+        paths.append(write_csv(pd.DataFrame(claims, columns=CLAIM_COLUMNS), d / f"{name}_claims.csv", quick))
     print_written(paths)
     return paths

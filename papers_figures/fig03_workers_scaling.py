@@ -9,13 +9,14 @@
 # N = 2..64, momentum 0.9 and plain SGD, fp32 against TernGrad with the scaler shared as the MAX,
 # the MEAN or not at all, 3 seeds, 144 runs, 11 min on 2 cores). It is not rerun here in full: the
 # full form reads its CSV (out/terngrad_workers_scaling.csv) when present and runs the script only
-# when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: ~30 s, a
-# smoke run whose accuracies mean nothing). Panel (b): the runs' largest shared/median scaler ratio.
-# Row (c): one run's collapse diagnostics against its accuracy, step by step: the demo recipe
-# (tgsim/configs/demo.toml: 8 workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the
-# scaler shared as the MAX (it collapses) and as the MEAN, from each run's metrics.csv: test accuracy,
-# the largest shared/median scaler ratio over layers, the largest noise-to-signal over layers, and the
-# largest fraction of dead units (elements with a zero gradient on every worker). ~40 s (quick: 200 steps).
+# when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: ~30 s, a smoke
+# run whose accuracies mean nothing). Panels (a), (c): accuracy with momentum and with plain SGD;
+# (b), (d): the runs' largest shared/median scaler ratio. Row (e)-(h): one run's collapse
+# diagnostics against its accuracy, step by step: the demo recipe (tgsim/configs/demo.toml: 8
+# workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the scaler shared as the MAX (it
+# collapses) and as the MEAN, from each run's metrics.csv: test accuracy, the largest shared/median
+# scaler ratio over layers, the largest noise-to-signal over layers, and the largest fraction of
+# dead units (elements with a zero gradient on every worker). ~40 s (quick: 200 steps).
 
 # %%
 import os
@@ -26,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import LogFormatter, NullFormatter, NullLocator
+from matplotlib.ticker import NullLocator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import command_line, t_half_width, train_many  # noqa: E402
-from _theme import claim, plt, save, sns  # noqa: E402
+from _theme import claim, log_ticks, plt, save, sns  # noqa: E402
 
 QUICK, OUT = command_line("Accuracy against workers at a fixed total batch, per sharing mode (from the sweep's CSV).")
 csv = OUT / "terngrad_workers_scaling.csv"
@@ -73,35 +74,34 @@ marks = dict(zip(variants, ["o", "X", "s", "P", "D"]))
 for i, (opt, d) in enumerate(df.groupby("optimizer", sort=False)):
     sns.lineplot(data=d, x="workers", y="test_accuracy", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=("ci", 95), ax=axes[i, 0], legend=i == 0, palette=pal)
-    axes[i, 0].set(ylabel="test accuracy (fraction)", title=f"(a) {opt}: accuracy, mean and 95 % CI over seeds")
+    axes[i, 0].set(ylabel="test accuracy (fraction)", title=f"({'ac'[i]}) {opt}: accuracy, mean and 95 % CI over seeds")
     r = d[d.variant.str.contains("max|mean")]
     sns.lineplot(data=r, x="workers", y="ratio_max", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=None, ax=axes[i, 1], legend=False, palette=pal)
-    axes[i, 1].set(yscale="log", ylabel="largest shared / median scaler (ratio)", title=f"(b) {opt}: shared scaler")
+    axes[i, 1].set(yscale="log", ylabel="largest shared / median scaler (ratio)", title=f"({'bd'[i]}) {opt}: shared scaler")
 for ax in axes.flat:
     ax.set(xscale="log", xlabel=f"workers N (total batch {int((df.workers * df.batch_per_worker).iloc[0])})")
     ax.set_xticks(workers, [str(n) for n in workers])
     ax.xaxis.set_minor_locator(NullLocator())
-for ax in axes[:, 1]:
-    ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+for i, (opt, d) in enumerate(df.groupby("optimizer", sort=False)):   # labelled ticks that cover the ratios
+    log_ticks(axes[i, 1], "y", d[d.variant.str.contains("max|mean")].ratio_max)
 h, lab = axes[0, 0].get_legend_handles_labels()
 axes[0, 0].get_legend().remove()
 fig.legend(h, lab, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(lab), title="variant (scaler sharing)")
-for ax, (col, label) in zip(axc, [("accuracy", "test accuracy (fraction)"),
-                                  ("scaler_ratio", "shared / median scaler\n(largest layer)"),
-                                  ("noise_to_signal", "noise-to-signal\n(largest layer)"),
-                                  ("zero_grad_fraction", "dead units\n(largest layer, fraction)")]):
+for ax, letter, (col, label) in zip(axc, "efgh", [("accuracy", "test accuracy (fraction)"),
+                                                  ("scaler_ratio", "shared / median scaler\n(largest layer)"),
+                                                  ("noise_to_signal", "noise-to-signal\n(largest layer)"),
+                                                  ("zero_grad_fraction", "dead units\n(largest layer, fraction)")]):
+    ax.set_title(f"({letter})", loc="left", fontsize=10)
     d = diag.dropna(subset=[col])
     sns.lineplot(data=d, x="step", y=col, hue="variant", palette=pal, ax=ax, legend=False, lw=1.3)
     ax.set(xlabel="training step (iterations)", ylabel=label)
     if col in ("scaler_ratio", "noise_to_signal"):
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1))
-                                     if col == "scaler_ratio" else NullFormatter())
-axc[0].set_title(f"(c) one run each: the demo recipe ({STEPS_C} steps), MAX (orange) vs MEAN (green) sharing",
-                 loc="left", fontsize=10)
+        log_ticks(ax, "y", d[col])
+pos = axc[0].get_position()
+fig.text(pos.x0, pos.y1 + 0.035, f"Row (e)-(h), one run each: the demo recipe ({STEPS_C} steps), MAX (orange) vs MEAN "
+         "(green) sharing", ha="left", va="bottom", fontsize=10)
 steps, seeds = int(df.steps.iloc[0]), df.seed.nunique()
 fig.suptitle(f"MNIST-1D convnet, {steps} steps, {seeds} seed(s){' (quick: a smoke run)' if QUICK else ''}", y=0.985)
 

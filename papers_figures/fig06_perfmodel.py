@@ -10,19 +10,22 @@
 # TernGrad's exact-sum downlink of ceil(log2(2N+1)) bits), and the module's three claim checks. The
 # paper publishes Fig. 5 as a plot only (no table of its points), so its claims are checked in words
 # and numbers in the claims table, not as drawn points.
-# (c) the model's communication term against a real link: `tgsim bench exchange --quick` (1 Gb/s
+# Panels (a)-(f): the model. (g) the model's communication term against a real link:
+# `tgsim bench exchange --quick` (1 Gb/s
 # shaped with tc on a private network namespace's loopback, N = 2 and 4 MPI ranks, 1M and 4M
 # parameters) measures the step-time speedup of each TernGrad exchange over fp32's native
 # all-reduce; the model's communication term predicts the byte ratio (fp32 bytes / TernGrad bytes,
 # encode and decode free). Read from results/bench_exchange.csv when present, else measured here
 # (~30 s; needs root for the namespace: without it the panel says so). `--quick` only reads an
-# existing CSV. About 2 s plus that.
+# existing CSV. The panel, its claim and the CSV name the file read, when it was written (its
+# modification time) and QUICK when a --quick benchmark wrote it. About 2 s plus that.
 
 # %%
 import os
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +33,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line  # noqa: E402
 from _theme import claim, save, sns  # noqa: E402
+
+from tgsim.bench import exchange as bench_exchange  # noqa: E402
 
 from tgsim.analysis import perfmodel as pm  # noqa: E402
 
@@ -46,11 +51,12 @@ g = sns.relplot(data=df, x="gpus", y="throughput", hue="codec", style="codec", r
 g.set(xscale="log", yscale="log", xticks=[1, 8, 64, 512], xticklabels=["1", "8", "64", "512"])
 g.set_axis_labels("GPUs", "throughput (images/s)")
 g.set_titles("{col_name}, {row_name}", size=9)
-for (row, col), ax in g.axes_dict.items():
+for letter, ((row, col), ax) in zip("abcdef", g.axes_dict.items()):
     d = gains[(gains.net == col) & (gains.cluster == df[df.cluster_label == row].cluster.iloc[0])]
-    ax.set_title(f"{col}, {row}\nTernGrad/fp32: x{d[d.gpus == 512].gain.iloc[0]:.1f} at 512 GPUs, "
+    ax.set_title(f"({letter}) {col}, {row}\nTernGrad/fp32: x{d[d.gpus == 512].gain.iloc[0]:.1f} at 512 GPUs, "
                  f"peak x{d.gain.max():.1f}", fontsize=9)
-sns.move_legend(g, "upper center", bbox_to_anchor=(0.45, 0.0), ncol=2, title="codec (the six modeled panels)")
+sns.move_legend(g, "upper center", bbox_to_anchor=(0.45, 0.0), ncol=2, title="codec, panels (a)-(f)",
+                fontsize=11, title_fontsize=11, markerscale=1.6)
 g.figure.subplots_adjust(hspace=0.42)
 g.figure.suptitle("Modeled throughput, parameter server, wait-free backprop (TernGrad Fig. 5)", y=1.05)
 
@@ -63,7 +69,7 @@ def bench_rows():
     mine = OUT / "bench_exchange_quick.csv"
     for path in (repo, mine):
         if path.exists():
-            return pd.read_csv(path), os.path.relpath(path, HERE.parent)
+            return pd.read_csv(path), provenance(path)
     if QUICK:
         return None, "not measured in the quick form (run the full form, or `tgsim bench exchange`)"
     cmd = [sys.executable, "-c", "import sys; from tgsim.cli import main; sys.exit(main(sys.argv[1:]))",
@@ -75,7 +81,27 @@ def bench_rows():
     if r.returncode or not mine.exists():
         why = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1][:90]
         return None, f"not measured: {why}"
-    return pd.read_csv(mine), "tgsim bench exchange --quick, measured in this run"
+    return pd.read_csv(mine), provenance(mine) + ", measured in this run"
+
+
+def bench_quick(rows) -> bool:
+    """Was `rows` (a tgsim bench exchange CSV) written by its --quick form? Its `quick` column when it
+    has one; else its grid: every row inside the --quick grid (bench_exchange.QUICK) at no more timed
+    steps."""
+    if "quick" in rows.columns:
+        return bool(rows["quick"].astype(str).str.lower().isin(["true", "1", "yes"]).any())
+    q = bench_exchange.QUICK
+    return bool(rows["topology"].isin(q["topologies"]).all() and rows["rate"].isin(q["rates"]).all()
+                and rows["ranks"].isin(q["ranks"]).all() and rows["params"].isin(q["params"]).all()
+                and ("steps" not in rows.columns or (rows["steps"] <= q["steps"]).all()))
+
+
+def provenance(path: Path) -> str:
+    """`PATH, written TIME` (the file's modification time, ISO 8601, local zone), `, QUICK` when a
+    --quick benchmark wrote it."""
+    when = datetime.fromtimestamp(path.stat().st_mtime).astimezone().isoformat(timespec="seconds")
+    rel = os.path.relpath(path, HERE.parent)
+    return f"{rel}, written {when}" + (", QUICK (tgsim bench exchange --quick)" if bench_quick(pd.read_csv(path)) else "")
 
 
 HERE = Path(__file__).resolve().parent
@@ -90,13 +116,14 @@ if bench is not None:
     hi = float(max(tg.byte_ratio.max(), tg.speedup.max())) * 1.1
     axc.plot([1, hi], [1, hi], color="black", lw=1, label="measured = byte ratio (model)")
     axc.set(xscale="log", yscale="log", xlim=(1, hi), ylim=(1, hi))
-    axc.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2)
+    axc.legend(fontsize=10, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=1, markerscale=1.3)
 else:
     axc.text(0.5, 0.5, textwrap.fill(source, 38), ha="center", va="center", fontsize=9, transform=axc.transAxes)
     axc.set(xticks=[], yticks=[])
 axc.set(xlabel="byte ratio fp32 / TernGrad (the model's communication term)",
         ylabel="measured step speedup over fp32 all-reduce (ratio)")
-axc.set_title("(c) emulated link, tc on loopback\n" + (f"({source})" if tg is not None else "not measured"), fontsize=9)
+axc.set_title("(g) emulated link, tc on loopback\n" + (textwrap.fill(f"read {source}", 60) if tg is not None
+                                                          else "not measured"), fontsize=9)
 
 # %% claims, from the model (the module's checks) and the data
 ok_n, _ = pm.claim_gain_grows_with_workers()
@@ -115,7 +142,7 @@ claims = [
           "Ethernet, 64 GPUs: " + ", ".join(f"{n} x{eth[n].loc[64]:.2f}" for n in eth.columns), ok_fc),
     claim("on a real (emulated) 1 Gb/s link TernGrad's step speedup reaches its byte ratio",
           "Fig. 5's model: communication time ∝ bytes (encode/decode not modeled)",
-          ("not measured: " + source) if tg is None else
+          ("not measured: " + source) if tg is None else f"from {source}: " +
           "; ".join(f"{m}: {100 * d.pct_of_ratio.min():.0f}-{100 * d.pct_of_ratio.max():.0f} % of the byte ratio "
                     f"(speedup x{d.speedup.min():.2f}-x{d.speedup.max():.2f})" for m, d in tg.groupby("mode")),
           None),
@@ -123,6 +150,6 @@ claims = [
           "Ethernet AlexNet x" + f"{eth['alexnet'].max():.1f} peak, x{eth['alexnet'].loc[512]:.1f} at 512 "
           "(the exact-sum downlink widens with N)", None),
 ]
-data = df if tg is None else pd.concat([df.assign(panel="model"), tg.assign(panel="emulated link")],
+data = df if tg is None else pd.concat([df.assign(panel="model"), tg.assign(panel="emulated link", bench_source=source)],
                                         ignore_index=True)
 save(g.figure, "fig06_perfmodel", data, QUICK, claims)

@@ -28,15 +28,41 @@ from tgsim.analysis.compare_variance import reach_terngrad  # noqa: E402
 QUICK, OUT = command_line("Variance at equal bits: tgsim compare variance, plotted.")
 raw = pd.read_csv(compare_outputs("variance", QUICK) / "variance.csv")
 theme()    # the compare run may have set its own
-df = raw[(raw.status == "ok") & (raw.rel_mse > 0)].drop_duplicates(["kind", "codec", "workers", "knob"])
+# An error below FLOOR is zero up to float rounding (fp32 sends the vector itself: 0 or ~1e-15 by the
+# order of the sum): never a point on the log axis, but named on every panel where it occurs.
+FLOOR = 1e-12
+ok_rows = raw[raw.status == "ok"].drop_duplicates(["kind", "codec", "workers", "knob"])
+df = ok_rows[ok_rows.rel_mse >= FLOOR]
+exact = ok_rows[ok_rows.rel_mse < FLOOR]
+TOP = "terngrad"      # drawn last, on top of every other codec, with a marker of its own
 
 # %% figure: rows = workers N, columns = vector kind
-g = sns.relplot(data=df, x="bits_per_element", y="rel_mse", hue="codec", style="codec", row="workers", col="kind",
-                kind="line", markers=True, dashes=False, height=2.9, aspect=1.3, facet_kws={"sharey": False},
-                errorbar=None, palette=sns.color_palette("tab10") + [(0, 0, 0)] * max(0, df.codec.nunique() - 10))
+others = [c for c in dict.fromkeys(df.codec) if c != TOP]
+colors = sns.color_palette("tab10") + sns.color_palette("Dark2")
+pal = dict(zip(others, colors))
+marks = dict(zip(others, ["o", "s", "^", "v", "D", "P", "X", "<", ">", "p", "h", "d", "H", "8"] * 2))
+g = sns.relplot(data=df[df.codec != TOP], x="bits_per_element", y="rel_mse", hue="codec", style="codec", row="workers",
+                col="kind", kind="line", markers=marks, dashes=False, height=2.9, aspect=1.3, facet_kws={"sharey": False},
+                errorbar=None, palette=pal, alpha=0.85)
 g.set(xscale="log", yscale="log")
+top = None
+for (n, kind), ax in g.axes_dict.items():
+    d = df[(df.codec == TOP) & (df.workers == n) & (df.kind == kind)].sort_values("bits_per_element")
+    if len(d):
+        top, = ax.plot(d.bits_per_element, d.rel_mse, "-*", color="black", ms=13, mew=0.6, mec="white", lw=2,
+                       zorder=10, label=TOP)
+    below = exact[(exact.workers == n) & (exact.kind == kind)]
+    if len(below):
+        names = ", ".join(f"{c} ({b:.3g} bits)" for c, b in below.groupby("codec", sort=False).bits_per_element.min().items())
+        ax.text(0.02, 0.02, f"error < {FLOOR:.0e} (rounding): {names}", transform=ax.transAxes, fontsize=7.5,
+                va="bottom", ha="left", bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.6", alpha=0.9), zorder=11)
+    ax.set_title(f"{kind} vectors, N = {n} worker{'' if n == 1 else 's'}", fontsize=9)
+if top is not None:
+    legend = {TOP: top, **{t.get_text(): h for t, h in zip(g._legend.texts, g._legend.legend_handles)
+                            if t.get_text() != "codec"}}
+    g._legend.remove()
+    g.add_legend(legend_data=legend, title="codec (TernGrad: black stars, on top)")
 g.set_axis_labels("bits per element (measured payload)", "MSE / ||v̄||² (dimensionless)")
-g.set_titles("{col_name} vectors, N = {row_name} workers", size=9)
 g.figure.subplots_adjust(hspace=0.35, wspace=0.25)
 g.figure.suptitle("Relative error of the N-worker mean at equal bits (tgsim compare variance)", y=1.03)
 
@@ -64,4 +90,5 @@ claims = [
           "; ".join(f"{r.kind}: {r.bits:.2f} bits" for r in q.itertuples()) or "not reached",
           bool(len(q) and (q.bits < 2).all())),
 ]
-save(g.figure, "fig07_compare_variance", df, QUICK, claims)
+save(g.figure, "fig07_compare_variance", pd.concat([df.assign(drawn=True), exact.assign(drawn=False)],
+                                                   ignore_index=True), QUICK, claims)

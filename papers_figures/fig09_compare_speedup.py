@@ -19,7 +19,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, compare_outputs, paper_rule  # noqa: E402
-from _theme import claim, label_points, plt, save, sns, theme  # noqa: E402
+from _theme import claim, label_points, log_ticks, plt, save, sns, theme  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 
 QUICK, OUT = command_line("Speedup in workers and against compression: tgsim compare speedup, plotted.")
@@ -56,11 +56,8 @@ sns.scatterplot(data=c, x="compression", y="K_gmean", hue="method", style="metho
                 palette={**pal, **{m: "gray" for m in c.method if m not in pal}})
 axes[1].set(xscale="log", yscale="log", xlabel="compression ratio (32 / bits up per element)",
             ylabel="iterations K_ε (geometric mean over seeds)", title=f"(b) against compression at M = {M}")
-axes[1].yaxis.set_major_formatter(ScalarFormatter())
-axes[1].yaxis.set_minor_formatter(ScalarFormatter())
-axes[1].xaxis.set_major_locator(FixedLocator([0.5, 1, 2, 4, 8]))
-axes[1].xaxis.set_major_formatter(ScalarFormatter())
-axes[1].xaxis.set_minor_locator(NullLocator())
+log_ticks(axes[1], "x", c.compression)    # labelled ticks that cover the points, wherever they sit
+log_ticks(axes[1], "y", c.K_gmean)
 axes[1].legend(fontsize=8, title="method (knob value beside)")
 fig.tight_layout()
 lab = c[c.knob_value.notna()]

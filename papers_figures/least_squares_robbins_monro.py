@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, print_written, train_many  # noqa: E402
+from _common import command_line, print_written, train_many, write_csv  # noqa: E402
 
 QUICK, OUT = command_line("Least squares with Robbins-Monro steps: steps until ||w - w*|| < 1e-3 ||w*||.")
 STEPS = 500 if QUICK else 2000
@@ -48,17 +48,22 @@ for (n, codec), r in zip(runs, res):
     rows.append({"workers": n, "codec": codec, "steps_to_1e-3": int(below.min()) if len(below) else None,
                  "final_dist": r["dist_opt"], "bits_up_per_worker": r["bits_up"]})
     print(rows[-1])
-pd.DataFrame(rows).to_csv(OUT / "least_squares_robbins_monro.csv", index=False)
+write_csv(pd.DataFrame(rows), OUT / "least_squares_robbins_monro.csv", QUICK)
 
-# %% figure
-import matplotlib  # noqa: E402
+# %% figure: one colour per N (light to dark, workers = 1 as visible as the rest), one dash per codec
+from _theme import save_figure, sns  # noqa: E402
 
-matplotlib.use("Agg")
-import seaborn as sns  # noqa: E402
-
-g = sns.relplot(data=pd.concat(curves, ignore_index=True), x="step", y="dist_opt", hue="workers", style="codec",
-                kind="line")
-g.set(yscale="log", ylabel="||w - w*|| / ||w*||")
-g.refline(y=1e-3)
-g.savefig(OUT / "least_squares_robbins_monro.png", dpi=120)
-print_written([OUT / "least_squares_robbins_monro.csv", OUT / "least_squares_robbins_monro.png"])
+curves = pd.concat(curves, ignore_index=True)
+curves["workers N"] = curves.workers.astype(str)
+g = sns.relplot(data=curves, x="step", y="dist_opt", hue="workers N", style="codec", kind="line", lw=1.8,
+                palette=sns.color_palette("colorblind", 3), height=4, aspect=1.4)
+g.set(yscale="log")
+g.set_axis_labels("training step (iterations)", "||w - w*|| / ||w*|| (relative distance)")
+g.refline(y=1e-3, color="black", lw=1)
+reached = {c: ", ".join(str(r["workers"]) for r in rows if r["codec"] == c and r["steps_to_1e-3"] is not None)
+           for c in ("terngrad", "fp32")}
+g.figure.suptitle(f"Least squares (dim 32, condition 10, noise 0), Robbins-Monro steps 0.2 / (1 + t/1000), {STEPS} "
+                  f"steps\nbelow 1e-3 (black line) at N = {reached['terngrad'] or 'none'} (TernGrad), "
+                  f"{reached['fp32'] or 'none'} (fp32)", y=1.07, fontsize=10)
+png = save_figure(g.figure, OUT / "least_squares_robbins_monro.png", QUICK, dpi=120)
+print_written([OUT / "least_squares_robbins_monro.csv", *png])

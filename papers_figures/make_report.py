@@ -1,11 +1,17 @@
 """Run every figure script (`figNN_*.py`) and write REPORT.md with each figure and its claims table.
 
-    python papers_figures/make_report.py [--quick] [--only fig02,fig05] [--rerun-compare] [--no-run]
+    python papers_figures/make_report.py [--quick] [--only fig02,fig05] [--rerun-compare] [--no-run] [--quiet]
 
 `make figures` runs it (`make figures QUICK=1` passes --quick). Each script runs in its own process
-(`python SCRIPT [--quick]`, its log in out/logs/ or out/quick/logs/), under a progress bar over the
-scripts (hidden under CI or when stderr is not a terminal, as `_common.progress` does). A script that
-fails does not stop the others; the report lists it and the command exits with status 1.
+(`python SCRIPT [--quick]`, its log in out/logs/ or out/quick/logs/). On stdout, terminal or not
+(batch jobs, CI), one plain line as each script starts and one as it ends:
+
+    [figures 3/10] fig03_workers_scaling: started
+    [figures 3/10] fig03_workers_scaling: done in 41.2 s, exit 0
+
+and, on a terminal, a progress bar over the scripts on stderr (hidden under CI, as
+`_common.progress` does); `--quiet` silences the lines and the bar. A script that fails does not
+stop the others; the report lists it and the command exits with status 1.
 
 REPORT.md: papers_figures/REPORT.md (quick: out/quick/REPORT.md; with TGSIM_FIGURES_OUT set, the full
 report goes to that folder): the table of every claim the figures check (the paper's words beside the
@@ -56,19 +62,31 @@ def header(path: Path) -> tuple[str, str]:
     return title, " ".join(para)
 
 
-def run_all(paths: list[Path], quick: bool, logs: Path) -> list[dict]:
+def say(line: str, quiet: bool) -> None:
+    """One plain progress line on stdout, flushed at once (a pipe buffers otherwise); beside a bar
+    on the same terminal through tqdm.write; nothing when `quiet`."""
+    if not quiet:
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+
+
+def run_all(paths: list[Path], quick: bool, logs: Path, quiet: bool = False) -> list[dict]:
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MPLBACKEND": "Agg"}
     rows = []
-    with tqdm(paths, desc="figures", unit="script", file=sys.stderr, disable=progress_disabled(),
+    with tqdm(paths, desc="figures", unit="script", file=sys.stderr, disable=True if quiet else progress_disabled(),
               dynamic_ncols=True) as bar:
-        for p in bar:
+        for i, p in enumerate(bar, 1):
             bar.set_postfix_str(p.stem)
+            tag = f"[figures {i}/{len(paths)}] {p.stem}"
+            say(f"{tag}: started", quiet)
             t0 = time.perf_counter()
             with open(logs / f"{p.stem}.log", "w") as log:
                 rc = subprocess.run([sys.executable, str(p), *(["--quick"] if quick else [])], env=env,
                                     stdout=log, stderr=subprocess.STDOUT).returncode
-            rows.append({"script": p.name, "seconds": round(time.perf_counter() - t0, 1), "returncode": rc})
+            seconds = time.perf_counter() - t0
+            rows.append({"script": p.name, "seconds": round(seconds, 1), "returncode": rc})
+            say(f"{tag}: done in {seconds:.1f} s, exit {rc}", quiet)
             if rc:
                 tqdm.write(f"{p.name} failed (exit {rc}); see {logs / (p.stem + '.log')}", file=sys.stderr)
     return rows
@@ -127,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rerun-compare", action="store_true", help="run the shared tgsim compare runs again")
     ap.add_argument("--no-run", action="store_true", help="only write REPORT.md from the outputs and timings.csv "
                     "already there (after rerunning one script by hand)")
+    ap.add_argument("--quiet", action="store_true", help="no progress: neither the started / done lines nor the bar")
     args = ap.parse_args(argv)
     out = QUICK_OUT if args.quick else OUT
     out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +160,7 @@ def main(argv=None) -> int:
         seconds = sum(r["seconds"] for r in timings)
     else:
         t0 = time.perf_counter()
-        timings = run_all(paths, args.quick, out / "logs")
+        timings = run_all(paths, args.quick, out / "logs", args.quiet)
         seconds = time.perf_counter() - t0
         pd.DataFrame(timings).to_csv(out / "timings.csv", index=False)
     target.write_text(report(paths, timings, out, target, args.quick, seconds))

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import collapse_signs, command_line, print_written, sharing_summary, train_many  # noqa: E402
+from _common import collapse_signs, command_line, print_written, sharing_summary, train_many, write_csv  # noqa: E402
 
 QUICK, OUT = command_line("TernGrad's scaler-sharing modes against per-worker batch, lr and momentum.")
 SEEDS = (0,) if QUICK else (0, 1, 2)
@@ -88,29 +88,29 @@ for (v, b, m, e, s), r in zip(grid, results):
                  "seed": s, "steps": steps_for(b), "test_accuracy": r["test_accuracy"],
                  "test_loss": r["test_loss"], "bits_up_per_worker": r["bits_up"], "diverged": r["diverged"], **collapse_signs(r["out"])})
 df = pd.DataFrame(rows)
-df.to_csv(OUT / "terngrad_sharing_regimes.csv", index=False)
+write_csv(df, OUT / "terngrad_sharing_regimes.csv", QUICK)
 
 
 # %% summary: mean and 95 % t interval over seeds; the gap to fp32 at the same setting
 summary = sharing_summary(df, ["batch_per_worker", "momentum", "effective_lr", "variant"])
-summary.to_csv(OUT / "terngrad_sharing_regimes_summary.csv", index=False)
+write_csv(summary, OUT / "terngrad_sharing_regimes_summary.csv", QUICK)
 with pd.option_context("display.width", 160, "display.max_rows", 200):
     print(summary.round(3).to_string(index=False))
 
 # %% figure: accuracy against per-worker batch, one panel per optimizer x effective lr
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from _theme import save_figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-sns.set_theme(style="whitegrid")
 df["setting"] = df.apply(lambda r: f"{'momentum 0.9' if r.momentum else 'plain SGD'}, lr {r.lr:g}", axis=1)
-g = sns.relplot(data=df, x="batch_per_worker", y="test_accuracy", hue="variant", col="setting", col_wrap=2,
-                kind="line", marker="o", errorbar=("ci", 95), height=3.2, aspect=1.4)
-g.set(xscale="log", xticks=list(BATCHES), xticklabels=[str(b) for b in BATCHES])
-g.set_axis_labels("per-worker batch (8 workers)", "test accuracy")
-g.figure.suptitle(f"TernGrad scaler sharing on MNIST-1D, 64 epochs, {len(SEEDS)} seeds (mean, 95 % CI)", y=1.02)
-g.savefig(OUT / "terngrad_sharing_regimes.png", dpi=120, bbox_inches="tight")
-print_written([OUT / "terngrad_sharing_regimes.csv", OUT / "terngrad_sharing_regimes_summary.csv",
-               OUT / "terngrad_sharing_regimes.png"])
+g = sns.relplot(data=df, x="batch_per_worker", y="test_accuracy", hue="variant", style="variant", col="setting",
+                col_wrap=2, kind="line", markers=True, dashes=False, errorbar=("ci", 95), height=3.2, aspect=1.4)
+g.set(xscale="log")
+for ax in g.axes.flat:
+    ax.xaxis.set_major_locator(FixedLocator(list(BATCHES)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+g.set_axis_labels("per-worker batch (8 workers)", "test accuracy (fraction)")
+g.figure.suptitle(f"TernGrad scaler sharing on MNIST-1D, 64 epochs, {len(SEEDS)} seed(s) (mean, 95 % CI)", y=1.02)
+png = save_figure(g.figure, OUT / "terngrad_sharing_regimes.png", QUICK, dpi=120)
+print_written([OUT / "terngrad_sharing_regimes.csv", OUT / "terngrad_sharing_regimes_summary.csv", *png])

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import collapse_signs, command_line, print_written, sharing_summary, train_many  # noqa: E402
+from _common import collapse_signs, command_line, print_written, sharing_summary, train_many, write_csv  # noqa: E402
 
 QUICK, OUT = command_line("TernGrad's sharing modes against the number of workers at a fixed total batch.")
 SEEDS = (0,) if QUICK else (0, 1, 2)
@@ -67,27 +67,28 @@ df = pd.DataFrame([{"variant": v, "workers": n, "batch_per_worker": TOTAL_BATCH 
                     "steps": STEPS, "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"],
                     "bits_up_per_worker": r["bits_up"], "diverged": r["diverged"], **collapse_signs(r["out"])}
                    for (v, n, o, s), r in zip(grid, results)])
-df.to_csv(OUT / "terngrad_workers_scaling.csv", index=False)
+write_csv(df, OUT / "terngrad_workers_scaling.csv", QUICK)
 
 # %% summary: mean and 95 % t interval over seeds; the gap to fp32 at the same N and optimizer
 summary = sharing_summary(df, ["optimizer", "workers", "variant"])
-summary.to_csv(OUT / "terngrad_workers_scaling_summary.csv", index=False)
+write_csv(summary, OUT / "terngrad_workers_scaling_summary.csv", QUICK)
 with pd.option_context("display.width", 160, "display.max_rows", 200):
     print(summary.round(3).to_string(index=False))
 
 # %% figure: accuracy against workers, one panel per optimizer
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from _theme import save_figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-sns.set_theme(style="whitegrid")
-g = sns.relplot(data=df, x="workers", y="test_accuracy", hue="variant", col="optimizer", kind="line", marker="o",
-                errorbar=("ci", 95), height=3.6, aspect=1.3)
-g.set(xscale="log", xticks=list(WORKERS), xticklabels=[str(n) for n in WORKERS])
-g.set_axis_labels(f"workers N (total batch {TOTAL_BATCH})", "test accuracy")
-g.figure.suptitle(f"MNIST-1D, {STEPS} steps, {len(SEEDS)} seeds (mean, 95 % CI)", y=1.03)
-g.savefig(OUT / "terngrad_workers_scaling.png", dpi=120, bbox_inches="tight")
-print_written([OUT / "terngrad_workers_scaling.csv", OUT / "terngrad_workers_scaling_summary.csv",
-               OUT / "terngrad_workers_scaling.png"])
+g = sns.relplot(data=df, x="workers", y="test_accuracy", hue="variant", style="variant", col="optimizer", kind="line",
+                markers=True, dashes=False, errorbar=("ci", 95), height=3.6, aspect=1.3)
+g.set(xscale="log")
+for ax in g.axes.flat:    # one label per N: the log axis's minor labels (2x10^0, 3x10^0, ...) printed over them
+    ax.xaxis.set_major_locator(FixedLocator(list(WORKERS)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+g.set_axis_labels(f"workers N (total batch {TOTAL_BATCH})", "test accuracy (fraction)")
+g.set_titles("{col_name}")
+g.figure.suptitle(f"MNIST-1D, {STEPS} steps, {len(SEEDS)} seed(s) (mean, 95 % CI)", y=1.03)
+png = save_figure(g.figure, OUT / "terngrad_workers_scaling.png", QUICK, dpi=120)
+print_written([OUT / "terngrad_workers_scaling.csv", OUT / "terngrad_workers_scaling_summary.csv", *png])

@@ -4,8 +4,9 @@ The least-squares script runs at its full size (2000 steps, ~4 s) and its result
 issue's acceptance check: TernGrad with Robbins-Monro steps reaches ||w - w*|| < 1e-3 ||w*|| at
 N = 1, 4 and 16. The MNIST-1D script runs in its quick form (`--quick`: 40 steps, a smoke test of its
 code path; the accuracy comparison needs the full 4000 steps, `python papers_figures/...`).
-`_common.train_many` shows a progress bar on a terminal, none under CI or when stderr is a pipe, and
-returns its results in job order.
+Each script checks its figure's layout before saving it (`_theme.save_figure`,
+tests/test_figure_layout.py) and marks its quick CSVs (`quick` column). `_common.train_many` shows a
+progress bar on a terminal, none under CI or when stderr is a pipe, and returns its results in job order.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import importlib.util
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
 import termios
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -101,7 +104,7 @@ def test_least_squares_robbins_monro_reaches_1e_3_for_every_n(tmp_path):
 def test_least_squares_quick_form_writes_to_out_quick(tmp_path):
     proc = _run("least_squares_robbins_monro.py", tmp_path, "--quick", CI="1")
     df = pd.read_csv(tmp_path / "quick" / "least_squares_robbins_monro.csv")
-    assert len(df) == 6 and (df[df.codec == "terngrad"].final_dist < 1e-3).all()
+    assert len(df) == 6 and (df[df.codec == "terngrad"].final_dist < 1e-3).all() and df.quick.all()
     assert (tmp_path / "quick" / "least_squares_robbins_monro.png").stat().st_size > 0
     assert not (tmp_path / "least_squares_robbins_monro.csv").exists()
     assert "{'workers': 16, 'codec': 'terngrad'" in proc.stdout
@@ -121,6 +124,8 @@ def test_mnist1d_figure_script_quick_form(tmp_path):
     assert (out / "mnist1d_terngrad_vs_fp32.png").stat().st_size > 0
     assert "best learning rate on validation: {'fp32': " in proc.stdout
     assert "points_below_fp32" in proc.stdout
+    assert not re.search(r"\de-1\d", proc.stdout), proc.stdout      # no rounding residue (5.55e-15) for a gap of 0
+    assert df.quick.all() and tuning.quick.all()
     for name in ("mnist1d_tuning.csv", "mnist1d_terngrad_vs_fp32.csv", "mnist1d_terngrad_vs_fp32.png"):
         assert f"wrote {out / name}" in proc.stdout
     assert not any(mark in proc.stderr for mark in BAR_MARKS), proc.stderr[-2000:]
@@ -144,6 +149,7 @@ def test_sharing_sweep_scripts_quick_form(tmp_path, script, rows, keys):
     assert (per_step[tern.index] * 10 < per_step[df.variant == "fp32"].min()).all()
     shared = tern[~tern.variant.str.contains("none")]
     assert (shared.ratio_max >= 1).all() and df[df.variant == "fp32"].ratio_max.isna().all()
+    assert df.quick.all()
     summary = pd.read_csv(out / f"{stem}_summary.csv")
     assert len(summary) == rows and list(summary.columns[:len(keys)]) == keys
     assert (summary[summary.variant == "fp32"].gap_to_fp32 == 0).all()
@@ -177,3 +183,29 @@ def test_progress_disabled_reads_ci(monkeypatch, value, disabled):
     else:
         monkeypatch.setenv("CI", value)
     assert _load_common().progress_disabled() is disabled
+
+
+def test_fig06_names_the_bench_csv_it_read_when_it_was_written_and_quick(tmp_path):
+    """fig06(g) reads results/bench_exchange.csv when the repository has one, else an earlier run's
+    OUT/quick/bench_exchange_quick.csv (planted here: the --quick grid, 3 timed steps, dated
+    2026-11-20 10:00 UTC); its claim and CSV name that file, its modification time (ISO 8601) and
+    QUICK when a --quick benchmark wrote it (the planted one)."""
+    rows = [dict(topology="shared", rate="1gbit", ranks=n, params=p, mode=m, steps=3, byte_ratio=br, speedup=sp,
+                 pct_of_ratio=sp / br)
+            for n in (2, 4) for p in (1_000_000, 4_000_000)
+            for m, br, sp in (("fp32_native", 1.0, 1.0), ("tg_ps", 10.5, 6.0), ("tg_allgather", 14.0, 9.0))]
+    planted = tmp_path / "quick" / "bench_exchange_quick.csv"
+    planted.parent.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(planted, index=False)
+    os.utime(planted, (1_795_168_800, 1_795_168_800))          # 2026-11-20T10:00:00Z
+    repo = FIGURES.parent / "results" / "bench_exchange.csv"
+    read = repo if repo.exists() else planted
+    _run("fig06_perfmodel.py", tmp_path, "--quick", TZ="UTC")
+    when = datetime.fromtimestamp(read.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")   # TZ=UTC
+    claims = pd.read_csv(tmp_path / "quick" / "fig06_perfmodel_claims.csv")
+    measured = claims[claims.claim.str.contains("emulated")].measured.iloc[0]
+    assert f"from {os.path.relpath(read, FIGURES.parent)}, written {when}" in measured, measured
+    if read == planted:
+        assert "written 2026-11-20T10:00:00+00:00, QUICK (tgsim bench exchange --quick)" in measured, measured
+    data = pd.read_csv(tmp_path / "quick" / "fig06_perfmodel.csv", low_memory=False)
+    assert data.bench_source.dropna().str.contains(when, regex=False).all() and data.quick.all()

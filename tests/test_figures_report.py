@@ -2,6 +2,10 @@
 and writes REPORT.md; every figure's PNG, PDF, tidy CSV and claims table exist, are non-empty, and
 REPORT.md links each PNG with a relative link.
 
+Every script's figure passed `_layout.check_layout` (the scripts refuse to save a figure that fails
+it) and carries the QUICK mark; its CSVs have a `quick` column, True. make_report prints one line as
+each script starts and one as it ends, with stdout a pipe; `--quiet` silences them.
+
 The quick report runs once for the module (in a temporary TGSIM_FIGURES_OUT, CI=1, TGSIM_JOBS=2):
 87 s on the 2-core machine (2026-11-24; `make figures QUICK=1` took 2.0 min there under other load),
 inside the ~2 minutes `make test` allows one test module, so it is not in the slow tier.
@@ -41,6 +45,11 @@ def test_every_script_ran(quick_report):
     assert [s[:-3] for s in timings.script] == list(EXPECTED)
     assert (timings.returncode == 0).all()
     assert f"wrote {out / 'REPORT.md'}" in proc.stdout
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("[figures ")]
+    assert lines == [x for i, name in enumerate(EXPECTED, 1) for x in (
+        f"[figures {i}/{len(EXPECTED)}] {name}: started",
+        next(y for y in lines if y.startswith(f"[figures {i}/{len(EXPECTED)}] {name}: done in ")))], lines
+    assert all(y.endswith(", exit 0") for y in lines[1::2]), lines
     assert not any(mark in proc.stderr for mark in ("%|", "script/s")), proc.stderr[-2000:]   # no bar under CI
 
 
@@ -53,7 +62,9 @@ def test_figure_files_exist_and_are_not_empty(quick_report, name):
         assert path.exists() and path.stat().st_size > 0, path
     assert len(pd.read_csv(out / f"{name}.csv")) > 0
     claims = pd.read_csv(out / f"{name}_claims.csv", keep_default_na=False)
-    assert list(claims.columns) == ["claim", "paper", "measured", "verdict"] and len(claims) > 0
+    assert list(claims.columns) == ["claim", "paper", "measured", "verdict", "quick"] and len(claims) > 0
+    assert (claims.quick == "True").all()
+    assert pd.read_csv(out / f"{name}.csv", low_memory=False).quick.astype(bool).all()
     assert set(claims.verdict) <= {"confirmed", "not confirmed", "n/a"}
     assert (claims.measured.str.len() > 0).all()
 
@@ -68,3 +79,27 @@ def test_report_links_every_png_and_its_claims(quick_report):
         assert (out / link).stat().st_size > 0
     assert "QUICK form" in text and text.count("| claim | paper | measured | verdict |") == len(EXPECTED)
     assert re.search(r"\d+ claims confirmed, \d+ not confirmed", text)
+
+
+def _make_report(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TGSIM_FIGURES_OUT": str(out), "MPLBACKEND": "Agg", "CI": "1", "TGSIM_JOBS": "2"}
+    return subprocess.run([sys.executable, str(FIGURES / "make_report.py"), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.timeout(300)
+def test_progress_lines_on_a_pipe_and_quiet(tmp_path):
+    """One script (fig06's quick form, a few seconds), stdout a pipe: a line as it starts, a line with
+    its time and exit status as it ends, flushed in that order; --quiet prints neither."""
+    proc = _make_report(tmp_path / "loud", "--quick", "--only", "fig06")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[figures 1/1] fig06_perfmodel: started", lines
+    assert re.fullmatch(r"\[figures 1/1\] fig06_perfmodel: done in \d+\.\d s, exit 0", lines[1]), lines
+    seconds = float(re.search(r"done in (\S+) s", lines[1]).group(1))
+    timings = pd.read_csv(tmp_path / "loud" / "quick" / "timings.csv")
+    assert abs(timings.seconds.iloc[0] - seconds) <= 0.06
+    quiet = _make_report(tmp_path / "quiet", "--quick", "--only", "fig06", "--quiet")
+    assert quiet.returncode == 0, quiet.stderr[-4000:]
+    assert not [x for x in quiet.stdout.splitlines() if x.startswith("[figures")], quiet.stdout
+    assert (tmp_path / "quiet" / "quick" / "fig06_perfmodel.png").stat().st_size > 0

@@ -1,0 +1,153 @@
+"""papers_figures/_layout.check_layout finds overlapping tick labels, axes with data but no label and
+repeated panel letters, and passes a clean figure; `_theme.save_figure` refuses a figure with a
+problem and stamps a quick run's figure with the QUICK mark; `_common.write_csv` marks quick CSVs.
+The figure scripts call `save_figure` before writing any PNG, so every script run in
+tests/test_figures.py and tests/test_figures_report.py runs the check on its own figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "papers_figures"))
+import _common  # noqa: E402
+import _layout  # noqa: E402
+import _theme  # noqa: E402
+
+
+def _clean():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([1, 2, 3], [1, 4, 9], marker="o")
+    ax.set(xlabel="step", ylabel="loss", title="(a) clean")
+    return fig, ax
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def test_a_clean_figure_passes():
+    fig, _ = _clean()
+    assert _layout.check_layout(fig) == []
+
+
+def test_overlapping_x_tick_labels_are_reported():
+    fig, ax = _clean()
+    ax.set_xticks([1, 1.05, 2, 3], ["one thousand", "one thousand and one", "2", "3"])
+    problems = _layout.check_layout(fig)
+    assert any("tick labels overlap" in p and "one thousand" in p for p in problems), problems
+
+
+def test_rotated_labels_overlap_as_rotated_rectangles():
+    """Labels at 30° whose axis-aligned boxes overlap but whose text does not pass; crowded ones fail."""
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(range(4), [1, 2, 3, 4])
+    ax.set(xlabel="codec", ylabel="value")
+    ax.set_xticks(range(4), ["terngrad", "qsgd levels", "topk with ef", "fp32"], rotation=30, ha="right",
+                  rotation_mode="anchor")
+    assert _layout.check_layout(fig) == []
+    boxes = [lab.get_window_extent() for lab in ax.get_xticklabels()]
+    assert any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))         # the axis-aligned boxes do overlap
+    ax.set_xticks(range(4), ["a very long codec name indeed"] * 4, rotation=2, ha="right", rotation_mode="anchor")
+    assert any("tick labels overlap" in p for p in _layout.check_layout(fig))
+
+
+def test_log_axis_minor_labels_over_fixed_ticks_are_reported():
+    """The defect of terngrad_workers_scaling.png: fixed ticks on a log axis with its minor labels left on."""
+    fig, ax = plt.subplots(figsize=(3, 2.5))
+    ax.plot([2, 4, 8, 16, 32, 64], [0.5, 0.6, 0.7, 0.7, 0.6, 0.5])
+    ax.set(xscale="log", xlabel="workers", ylabel="accuracy")
+    ax.set_xticks([2, 4, 8, 16, 32, 64], ["2", "4", "8", "16", "32", "64"])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(10, 10)))
+    assert any("tick labels overlap" in p for p in _layout.check_layout(fig))
+
+
+def test_hidden_and_empty_labels_are_ignored():
+    fig, ax = _clean()
+    ax.set_xticks([1, 1.01, 2, 3], ["", "x", "2", "3"])
+    assert _layout.check_layout(fig) == []
+    ax.set_xticks([1, 1.01, 2, 3], ["wide label", "wide label", "2", "3"])
+    assert _layout.check_layout(fig)
+    for lab in ax.get_xticklabels()[:1]:
+        lab.set_visible(False)
+    assert _layout.check_layout(fig) == []
+
+
+@pytest.mark.parametrize("missing", ["x", "y"])
+def test_an_unlabelled_axis_with_data_is_reported(missing):
+    fig, ax = _clean()
+    (ax.set_xlabel if missing == "x" else ax.set_ylabel)("")
+    assert _layout.check_layout(fig) == [f"axes 0 ('(a) clean'): {missing} axis has data but no label"]
+
+
+def test_an_axes_without_data_needs_no_label():
+    fig, ax = plt.subplots()
+    ax.text(0.5, 0.5, "not measured", ha="center")
+    ax.set(xticks=[], yticks=[])
+    assert _layout.check_layout(fig) == []
+
+
+def test_a_grid_labelled_on_its_outer_axes_passes_and_a_stray_panel_does_not():
+    fig, axes = plt.subplots(2, 2, figsize=(6, 5))
+    for ax in axes.flat:
+        ax.plot([1, 2], [3, 4])
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("loss")
+    assert _layout.check_layout(fig) == []
+    extra = fig.add_axes([1.1, 0.3, 0.2, 0.3])
+    extra.plot([0, 1], [0, 1])
+    problems = _layout.check_layout(fig)
+    assert problems == ["axes 4: x axis has data but no label", "axes 4: y axis has data but no label"], problems
+
+
+def test_a_repeated_panel_letter_is_reported():
+    fig, (a, b) = plt.subplots(1, 2)
+    for ax, t in ((a, "(a) momentum"), (b, "(a) plain SGD")):
+        ax.plot([1, 2], [1, 2])
+        ax.set(xlabel="x", ylabel="y", title=t)
+    assert any("panel letter (a) used twice" in p for p in _layout.check_layout(fig))
+    b.set_title("(b) plain SGD")
+    assert _layout.check_layout(fig) == []
+
+
+def test_save_figure_refuses_a_bad_figure_and_writes_nothing(tmp_path):
+    fig, ax = _clean()
+    ax.set_ylabel("")
+    with pytest.raises(_layout.LayoutError, match="y axis has data but no label"):
+        _theme.save_figure(fig, tmp_path / "bad.png", quick=False)
+    assert not (tmp_path / "bad.png").exists()
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_quick_mark_and_quick_column(tmp_path, quick):
+    fig, _ = _clean()
+    _theme.save_figure(fig, tmp_path / "f.png", quick=quick)
+    marks = [t.get_text() for t in fig.texts if t.get_gid() == "quick-mark"]
+    assert marks == ([_common.QUICK_MARK] if quick else [])
+    assert (tmp_path / "f.png").stat().st_size > 0
+    path = _common.write_csv(pd.DataFrame({"a": [1, 2]}), tmp_path / "f.csv", quick)
+    df = pd.read_csv(path)
+    assert list(df.columns) == ["a", "quick"] and (df.quick == quick).all()
+
+
+def test_log_ticks_cover_the_data():
+    """fig09(b)'s defect: the points sat at 3.5-4.6 and the only labelled ticks were 1 and 2."""
+    fig, ax = plt.subplots()
+    ax.scatter([3.5, 4.1, 4.6], [10, 20, 30])
+    ax.set(xscale="log", yscale="log", xlabel="compression", ylabel="K")
+    ticks = _theme.log_ticks(ax, "x", [3.5, 4.1, 4.6])
+    lo, hi = ax.get_xlim()
+    assert len(ticks) >= 3 and lo <= 3.5 and hi >= 4.6 and all(lo <= t <= hi for t in ticks)
+    assert _layout.check_layout(fig) == []
