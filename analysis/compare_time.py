@@ -102,12 +102,13 @@ def read_bits_runs(path, allow_quick: bool = False) -> tuple[pd.DataFrame, bool]
 
 
 def _config(method: str):
-    from tgsim.analysis.compare_bits import METHODS
+    from tgsim.analysis.compare_bits import method_sections
     from tgsim.train.config import CodecConfig
 
-    section = dict(METHODS[method][0])
+    codec_section, exchange_section = method_sections(method)     # METHODS, or a plugin codec
+    section = dict(codec_section)
     section.pop("error_feedback", None)          # the residual does not change the bytes on the wire
-    return CodecConfig(**section), METHODS[method][1]
+    return CodecConfig(**section), exchange_section
 
 
 def _encode(codec, layers: dict, ids):
@@ -244,7 +245,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
                 workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True, quick: bool = False) -> pd.DataFrame:
     """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target
     (column quick: the steps or the run came from --quick)."""
-    from tgsim.analysis.compare_bits import METHODS
+    from tgsim.analysis.compare_bits import method_sections
     from tgsim.analysis.perfmodel_nets import get_net
     from tgsim.analysis.perfmodel_throughput import Cluster, Exchange, Network, iteration
 
@@ -260,7 +261,8 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
                 best = {}
                 for method in dict.fromkeys(steps.method):
                     enc, dec = scale * float(c.encode_host[method]), scale * float(c.decode_host[method])
-                    every = int(METHODS[method][1].get("every", 1)) if METHODS[method][1].get("local") else 1
+                    sync = method_sections(method)[1]
+                    every = int(sync.get("every", 1)) if sync.get("local") else 1
                     options = []
                     for pat in sorted(set(wire[wire.method == method].pattern)):
                         ex = Exchange({"ring": "ring", "ps": "ps", "allgather": "allgather"}[pat], servers=0)

@@ -1,1 +1,1 @@
-"""Entry points for real multi-process runs: `mpiexec -n N python -m mpi_runs.train CONFIG.toml`."""
+"""Entry points for real multi-process runs: `mpiexec -n N python -m tgsim.mpi_runs.train CONFIG.toml`."""

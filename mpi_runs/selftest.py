@@ -1,8 +1,8 @@
 """Check an MPI installation: every exchange mode gives the in-process exchange's bits.
 
-    mpiexec -n 4 python -m mpi_runs.selftest              # NumPy buffers
-    mpiexec -n 4 python -m mpi_runs.selftest --gpu        # CuPy buffers (CUDA-aware MPI or pinned staging)
-    mpiexec -n 4 python -m mpi_runs.selftest --faults     # also: malformed payloads, config mismatch
+    mpiexec -n 4 python -m tgsim.mpi_runs.selftest              # NumPy buffers
+    mpiexec -n 4 python -m tgsim.mpi_runs.selftest --gpu        # CuPy buffers (CUDA-aware MPI or pinned staging)
+    mpiexec -n 4 python -m tgsim.mpi_runs.selftest --faults     # also: malformed payloads, config mismatch
 
 Every rank builds the gradients of all N workers from one seed (awkward values: magnitudes over
 12 decades, exact zeros, -0.0, empty and scalar layers, sizes not divisible by N), computes the
@@ -264,14 +264,14 @@ def run_faults(ex, failures: list) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpi_runs.selftest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tgsim.mpi_runs.selftest", description=__doc__.split("\n")[0])
     p.add_argument("--gpu", action="store_true", help="CuPy buffers on the node-local GPU")
     p.add_argument("--faults", action="store_true", help="also check the error paths")
     p.add_argument("--dump", help="directory for rank<r>.npz with the MPI results")
     args = p.parse_args(argv)
     from tgsim.exchange.mpi_env import mpi_or_exit
 
-    mpi_or_exit("mpi_runs.selftest")        # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
+    mpi_or_exit("tgsim.mpi_runs.selftest")        # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
     from tgsim.exchange.mpi import MPIExchange
 
     ex = MPIExchange()

@@ -1,10 +1,14 @@
 #!/bin/bash
 # Slurm template: one MPI rank (= one TernGrad worker) per GPU, launched with srun.
 #
-#   sbatch mpi_runs/slurm_job.sh CONFIG.toml [OUT_DIR]
+#   sbatch slurm_job.sh CONFIG.toml [OUT_DIR]       # CONFIG: a TOML path, or a built-in name (demo)
 #
-# [workers] n in CONFIG.toml must equal nodes x tasks-per-node (8 below). Run from the repository
-# root (the job cds to the submit directory); OUT_DIR must be on a filesystem every node sees.
+# Copy it from the installed package to the job directory and edit the #SBATCH lines:
+#   cp "$(python -c 'import tgsim.mpi_runs, os; print(os.path.dirname(tgsim.mpi_runs.__file__))')/slurm_job.sh" .
+# [workers] n in CONFIG.toml must equal nodes x tasks-per-node (8 below). The job cds to the submit
+# directory; OUT_DIR must be on a filesystem every node sees, and so must the venv (TGSIM_VENV,
+# default ./.venv), which holds tgsim installed (a wheel, `pip install git+...` or editable).
+# Rank 0 prints one progress line every run.log_every steps to the job's output file.
 # A requeued or re-submitted job with the same OUT_DIR resumes from its newest good checkpoint and
 # ends with the bits of an uninterrupted run.
 #
@@ -19,14 +23,14 @@
 
 set -euo pipefail
 
-CONFIG=${1:?usage: sbatch mpi_runs/slurm_job.sh CONFIG.toml [OUT_DIR]}
+CONFIG=${1:?usage: sbatch slurm_job.sh CONFIG.toml [OUT_DIR]}
 OUT=${2:-results/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
 
 cd "${SLURM_SUBMIT_DIR}"
 
 # The MPI library mpi4py was built against (see mpi_runs/README.md), CUDA, and the venv.
 # module load openmpi/4.1-cuda cuda/12.4          # site specific
-source .venv/bin/activate
+source "${TGSIM_VENV:-.venv}/bin/activate"
 
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}
 export NUMBA_NUM_THREADS=${SLURM_CPUS_PER_TASK}
@@ -45,7 +49,7 @@ fi
 # --gpus-per-task=1 instead, each task sees one GPU and picks it. --kill-on-bad-exit ends the whole
 # job when one rank dies, so no rank waits forever in a collective. --mpi=pmix connects srun to
 # Open MPI 5 and to MPICH built with PMIx; set SRUN_MPI=pmi2 (or what `srun --mpi=list` offers) for
-# another. Without it every task starts as a rank 0 of size 1: mpi_runs.train stops with a one-line
+# another. Without it every task starts as a rank 0 of size 1: tgsim.mpi_runs.train stops with a one-line
 # error saying so (tgsim/exchange/mpi_env.py).
 srun --mpi="${SRUN_MPI:-pmix}" --kill-on-bad-exit=1 --cpu-bind=cores \
-    python -m mpi_runs.train "${CONFIG}" --out "${OUT}" --quiet "${RESUME[@]}"
+    python -m tgsim.mpi_runs.train "${CONFIG}" --out "${OUT}" "${RESUME[@]}"

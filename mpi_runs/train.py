@@ -1,8 +1,8 @@
 """Train one config with one worker per MPI rank (the simulator's bits, on a real wire).
 
-    mpiexec -n N python -m mpi_runs.train CONFIG.toml [--out DIR] [--resume] [--set section.key=value]
-    srun python -m mpi_runs.train CONFIG.toml --out DIR          # one task per GPU; see slurm_job.sh
-    mpiexec -n N python -m mpi_runs.train --resume --out DIR     # continue from DIR's newest checkpoint
+    mpiexec -n N python -m tgsim.mpi_runs.train CONFIG.toml [--out DIR] [--resume] [--set section.key=value]
+    srun python -m tgsim.mpi_runs.train CONFIG.toml --out DIR          # one task per GPU; see slurm_job.sh
+    mpiexec -n N python -m tgsim.mpi_runs.train --resume --out DIR     # continue from DIR's newest checkpoint
 
 [workers] n of the config must equal the number of ranks. Rank 0 writes the results directory
 (config.toml, manifest.json, metrics.csv with rank 0's bytes, checkpoints/, params.npz, and
@@ -26,13 +26,13 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mpiexec -n N python -m mpi_runs.train",
+    p = argparse.ArgumentParser(prog="mpiexec -n N python -m tgsim.mpi_runs.train",
                                 description="Train with one TernGrad worker per MPI rank.")
     p.add_argument("config", nargs="?", help="CONFIG.toml (omit with --resume --out DIR)")
     p.add_argument("--out", help="results directory (default results/<name>-<time>, chosen by rank 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
-    p.add_argument("--quiet", action="store_true", help="no progress bar on rank 0")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines (shown by rank 0 only)")
     p.add_argument("--results", default="results", help="where a default results directory goes")
     p.add_argument("--native-fp32", action="store_true",
                    help="BENCHMARK ONLY: MPI's own Allreduce for fp32 (fast, but not the simulator's bits)")
@@ -46,7 +46,7 @@ def load_config(args):
 
     if args.config is None:
         if not (args.resume and args.out):
-            raise ConfigError("mpi_runs.train needs a CONFIG.toml (or --resume --out DIR)")
+            raise ConfigError("tgsim.mpi_runs.train needs a CONFIG.toml (or --resume --out DIR)")
         return config_mod.load(Path(args.out) / "config.toml", args.set)
     return config_mod.load(args.config, args.set)
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from tgsim.exchange.mpi_env import mpi_or_exit
 
-    MPI = mpi_or_exit("mpi_runs.train")     # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
+    MPI = mpi_or_exit("tgsim.mpi_runs.train")     # one line naming the fix: no mpi4py, mixed MPIs, no mpiexec
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     err_comm = comm.Dup()            # the failure handshake never mixes with the exchange's collectives

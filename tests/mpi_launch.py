@@ -1,7 +1,7 @@
 """The one way the tests launch MPI jobs, whichever MPI runs them (MPICH, Open MPI, or another).
 
     from mpi_launch import DEFAULT                      # this interpreter's MPI (mpiexec next to it, or on PATH)
-    job = DEFAULT.run([(4, ["-m", "mpi_runs.selftest"])], timeout=120)
+    job = DEFAULT.run([(4, ["-m", "tgsim.mpi_runs.selftest"])], timeout=120)
     assert job.returncode == 0, job.report()            # the report names the MPI, the command and its output
 
 `MPIInstall.find(python)` takes the interpreter every rank runs, the mpiexec next to it (else the one

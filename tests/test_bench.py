@@ -1,20 +1,13 @@
 """tgsim.bench: the shared timing helper, the quick forms of `tgsim bench codec | sim`, the one-process
-floor of `tgsim bench sim`, and netem.sh as package data (found through importlib.resources)."""
+floor of `tgsim bench sim`."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tomllib
 import weakref
-from fnmatch import fnmatch
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tgsim.bench import timing
 from tgsim.cli import main
@@ -147,42 +140,7 @@ def test_floor_is_one_process_sgd_on_the_whole_batch():
     assert rows[0]["floor_steps_per_s"] > 0 and rows[0]["x_floor"] > 0 and rows[0]["x_floor_median_round"] > 0
 
 
-def test_netem_is_package_data():
-    """netem.sh is where importlib.resources finds it in tgsim.bench, and pyproject.toml ships it."""
-    from tgsim.bench import exchange
-
-    path = resources.files("tgsim.bench") / "netem.sh"
-    assert path.is_file() and Path(str(path)) == exchange.NETEM
-    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "tgsim.bench" in tool["packages"]
-    data = tool.get("package-data", {})
-    assert any(fnmatch("netem.sh", g) for g in data.get("tgsim.bench", [])) or \
-        any(fnmatch("bench/netem.sh", g) for g in data.get("tgsim", []))
-
-
-def test_installed_package_finds_netem(tmp_path):
-    """pip-install the package (not editable) into a directory: its tgsim.bench.exchange.NETEM is the
-    installed netem.sh, and that script runs (--help)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    for name in ("tgsim", "analysis"):
-        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    target = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                          str(src)], capture_output=True, text=True, timeout=300)
-    if pip.returncode and "No matching distribution found for setuptools" in pip.stdout + pip.stderr:
-        pytest.skip("pip cannot get setuptools to build the package here")
-    assert pip.returncode == 0, pip.stdout + pip.stderr
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    probe = subprocess.run([sys.executable, "-c", "import tgsim.bench.exchange as e; print(e.NETEM)"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=60)
-    assert probe.returncode == 0, probe.stderr
-    netem = Path(probe.stdout.strip())
-    assert netem == target / "tgsim" / "bench" / "netem.sh" and netem.is_file()
-    helped = subprocess.run(["bash", str(netem), "--help"], capture_output=True, text=True, timeout=60)
-    assert helped.returncode == 0 and "exchange_rank" in helped.stdout
+# netem.sh in the installed package (a wheel, not editable): tests/test_wheel.py
 
 
 def test_bench_every_codec_gives_a_row_of_ratios():

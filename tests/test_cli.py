@@ -78,7 +78,7 @@ def test_a_closed_stdout_ends_quietly(tmp_path):
 
 
 def test_mpi_summary_reports_worker_ranks_and_the_server_apart():
-    from mpi_runs.train import per_worker_bits
+    from tgsim.mpi_runs.train import per_worker_bits
 
     totals = [{"rank": 0, "sent": 300.0, "received": 200.0}, {"rank": 1, "sent": 10.0, "received": 30.0},
               {"rank": 2, "sent": 20.0, "received": 50.0}]

@@ -3,7 +3,7 @@
 Skipped without a CUDA GPU and CuPy (the reason is in the report); `make test-gpu` runs them.
   * a GPU run is deterministic, and kill-and-resume gives the uninterrupted run's bits;
   * a checkpoint written on the GPU resumes on the CPU, and one written on the CPU on the GPU;
-  * `mpiexec -n 2 python -m mpi_runs.train` with the GPU backend equals the 2-worker GPU simulator
+  * `mpiexec -n 2 python -m tgsim.mpi_runs.train` with the GPU backend equals the 2-worker GPU simulator
     bit for bit (every exchange mode, TernGrad and fp32): the models' fixed-order kernels make a
     worker's gradient the same alone (one rank) as in a batch (the simulator);
   * CPU and GPU agree: fp32 training, 20 steps from the same start, parameters within rtol 1e-3 and
@@ -70,7 +70,7 @@ def test_a_checkpoint_resumes_on_the_other_backend(tmp_path, first, second):  # 
 def test_mpi_on_gpus_equals_the_gpu_simulator(tmp_path, model, mode):  # pragma: no cover - needs a GPU
     d = gpu_dict(model, mode, workers={"n": 2, "batch": 16})
     cfg = write_toml(d, tmp_path / "c.toml")
-    res, _ = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])],
+    res, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])],
                      timeout=300)
     assert res.returncode == 0, res.report()
     sim = simulate(d, tmp_path / "sim")

@@ -27,8 +27,6 @@ from tgsim.train.config import from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 100
-if str(REPO) not in sys.path:          # `mpi_runs` is not installed; it is imported from the checkout
-    sys.path.insert(0, str(REPO))
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
 
@@ -165,7 +163,7 @@ def train_losses(out: Path) -> list[str]:
 
 def test_ps_downlink_round_trip_gives_the_in_process_bits():
     """The server's downlink bytes decode to exactly InProcessExchange's ps aggregate."""
-    from mpi_runs.selftest import bits_equal, cases, reference
+    from tgsim.mpi_runs.selftest import bits_equal, cases, reference
     from tgsim.exchange.ps_downlink import ps_decode, ps_downlink, ps_downlink_size
 
     n = 3
@@ -205,9 +203,9 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     not, re-ternarized or not, 2-bit and base-3, with and without clipping), also in many small
     buckets and with the parameter server in pieces of 40 elements; plus malformed payloads from a
     peer and a config mismatch (the --faults checks)."""
-    from mpi_runs.selftest import bits_equal, cases, reference
+    from tgsim.mpi_runs.selftest import bits_equal, cases, reference
 
-    res, _ = mpiexec([(n, ["-m", "mpi_runs.selftest", "--faults", "--dump", str(tmp_path)])], timeout=120)
+    res, _ = mpiexec([(n, ["-m", "tgsim.mpi_runs.selftest", "--faults", "--dump", str(tmp_path)])], timeout=120)
     assert res.returncode == 0, res.report()
     assert "selftest OK" in res.stdout, res.report()
     # the parent checks the dumps on its own, against its own in-process references
@@ -258,7 +256,7 @@ _DRIVER = textwrap.dedent("""
 
 def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
     """mpiexec -n 4 runs every (model, mode) of `names` in one job (cli_case through `python -m
-    mpi_runs.train`); each must end with the simulator's parameters on every rank, bit for bit, and
+    tgsim.mpi_runs.train`); each must end with the simulator's parameters on every rank, bit for bit, and
     the same training losses in the metrics."""
     driver_cases = {f"{m}-{mode}": config_dict(m, mode) for m, mode in names if (m, mode) != cli_case}
     (tmp_path / "cases.json").write_text(json.dumps(driver_cases))
@@ -269,7 +267,7 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
     cli = None
     if cli_case is not None:
         cfg = write_toml(config_dict(*cli_case), tmp_path / "cli.toml")
-        cli, _ = mpiexec([(4, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
+        cli, _ = mpiexec([(4, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
                          timeout=60)
         assert cli.returncode == 0, cli.report()
     digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
@@ -290,7 +288,7 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
     """mpiexec -n 4 vs 4 virtual workers, 100 steps, least squares and the MLP, every exchange mode of
     the packed-code and fp32 paths (the own-wire codecs: the next test): identical parameters on every
     rank, and the same training losses in the metrics."""
-    cli_case = ("mlp", "ps-reternarize")                   # through `python -m mpi_runs.train`
+    cli_case = ("mlp", "ps-reternarize")                   # through `python -m tgsim.mpi_runs.train`
     cli = _mpi_equals_simulator(tmp_path, [(m, mode) for m in MODELS for mode in CORE_MODES], cli_case)
     assert "results:" in cli.stdout and "(4 ranks)" in cli.stdout
     by_rank = json.loads((tmp_path / "mpi" / "cli" / "comm_bytes_by_rank.json").read_text())
@@ -311,11 +309,11 @@ def test_each_own_wire_codec_over_mpi_equals_the_simulator(tmp_path, codec):
 @needs_mpi
 @pytest.mark.parametrize("mode", ["ps-mean", "allreduce-mean", "allgather-none"])
 def test_sharing_modes_at_two_ranks_equal_the_simulator(tmp_path, mode):
-    """mpiexec -n 2 (`python -m mpi_runs.train`) vs 2 virtual workers, least squares: the same
+    """mpiexec -n 2 (`python -m tgsim.mpi_runs.train`) vs 2 virtual workers, least squares: the same
     parameters, bit for bit, for each scaler-sharing mode (-n 4: the test above)."""
     d = config_dict("ls", mode, workers={"n": 2, "batch": 16})
     cfg = write_toml(d, tmp_path / "c.toml")
-    res, _ = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])], timeout=60)
+    res, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])], timeout=60)
     assert res.returncode == 0, res.report()
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(tmp_path / "mpi" / "params.npz")) == params_bits(sim.params)
@@ -324,7 +322,7 @@ def test_sharing_modes_at_two_ranks_equal_the_simulator(tmp_path, mode):
 @needs_mpi
 def test_ranks_with_different_configs_all_fail_with_the_same_message(tmp_path):
     cfg = write_toml(config_dict("ls", "ps", workers={"n": 3, "batch": 30}), tmp_path / "c.toml")
-    base = ["-m", "mpi_runs.train", str(cfg), "--out", str(tmp_path / "out"), "--quiet"]
+    base = ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "out"), "--quiet"]
     res, took = mpiexec([(2, base), (1, base + ["--set", "optimizer.momentum=0.5"])], timeout=90,
                         TGSIM_MPI_ERROR_GRACE=20)
     assert res.returncode == 2, res.report()      # a config error, on every rank, not an MPI_Abort
@@ -348,7 +346,7 @@ def test_an_error_on_one_rank_aborts_the_job(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "something").write_text("x")
-    res, took = mpiexec([(2, ["-m", "mpi_runs.train", str(cfg), "--out", str(out), "--quiet"])], timeout=60,
+    res, took = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(out), "--quiet"])], timeout=60,
                         TGSIM_MPI_ERROR_GRACE=1)
     assert res.started == 2 and res.returncode != 0, res.report()
     assert took < 30, res.report()
@@ -374,7 +372,7 @@ def test_killed_rank_ends_the_job_and_resume_gives_the_uninterrupted_bits(tmp_pa
             return original(setup, params, opt_state, step, *args, **kwargs)
 
         loop.train_step = train_step
-        from mpi_runs.train import main
+        from tgsim.mpi_runs.train import main
         sys.exit(main())
         """))
     out = tmp_path / "run"
@@ -390,7 +388,7 @@ def test_killed_rank_ends_the_job_and_resume_gives_the_uninterrupted_bits(tmp_pa
     assert saved and saved[-1] == "ckpt-00000040.tgck", f"checkpoints {saved}\n{res.report()}"
     assert not (out / "params.npz").exists()
 
-    again, _ = mpiexec([(4, ["-m", "mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
+    again, _ = mpiexec([(4, ["-m", "tgsim.mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
     assert again.returncode == 0, again.report()
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(out / "params.npz")) == params_bits(sim.params)
@@ -404,5 +402,5 @@ def test_every_mode_gives_the_in_process_bits_with_gpu_buffers():
 
     if not gpu_available():
         pytest.skip("no CUDA GPU/CuPy: the CuPy buffer path (CUDA-aware MPI or pinned staging) is untested here")
-    res, _ = mpiexec([(2, ["-m", "mpi_runs.selftest", "--gpu"])], timeout=300)
+    res, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.selftest", "--gpu"])], timeout=300)
     assert res.returncode == 0 and "selftest OK" in res.stdout, res.report()

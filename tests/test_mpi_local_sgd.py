@@ -83,7 +83,7 @@ def test_killed_rank_mid_period_resumes_with_the_simulator_bits(tmp_path):
             return original(self, setup, params, opt_state, step, *args, **kwargs)
 
         local_sgd.LocalSteps.__call__ = call
-        from mpi_runs.train import main
+        from tgsim.mpi_runs.train import main
         sys.exit(main())
         """))
     out = tmp_path / "run"
@@ -93,7 +93,7 @@ def test_killed_rank_mid_period_resumes_with_the_simulator_bits(tmp_path):
 
     assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")][-1] == "ckpt-00000016.tgck"
     assert not (out / "params.npz").exists()
-    again, _ = mpiexec([(2, ["-m", "mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
+    again, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", "--resume", "--out", str(out), "--quiet"])], timeout=60)
     assert again.returncode == 0, again.stdout + again.stderr
     sim = simulate(d, tmp_path / "sim")
     assert params_bits(load_params(out / "params.npz")) == params_bits(sim.params)

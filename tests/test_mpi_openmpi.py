@@ -91,11 +91,11 @@ def test_a_launcher_of_the_other_mpi_ends_in_one_line_naming_the_fix(openmpi, la
     if not default.ok or default.kind != "mpich":
         pytest.skip(f"needs this venv's MPI to be MPICH: {default.problem or default.name}")
     launcher, ranks = (openmpi, default) if launch_with == "openmpi" else (default, openmpi)
-    job = dataclasses.replace(launcher, python=ranks.python, library=ranks.library).run([(2, ["-m", "mpi_runs.selftest"])], timeout=60)
+    job = dataclasses.replace(launcher, python=ranks.python, library=ranks.library).run([(2, ["-m", "tgsim.mpi_runs.selftest"])], timeout=60)
     assert job.started == 2 and job.returncode != 0, job.report()
     who = "Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE=2)" if launch_with == "openmpi" else \
         "MPICH's Hydra mpiexec (PMI_SIZE=2)"
-    line = (f"mpi_runs.selftest: this rank was started by {who} but mpi4py loaded {ranks.library_name}: mpiexec "
+    line = (f"tgsim.mpi_runs.selftest: this rank was started by {who} but mpi4py loaded {ranks.library_name}: mpiexec "
             f"and mpi4py come from different MPIs; launch with {ranks.mpiexec} (the mpiexec next to this Python")
     assert line in job.stderr, job.report()
     assert "Traceback" not in job.stderr and "selftest OK" not in job.stdout, job.report()

@@ -82,8 +82,8 @@ QUICK = {
                                   ["simulator throughput", "peak memory of one step"]),
     ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--out", str(t / "bx.csv")),
                                        ["rows: "]),
-    ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi_runs.train tgsim/configs/demo.toml --set workers.n=4":
-        (lambda t: [str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "mpi_runs.train", "tgsim/configs/demo.toml",
+    ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train tgsim/configs/demo.toml --set workers.n=4":
+        (lambda t: [str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "tgsim.mpi_runs.train", "tgsim/configs/demo.toml",
                     "--set", "workers.n=4", "--set", "run.steps=20", "--out", str(t / "mpi"), "--quiet"],
          ["bits/worker up", "(ranks 1..3; rank 0 as server", "(4 ranks)"]),
     ".venv/bin/python papers_figures/least_squares_robbins_monro.py":

@@ -117,7 +117,7 @@ def test_kill_and_resume_gives_the_bits_of_an_uninterrupted_run(tmp_path):
     assert list(steps) == list(range(1, 401)), "metrics must hold each step once after a resume"
 
 
-def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path):
+def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, capsys):
     cfg = cfg_with(run={"steps": 30, "checkpoint_every": 10})
     full = run(cfg, out=tmp_path / "full", quiet=True)
     ck = checkpoint.list_checkpoints(tmp_path / "full" / "checkpoints")
@@ -126,8 +126,8 @@ def test_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path):
     raw[100] ^= 0xFF
     ck[-1].write_bytes(bytes(raw))
     (tmp_path / "full" / "params.npz").unlink()
-    with pytest.warns(UserWarning, match="ckpt-00000030.tgck is corrupt"):
-        again = run(cfg, out=tmp_path / "full", resume=True, quiet=True)
+    again = run(cfg, out=tmp_path / "full", resume=True, quiet=True)
+    assert f"tgsim: skipping checkpoint {ck[-1]}: corrupt (sha256 mismatch)" in capsys.readouterr().err
     assert params_equal(again.params, full.params)
 
 

@@ -1,4 +1,4 @@
-"""Command line: `tgsim run | demo | codecs | analyze | bench`."""
+"""Command line: `tgsim run | demo | codecs | analyze | compare | bench | figures`, and `tgsim --version`."""
 
 from __future__ import annotations
 
@@ -31,9 +31,7 @@ def _load_config(args):
         return config_mod.load(path, args.set)
     if args.config is None:
         raise ConfigError("tgsim run needs a CONFIG.toml (or --resume --out DIR)")
-    if not Path(args.config).is_file():
-        raise ConfigError(f"config file {args.config} does not exist")
-    return config_mod.load(args.config, args.set)
+    return config_mod.load(args.config, args.set)      # a path, or a built-in config's name (`demo`)
 
 
 def _cmd_run(args) -> int:
@@ -91,14 +89,15 @@ def _cmd_codecs(args) -> int:
 
     rows = registry.describe(CodecConfig())
     cols = ["codec", "unbiased", "wire", "sums_exactly", "shared_stats", "server_reencodes", "stateful", "combine",
-            "backends", "class"]
+            "backends", "source", "class"]
     for r in rows:
         r["backends"] = ",".join(r["backends"])
     width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
     print("  ".join(f"{c:<{width[c]}}" for c in cols).rstrip())
     for r in rows:
         print("  ".join(f"{str(r[c]):<{width[c]}}" for c in cols).rstrip())
-    print("(properties of each codec's default config; terngrad is unbiased with clip = 'none')")
+    print("(properties of each codec's default config; terngrad is unbiased with clip = 'none'; plugins: "
+          "entry points of the group 'tgsim.codecs', and any 'package.module:Class' works as a name)")
     return 0
 
 
@@ -150,17 +149,64 @@ def _cmd_bench_sim(args) -> int:
     return 0
 
 
+def _figures_folder() -> Path:
+    """The figure scripts' folder: tgsim.papers_figures (papers_figures/ in a checkout)."""
+    from tgsim import papers_figures
+
+    return Path(next(iter(papers_figures.__path__)))
+
+
+def _cmd_figures(args) -> int:
+    """Run figure scripts from the installed package: no NAME runs make_report.py (every figNN script
+    and REPORT.md), else the named scripts (`fig02`, `least_squares_robbins_monro`, ...). Outputs go to
+    --out (default $TGSIM_FIGURES_OUT, else ./tgsim-figures); quick runs to OUT/quick."""
+    import subprocess
+
+    here = _figures_folder()
+    scripts = sorted(p.stem for p in here.glob("*.py") if not p.name.startswith("_") and p.stem != "make_report")
+    if args.list:
+        print("\n".join(scripts))
+        return 0
+    chosen = []
+    for name in args.names:
+        hits = [s for s in scripts if s == name or s.startswith(name + "_")]
+        if len(hits) != 1:
+            print(f"tgsim figures: {name!r} names {len(hits)} scripts; expected one of: {', '.join(scripts)}",
+                  file=sys.stderr)
+            return 2
+        chosen += hits
+    out = Path(args.out or os.environ.get("TGSIM_FIGURES_OUT") or "tgsim-figures").resolve()
+    env = {**os.environ, "TGSIM_FIGURES_OUT": str(out), "MPLBACKEND": os.environ.get("MPLBACKEND", "Agg")}
+    flags = ["--quick"] if args.quick else []
+    if not chosen:
+        cmd = [sys.executable, str(here / "make_report.py"), *flags, *(["--quiet"] if args.quiet else [])]
+        return subprocess.run(cmd, env=env).returncode
+    for name in chosen:
+        if not args.quiet:
+            print(f"figure {name}: started", flush=True)
+        rc = subprocess.run([sys.executable, str(here / f"{name}.py"), *flags], env=env).returncode
+        if rc:
+            print(f"tgsim figures: {name} failed (exit {rc})", file=sys.stderr)
+            return rc
+    print(f"outputs: {out / 'quick' if args.quick else out}")
+    return 0
+
+
 # `--quick`: the same rows on small sizes, a smoke test of the code paths (numbers not for reporting)
 BENCH_CODEC_QUICK = {"elements": 1 << 18, "repeats": 2}
 BENCH_SIM_QUICK = {"workers": (1, 8), "repeats": 3}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tgsim import __version__
+
     p = argparse.ArgumentParser(prog="tgsim", description="TernGrad and its peers: codec, simulator, analysis.")
+    p.add_argument("--version", action="version", version=f"tgsim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train with N virtual workers per a TOML config; writes a results directory")
-    r.add_argument("config", nargs="?", help="CONFIG.toml (omit with --resume --out DIR)")
+    r.add_argument("config", nargs="?", help="CONFIG.toml, or a built-in config's name (demo); omit with "
+                   "--resume --out DIR")
     r.add_argument("--out", help="results directory (default results/<name>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
@@ -210,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
     bx = bsub.add_parser("exchange", help="MPI exchange modes over an emulated 1/10 Gb/s network (needs root)")
     exchange.add_arguments(bx)
     bx.set_defaults(func=exchange.cmd)
+
+    f = sub.add_parser("figures", help="run the figure scripts of the installed package (make_report.py, or "
+                                       "the named ones); outputs in --out")
+    f.add_argument("names", nargs="*", metavar="NAME", help="scripts to run, e.g. fig02 or "
+                   "least_squares_robbins_monro (default: every figNN script and REPORT.md)")
+    f.add_argument("--out", help="output folder (default $TGSIM_FIGURES_OUT, else ./tgsim-figures)")
+    f.add_argument("--quick", action="store_true", help="each script's smoke-test form, into OUT/quick")
+    f.add_argument("--quiet", action="store_true", help="no progress lines")
+    f.add_argument("--list", action="store_true", help="list the scripts and stop")
+    f.set_defaults(func=_cmd_figures)
     return p
 
 

@@ -52,7 +52,7 @@ Errors never hang the job: a malformed payload raises `PeerPayloadError` (a Valu
 sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
 broadcasts the error so every rank raises it; ranks started with different configs raise
 `RankConfigMismatchError` on every rank, naming the ranks that differ. Both are `CollectiveError`s:
-raised identically on every rank, so `mpi_runs.train` can exit cleanly instead of aborting. How each
+raised identically on every rank, so `tgsim.mpi_runs.train` can exit cleanly instead of aborting. How each
 mode detects, encodes (the downlink's status word) and re-raises them: tgsim/exchange/mpi_errors.py.
 
 Bytes (`CommBytes`) are this rank's, counted from the buffers it hands to MPI: point-to-point style

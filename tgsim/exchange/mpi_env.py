@@ -1,6 +1,6 @@
 """Is this process a rank of a working MPI job? One-line answers, naming the fix, before MPI starts.
 
-    MPI = mpi_or_exit("mpi_runs.train")      # the MPI entry points' first call: mpi4py.MPI, initialized
+    MPI = mpi_or_exit("tgsim.mpi_runs.train")      # the MPI entry points' first call: mpi4py.MPI, initialized
 
 Three mistakes end a run here instead of in a traceback, a hang or N unrelated one-rank runs:
 
@@ -9,7 +9,7 @@ Three mistakes end a run here instead of in a traceback, a hang or N unrelated o
   launcher and library differ    Open MPI's mpiexec starting ranks whose mpi4py loaded MPICH (MPICH then
                                  aborts inside MPI_Init: "unsupported PMI version PMIx"), or MPICH's
                                  (Hydra) starting Open MPI ranks (each becomes a one-rank job)
-  no launcher at all             `python -m mpi_runs.train` started without mpiexec or srun: a
+  no launcher at all             `python -m tgsim.mpi_runs.train` started without mpiexec or srun: a
                                  one-rank job
 
 The launcher is read from the variables it sets in each rank's environment (Open MPI's mpiexec:

@@ -62,7 +62,7 @@ class WorkersConfig:
 
 @dataclass(frozen=True)
 class CodecConfig:
-    name: str = registry.DEFAULT    # a registered codec: tgsim.codecs.registry (`tgsim codecs` lists them)
+    name: str = registry.DEFAULT    # a codec name, plugin or "module:Class": tgsim.codecs.registry
     clip: str = "explicit"
     clip_factor: float = 2.5
     packing: str = "2bit"
@@ -146,8 +146,32 @@ def from_dict(d: dict[str, Any]) -> Config:
     return cfg
 
 
+def builtin_names() -> tuple[str, ...]:
+    """The configs that ship in the package (tgsim/configs/NAME.toml), by name."""
+    from importlib import resources
+
+    return tuple(sorted(p.name[:-5] for p in (resources.files("tgsim") / "configs").iterdir()
+                        if p.name.endswith(".toml")))
+
+
+def config_path(arg: str | Path) -> Path:
+    """The TOML file `arg` names: a path, else the name of a built-in config (`demo` is
+    tgsim/configs/demo.toml inside the installed package). ConfigError when it is neither."""
+    path = Path(arg)
+    if path.is_file():
+        return path
+    from importlib import resources
+
+    builtin = resources.files("tgsim") / "configs" / f"{arg}.toml"
+    if builtin.is_file():
+        return Path(str(builtin))
+    raise ConfigError(f"config file {arg} does not exist (built-in configs, by name: {', '.join(builtin_names())})")
+
+
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a TOML file and apply `section.key=value` overrides (values parsed as TOML)."""
+    """Read a TOML file (a path, or a built-in config's name: `config_path`) and apply
+    `section.key=value` overrides (values parsed as TOML)."""
+    path = config_path(path)
     with open(path, "rb") as f:
         d = tomllib.load(f)
     return from_dict(apply_overrides(d, overrides or []))
@@ -190,8 +214,10 @@ def validate(cfg: Config) -> None:
     if r.backend not in BACKENDS:
         raise ConfigError(f"[run] backend must be one of {BACKENDS}, got {r.backend!r}")
     c = cfg.codec
-    if c.name not in registry.names():
-        raise ConfigError(f"[codec] unknown codec {c.name!r}; expected one of {', '.join(registry.names())}")
+    try:
+        registry.codec_class(c.name)      # a built-in codec, a plugin or "package.module:Class"
+    except ValueError as err:
+        raise ConfigError(f"[codec] {err}") from err
     if c.kernels not in ("auto", "reference", "numba", "cuda"):
         raise ConfigError(f"[codec] kernels must be auto/reference/numba/cuda, got {c.kernels!r}")
     e = cfg.exchange

@@ -1,0 +1,1 @@
+"""Training: configs, the step loop, optimizers, schedules, checkpoints and results directories."""
