@@ -16,6 +16,14 @@ Two uses, one set of byte formulas, in these modules (each imports only those li
     gain_table(df)                                        # TernGrad / fp32 throughput per (net, cluster, gpus)
     table = validate("results/bench_exchange.csv")       # every row: predicted vs measured
     validation_summary(table)                             # share within 20%, per topology/rate/mode
+
+QUICK input. `tgsim bench exchange --quick` writes the same default CSV as a full run, with a column
+quick = True. `perfmodel-validate` refuses such a CSV in one line on stderr (exit 2) naming the file
+and --allow-quick; with --allow-quick, or under its own --quick (a smoke test that reads a CSV and
+so may consume a smoke test's), it validates it and marks its output: the printed headlines start
+with QUICK and perfmodel_validation.csv has quick = True (it writes no figure). Its --quick on a full
+CSV computes what the full command does and is not marked. A CSV without the column (an older
+tgsim) counts as not quick.
 """
 
 from __future__ import annotations
@@ -99,7 +107,14 @@ def _validate_arguments(v) -> None:
                         "largest N (the rows left out are predicted)")
     _out_arguments(v, VALIDATION_NAME, "the same run: its time is set by the CSV (the grid of `tgsim bench exchange "
                                       "--quick`, N = 2, 4 and 1M, 4M, takes about a second; the default "
-                                      "calibration fits N = 2 and 1M at N = 4 and validates 4M at N = 4)")
+                                      "calibration fits N = 2 and 1M at N = 4 and validates 4M at N = 4). "
+                                      "A smoke test: it also accepts a CSV written by `tgsim bench exchange "
+                                      "--quick` (as --allow-quick does); the output is marked QUICK when its "
+                                      "input is, not otherwise (on a full CSV the numbers are the full run's)")
+    v.add_argument("--allow-quick", action="store_true",
+                   help="use a CSV written by `tgsim bench exchange --quick` (its `quick` column; refused "
+                        "otherwise, exit 2); the printed tables, perfmodel_validation.csv (column quick) then "
+                        "say QUICK. A CSV without the column (an older tgsim) counts as not quick")
     v.set_defaults(func=_run_validate, prog=v.prog)
 
 
@@ -113,14 +128,14 @@ def _bad_out(args, name: str) -> bool:
     return True
 
 
-def _write(df, out: str, name: str, t0: float) -> None:
-    """df -> out/name.csv (directory created), and the line that says so."""
+def _write(df, out: str, name: str, t0: float, note: str = "") -> None:
+    """df -> out/name.csv (directory created), and the line that says so (+ note)."""
     import time
     from pathlib import Path
 
     Path(out).mkdir(parents=True, exist_ok=True)
     df.to_csv(Path(out) / f"{name}.csv", index=False)
-    print(f"\nwrote {name}.csv to {out}/ ({time.perf_counter() - t0:.1f} s)")
+    print(f"\nwrote {name}.csv to {out}/ ({time.perf_counter() - t0:.1f} s){note}")
 
 
 def _run_fig5(args) -> int:
@@ -156,16 +171,57 @@ def _missing_measurements(args) -> bool:
     return True
 
 
-def _print_validation(out) -> None:
-    """The fitted parameters, the share of rows within 20% (per topology, rate, mode) and the worst rows."""
+def _quick_inputs(paths) -> list[tuple[str, str]]:
+    """(path, its grid) of every measurement CSV written by `tgsim bench exchange --quick` (its quick
+    column; a CSV without one counts as not quick)."""
     import pandas as pd
 
+    from tgsim.bench.exchange import is_quick, quick_description
+
+    out = []
+    for path in paths:
+        rows = pd.read_csv(path)
+        if is_quick(rows):
+            out.append((str(path), quick_description(rows)))
+    return out
+
+
+def _refused_quick(args) -> bool:
+    """True (after one line on stderr naming the file and --allow-quick) when a measurement CSV was
+    written by `tgsim bench exchange --quick` and neither --allow-quick nor --quick was given."""
+    import sys
+
+    if args.allow_quick or args.quick:
+        return False
+    quick = _quick_inputs(args.csv)
+    if not quick:
+        return False
+    path, grid = quick[0]
+    more = f" (and {len(quick) - 1} more of the CSVs given)" if len(quick) > 1 else ""
+    print(f"{args.prog}: {path}{more} was written by `tgsim bench exchange --quick` ({grid}: a smoke test); "
+          f"rerun tgsim bench exchange without --quick, or pass --allow-quick to use it (the output is then "
+          f"marked QUICK)", file=sys.stderr)
+    return True
+
+
+def _print_validation(out) -> None:
+    """The fitted parameters, the share of rows within 20% (per topology, rate, mode) and the worst rows;
+    every headline starts with QUICK when the measurements came from `tgsim bench exchange --quick`."""
+    import pandas as pd
+
+    from tgsim.bench.exchange import QUICK_MARK
+
+    quick = bool(out["quick"].any()) if "quick" in out else False
+    mark = "QUICK " if quick else ""
+    if quick:
+        print(f"{QUICK_MARK}; every row below is of its grid")
     for topo, p in out.attrs["params"].items():
         print(describe_params(p, topo))
     with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_columns", 30):
+        print(f"{mark}share of validation rows within 20%, per topology, rate and mode:")
         print(validation_summary(out).round(2))
         v = out[out["split"] == "validation"]
-        print(f"validation rows within 20%: t_step {v['within'].mean():.0%} ({int(v['within'].sum())}/{len(v)}), "
+        print(f"{mark}validation rows within 20%: t_step {v['within'].mean():.0%} ({int(v['within'].sum())}/{len(v)}), "
               f"t_exchange {v['exchange_within'].mean():.0%}, t_wire {v['wire_within'].mean():.0%}; "
               f"calibration rows (t_step): {out.loc[out['split'] == 'calibration', 'within'].mean():.0%}")
         print(v.groupby(["topology", "rate"])["within"].mean().round(2).to_string())
@@ -177,17 +233,18 @@ def _print_validation(out) -> None:
             print(f"  medians of {int(out['sweeps'].max())} sweeps; {int(noisy.sum())}/{len(v)} validation rows "
                   f"differ by > 20% between sweeps; of the rows that do not, "
                   f"{int(v.loc[~noisy, 'within'].sum())}/{int((~noisy).sum())} are within 20%")
-        print("worst validation rows:")
+        print(f"{mark}worst validation rows:")
         print(worst_rows(out).round(4).to_string(index=False))
 
 
 def _run_validate(args) -> int:
     """Calibrate on the measurements, print the validation, write perfmodel_validation.csv; exit 2
-    (one line on stderr) when the CSV is missing or the calibration leaves no row to validate."""
+    (one line on stderr) when the CSV is missing, was written by `tgsim bench exchange --quick` without
+    --allow-quick (or --quick), or the calibration leaves no row to validate."""
     import sys
     import time
 
-    if _bad_out(args, VALIDATION_NAME) or _missing_measurements(args):
+    if _bad_out(args, VALIDATION_NAME) or _missing_measurements(args) or _refused_quick(args):
         return 2
     t0 = time.perf_counter()
     out = validate(args.csv, calibration=CALIBRATIONS[args.calibration])
@@ -197,7 +254,7 @@ def _run_validate(args) -> int:
               f"use --calibration default", file=sys.stderr)
         return 2
     _print_validation(out)
-    _write(out, args.out, VALIDATION_NAME, t0)
+    _write(out, args.out, VALIDATION_NAME, t0, ", QUICK: column quick = True" if out["quick"].any() else "")
     return 0
 
 
@@ -212,7 +269,8 @@ def register_cli(sub) -> None:
 
 
 def main(argv=None) -> int:
-    """python -m tgsim.analysis.perfmodel fig5 [--out DIR] [--quick] | validate [CSV ...] [--out DIR] [--quick]"""
+    """python -m tgsim.analysis.perfmodel fig5 [--out DIR] [--quick] | validate [CSV ...] [--out DIR] [--quick]
+    [--allow-quick]"""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m tgsim.analysis.perfmodel", description=main.__doc__)

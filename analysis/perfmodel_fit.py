@@ -61,12 +61,22 @@ def combine_sweeps(measured) -> "pd.DataFrame":
 
 
 def _load(measured):
+    """One bench table (several sweeps: `combine_sweeps`) with ext_load, sweeps, sweep_spread and
+    quick (True in every row when any sweep was written by `tgsim bench exchange --quick`)."""
     import pandas as pd
 
+    from tgsim.bench.exchange import QUICK_COLUMN, is_quick
+
     if isinstance(measured, (list, tuple)):
-        df = combine_sweeps(measured) if len(measured) > 1 else _load(measured[0])
+        if len(measured) == 1:
+            return _load(measured[0])
+        frames = [m.copy() if isinstance(m, pd.DataFrame) else pd.read_csv(m) for m in measured]
+        quick = any(is_quick(f) for f in frames)
+        df = combine_sweeps([f.drop(columns=QUICK_COLUMN, errors="ignore") for f in frames])
     else:
         df = measured.copy() if isinstance(measured, pd.DataFrame) else pd.read_csv(measured)
+        quick = is_quick(df)
+    df[QUICK_COLUMN] = quick
     if "ext_load" not in df:
         df["ext_load"] = 0.0
     if "sweeps" not in df:
@@ -238,7 +248,8 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
     |rel_error| <= tolerance) -- the headline: the bench's speedups are ratios of t_step; the same
     for t_exchange (exchange_rel_error, exchange_within) and t_wire alone (wire_rel_error,
     wire_within), the CPU components, predicted and measured speedup over fp32_native, and the
-    MPICH byte model against the interface counters (wire_bytes_error).
+    MPICH byte model against the interface counters (wire_bytes_error), and quick (True in every row
+    when a measurement came from `tgsim bench exchange --quick`: tgsim.bench.exchange.is_quick).
     `table.attrs["params"]`: {topology: EmuParams}."""
     import numpy as np
     import pandas as pd
@@ -277,7 +288,8 @@ def validate(measured_csv, calibration=default_calibration_rows, tolerance: floa
                   "within", "t_exchange", "pred_t_exchange",
                   "exchange_rel_error", "exchange_within", "t_wire", "pred_t_wire", "wire_rel_error", "wire_within",
                   "t_encode", "pred_t_encode", "t_scalers", "pred_t_scalers", "t_decode", "pred_t_decode",
-                  "ext_load", "speedup", "pred_speedup", "wire_bytes", "pred_wire_bytes", "wire_bytes_error"]
+                  "ext_load", "speedup", "pred_speedup", "wire_bytes", "pred_wire_bytes", "wire_bytes_error",
+                  "quick"]
     out = out[cols]
     out.attrs["params"] = fitted
     return out

@@ -18,7 +18,10 @@
 # encode and decode free). Read from results/bench_exchange.csv when present, else measured here
 # (~30 s; needs root for the namespace: without it the panel says so). `--quick` only reads an
 # existing CSV. The panel, its claim and the CSV name the file read, when it was written (its
-# modification time) and QUICK when a --quick benchmark wrote it. About 2 s plus that.
+# modification time) and QUICK when a --quick benchmark wrote it: the CSV's `quick` column says so
+# (tgsim bench exchange writes it); a CSV without it (written by an older tgsim) is judged by its
+# grid instead -- every row inside the --quick grid at <= 3 timed steps counts as QUICK (a guess:
+# a full run restricted by hand to that grid is marked too). About 2 s plus that.
 
 # %%
 import os
@@ -86,14 +89,9 @@ def bench_rows():
 
 def bench_quick(rows) -> bool:
     """Was `rows` (a tgsim bench exchange CSV) written by its --quick form? Its `quick` column when it
-    has one; else its grid: every row inside the --quick grid (bench_exchange.QUICK) at no more timed
-    steps."""
-    if "quick" in rows.columns:
-        return bool(rows["quick"].astype(str).str.lower().isin(["true", "1", "yes"]).any())
-    q = bench_exchange.QUICK
-    return bool(rows["topology"].isin(q["topologies"]).all() and rows["rate"].isin(q["rates"]).all()
-                and rows["ranks"].isin(q["ranks"]).all() and rows["params"].isin(q["params"]).all()
-                and ("steps" not in rows.columns or (rows["steps"] <= q["steps"]).all()))
+    has one; else (an older tgsim's CSV) its grid: every row inside the --quick grid
+    (bench_exchange.QUICK) at no more timed steps (bench_exchange.is_quick)."""
+    return bench_exchange.is_quick(rows, guess_from_grid=True)
 
 
 def provenance(path: Path) -> str:

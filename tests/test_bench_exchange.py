@@ -120,3 +120,49 @@ def test_budget_sets_the_timed_steps(tmp_path, budget, steps):
     assert rc == 0
     df = pd.read_csv(raw)
     assert list(df["mode"]) == ["fp32_native", "tg_allreduce"] and (df["steps"] == steps).all()
+
+
+def _fake_point(topology, rate, ranks, params, raw_csv, **kw):
+    """run_point without a network: one fp32_native and one tg_allreduce row per size, appended."""
+    base = dict(topology=topology, rate=rate, ranks=ranks, t_encode=0.0, t_decode=0.0, t_wire=0.5,
+                payload_max_link=100.0, payload_total=200.0, wire_bytes=200.0, cores=2, steps=kw.get("steps", 5),
+                t_step_min=0.9, t_step_max=1.1, loadavg=0.1)
+    rows = [{**base, "params": p, "mode": m, "t_step": t} for p in params
+            for m, t in (("fp32_native", 1.0), ("tg_allreduce", 0.4))]
+    pd.DataFrame(rows).to_csv(raw_csv, mode="a", header=not raw_csv.exists(), index=False)
+    return 0
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_csv_says_whether_quick_wrote_it(quick, tmp_path, monkeypatch, capsys):
+    """`tgsim bench exchange [--quick]` writes quick = True / False in every row of its CSV (the same
+    default path for both), the printed table starts with QUICK when quick, and is_quick reads it back."""
+    import argparse
+
+    monkeypatch.setattr(be, "check_environment", lambda shaping=True: (True, "ok"))
+    monkeypatch.setattr(be, "run_point", _fake_point)
+    p = argparse.ArgumentParser()
+    be.add_arguments(p)
+    out = tmp_path / "bench.csv"
+    argv = ["--out", str(out), "--quiet", "--ranks", "2", "--params", "1e6"] + (["--quick"] if quick else [])
+    assert be.cmd(p.parse_args(argv)) == 0
+    df = pd.read_csv(out)
+    assert df["quick"].dtype == bool and (df["quick"] == quick).all() and len(df) == 2 * (1 if quick else 4)
+    assert be.is_quick(df) is quick
+    printed = capsys.readouterr().out
+    assert (be.QUICK_MARK in printed) is quick and ("quick = True" in printed) is quick
+
+
+def test_is_quick_reads_the_column_and_guesses_only_when_asked():
+    """The quick column wins over the grid (a full-grid CSV marked quick is quick, a quick-grid CSV
+    marked False is not; 'True' strings after a concat count); without the column a CSV is not quick
+    unless guess_from_grid, which counts rows inside the --quick grid at <= 3 steps."""
+    grid = pd.DataFrame([dict(topology="shared", rate="1gbit", ranks=n, params=p, steps=3, mode="tg_ps")
+                         for n in (2, 4) for p in (1_000_000, 4_000_000)])
+    assert be.is_quick(grid.assign(quick=False), guess_from_grid=True) is False
+    assert be.is_quick(grid.assign(ranks=8, quick=True)) is True
+    assert be.is_quick(grid.assign(quick=["True", "False", "False", "False"])) is True
+    assert be.is_quick(grid) is False and be.is_quick(grid, guess_from_grid=True) is True
+    assert be.is_quick(grid.assign(steps=5), guess_from_grid=True) is False
+    assert be.is_quick(grid.assign(ranks=8), guess_from_grid=True) is False
+    assert be.quick_description(grid) == "N = 2, 4, P = 1M, 4M, 3 timed steps"

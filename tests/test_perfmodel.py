@@ -453,3 +453,65 @@ def test_validate_without_measurements_names_the_bench_command(argv, tmp_path, m
     assert "results/bench_exchange.csv" in lines[0] and "`tgsim bench exchange`" in lines[0]
     assert "Traceback" not in cap.err + cap.out
     assert not (tmp_path / "results").exists()
+
+
+# -- QUICK input: a CSV of `tgsim bench exchange --quick` (its quick column) -------------------------
+
+def _marked(path: Path, quick) -> Path:
+    """The quick bench grid with a `quick` column (True: written by --quick), as tgsim bench exchange
+    writes it; quick=None: no column (an older tgsim)."""
+    df = pd.read_csv(_quick_bench_csv(path))
+    if quick is not None:
+        df["quick"] = quick
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_validate_refuses_a_quick_bench_csv_without_allow_quick(tmp_path, capsys):
+    """A CSV written by `tgsim bench exchange --quick`: exit 2, one line on stderr naming the file and
+    --allow-quick, nothing written; the same from `python -m tgsim.analysis.perfmodel validate` and
+    when only one of several sweeps is quick."""
+    from tgsim.cli import main
+
+    quick, full = _marked(tmp_path / "q.csv", True), _marked(tmp_path / "f.csv", False)
+    for argv, run in ((["analyze", "perfmodel-validate", str(quick)], main), (["validate", str(quick)], pm.main),
+                      (["analyze", "perfmodel-validate", str(full), str(quick)], main)):
+        assert run(argv + ["--out", str(tmp_path / "out")]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert len(lines) == 1, cap.err
+        assert str(quick) in lines[0] and "--allow-quick" in lines[0] and "bench exchange --quick" in lines[0]
+        assert "Traceback" not in cap.err + cap.out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--allow-quick", "--quick"])
+def test_validate_allow_quick_marks_its_output(flag, tmp_path, capsys):
+    """--allow-quick (and the command's own --quick, a smoke test that may read a smoke test's CSV)
+    accepts the quick CSV: exit 0, the printed headlines start with QUICK, every row of
+    perfmodel_validation.csv has quick = True."""
+    from tgsim.cli import main
+
+    quick = _marked(tmp_path / "q.csv", True)
+    assert main(["analyze", "perfmodel-validate", str(quick), flag, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("QUICK (tgsim bench exchange --quick")
+    for head in ("QUICK validation rows within 20%", "QUICK worst validation rows", "QUICK share of validation"):
+        assert head in out, out
+    assert "quick = True" in out.splitlines()[-1]
+    table = pd.read_csv(tmp_path / "perfmodel_validation.csv")
+    assert table["quick"].dtype == bool and table["quick"].all()
+
+
+@pytest.mark.parametrize("quick", [False, None])
+def test_validate_full_bench_csv_is_not_marked(quick, tmp_path, capsys):
+    """A full run's CSV (quick = False), or one without the column (an older tgsim): accepted without a
+    flag, nothing says QUICK, perfmodel_validation.csv has quick = False; --quick on it is the same run
+    and is not marked either."""
+    from tgsim.cli import main
+
+    full = _marked(tmp_path / "f.csv", quick)
+    for extra in ([], ["--quick"]):
+        assert main(["analyze", "perfmodel-validate", str(full), "--out", str(tmp_path)] + extra) == 0
+        cap = capsys.readouterr()
+        assert "QUICK" not in cap.out and cap.err == ""
+        assert not pd.read_csv(tmp_path / "perfmodel_validation.csv")["quick"].any()

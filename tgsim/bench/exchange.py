@@ -25,6 +25,10 @@ synthetic AlexNet-shaped gradients of P parameters, every exchange mode of
   spread         (t_step_max - t_step_min) / t_step over the row's timed steps
   warning        tgsim.bench.timing.judge: load average above `cores`, spread above 20 %, fewer than
                  2 timed steps ('' when none applies); the table's rows that warn are listed under it
+  quick          True when `--quick` wrote the CSV (a smoke test: its grid, 3 timed steps; numbers not
+                 for reporting), False otherwise. It is written to the same default --out as a full
+                 run, so readers check it: `tgsim analyze perfmodel-validate` refuses quick rows unless
+                 --allow-quick, fig06(g) marks them QUICK (`is_quick`)
 
 Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) for `unshare --net` and `tc`; `check_environment()`
 says what is missing.
@@ -50,6 +54,38 @@ QUICK = dict(topologies=("shared",), rates=("1gbit",), ranks=(2, 4), params=(1_0
              steps=3, warmup=1, budget=20.0)
 BASELINE = "fp32_native"
 TARGET = 0.75
+QUICK_COLUMN = "quick"      # True in every row of a CSV written by --quick
+QUICK_MARK = "QUICK (tgsim bench exchange --quick: a smoke test, numbers not for reporting)"
+
+
+def _truthy(col) -> "pd.Series":
+    """A quick column read back from CSV (bool, or 'True'/'False'/1/0 strings after a concat) as bools."""
+    return col.astype(str).str.strip().str.lower().isin(["true", "1", "1.0", "yes"])
+
+
+def is_quick(rows, guess_from_grid: bool = False) -> bool:
+    """Was `rows` (a DataFrame of a `tgsim bench exchange` CSV) written by its --quick form? Its `quick`
+    column when it has one (any row True). A CSV without the column (written before tgsim had it)
+    counts as not quick, unless `guess_from_grid`: then every row inside the --quick grid (QUICK) at
+    no more timed steps counts as quick (a guess: a full run limited by hand to that grid looks the
+    same; fig06 uses it only to mark its panel)."""
+    if QUICK_COLUMN in rows.columns:
+        return bool(_truthy(rows[QUICK_COLUMN]).any())
+    if not guess_from_grid or not {"topology", "rate", "ranks", "params"} <= set(rows.columns):
+        return False
+    q = QUICK
+    return bool(rows["topology"].isin(q["topologies"]).all() and rows["rate"].isin(q["rates"]).all()
+                and rows["ranks"].isin(q["ranks"]).all() and rows["params"].isin(q["params"]).all()
+                and ("steps" not in rows.columns or (rows["steps"] <= q["steps"]).all()))
+
+
+def quick_description(rows) -> str:
+    """'N = 2, 4, P = 1M, 4M, 3 timed steps': the grid of `rows`, for the messages that refuse it."""
+    def nums(col, fmt):
+        return ", ".join(fmt(v) for v in sorted(set(rows[col]))) if col in rows.columns else "?"
+
+    steps = f", {nums('steps', lambda v: str(int(v)))} timed steps" if "steps" in rows.columns else ""
+    return f"N = {nums('ranks', lambda v: str(int(v)))}, P = {nums('params', lambda v: f'{v / 1e6:g}M')}{steps}"
 
 
 def rate_bits(rate: str) -> float:
@@ -202,8 +238,9 @@ def _cause(r) -> str:
 
 
 def sweep(topologies, rates, ranks, params, steps=5, warmup=1, budget=45.0, modes=None, out=None,
-          quiet=False):
-    """Run every (topology, rate, N) point; returns the summarized DataFrame (also written to `out`)."""
+          quiet=False, quick=False):
+    """Run every (topology, rate, N) point; returns the summarized DataFrame (also written to `out`),
+    with QUICK_COLUMN = `quick` in every row (True: the --quick form ran)."""
     import pandas as pd
 
     ok, why = check_environment()
@@ -227,6 +264,7 @@ def sweep(topologies, rates, ranks, params, steps=5, warmup=1, budget=45.0, mode
             raise RuntimeError(f"no measurements were written (failures: {failures})")
         raw = pd.read_csv(raw_csv)
     df = summarize(raw)
+    df[QUICK_COLUMN] = bool(quick)
     df.attrs["failures"] = failures
     if out:
         out = Path(out)
@@ -239,6 +277,8 @@ def sweep(topologies, rates, ranks, params, steps=5, warmup=1, budget=45.0, mode
 
 def print_table(df, file=None) -> None:
     file = file or sys.stdout
+    if QUICK_COLUMN in df.columns and is_quick(df):
+        print(QUICK_MARK, file=file)
     cols = f"{'topo':6} {'rate':6} {'N':>2} {'params':>6} {'mode':13} {'step ms':>9} {'enc ms':>7} {'wire ms':>8} " \
            f"{'dec ms':>7} {'MB paid':>8} {'MB wire':>8} {'speedup':>7} {'bytes':>6} {'%':>5} {'ok':>3}  cause"
     print(cols, file=file)
@@ -257,7 +297,8 @@ def print_table(df, file=None) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `tgsim bench exchange` (for tgsim/cli.py)."""
-    p.add_argument("--quick", action="store_true", help="shared topology, 1 Gb/s, N = 2, 4, P = 1M, 4M, 3 steps")
+    p.add_argument("--quick", action="store_true", help="shared topology, 1 Gb/s, N = 2, 4, P = 1M, 4M, 3 steps; "
+                   "a smoke test: every row of the CSV gets quick = True (readers refuse or mark it)")
     p.add_argument("--topologies", help="comma list of shared,switch (default: both)")
     p.add_argument("--rates", help="comma list of tc rates (default 1gbit,10gbit)")
     p.add_argument("--ranks", help="comma list of N (default 2,4,8)")
@@ -289,10 +330,11 @@ def cmd(args) -> int:
     if not ok:
         print(f"tgsim bench exchange: {why}", file=sys.stderr)
         return 3
-    df = sweep(modes=lst(args.modes, str) if args.modes else None, out=args.out, quiet=args.quiet, **cfg)
+    df = sweep(modes=lst(args.modes, str) if args.modes else None, out=args.out, quiet=args.quiet,
+               quick=bool(args.quick), **cfg)
     print()
     print_table(df)
-    print(f"\nrows: {args.out}")
+    print(f"\nrows: {args.out}" + (" (quick = True: a smoke test)" if args.quick else ""))
     return 1 if df.attrs.get("failures") else 0
 
 
