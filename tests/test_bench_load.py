@@ -6,6 +6,7 @@ the core count, the spread of a row's timed calls, too few calls, a time near th
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -75,3 +76,60 @@ def test_every_bench_row_has_the_trust_columns(monkeypatch, capsys):
     assert r.loc["tg_allreduce", "spread"] == pytest.approx(0.3)
     assert r.loc["tg_allreduce", "warning"] == "load average 3.0 > 2 cores; spread 30 % > 20 %"
     assert {"load_avg", "spread", "warning"} <= set(df.columns)
+
+
+def _ms(*values):
+    return timing.Timing(np.asarray(values, dtype=np.float64) * 1e-3)
+
+
+CLEAN = _ms(10.0, 10.2, 10.1, 10.05)              # spread 2 %
+NOISY = _ms(10.0, 13.0, 11.0, 10.5)               # spread 3 / 10.75 = 28 %: (max - min) / median
+
+
+def test_bench_codec_backend_table_warns_on_a_wide_spread():
+    """`tgsim bench codec --backend numpy|cupy` (codec_gpu): fake timings through the same row and
+    table code. Positive control: a row whose own timing has a 30 % spread warns (and one whose floor
+    has it: x_read divides both); a clean row does not; the machine line and the count say so; a load
+    above the core count warns every row and the machine line."""
+    from tgsim.bench import codec_gpu
+
+    wide = _ms(10.0, 13.0, 10.0, 10.0)            # (13 - 10) / 10 = 30 %
+    kw = dict(load=0.5, cores=2, resolution=NS)
+    rows = [codec_gpu.make_row("numpy", "read pass, copy", CLEAN, CLEAN.median, 1000, [CLEAN], **kw),
+            codec_gpu.make_row("numpy", "encode 1 layer", wide, CLEAN.median, 1000, [CLEAN], **kw),
+            codec_gpu.make_row("numpy", "aggregate 8", CLEAN, 2e-3, 1000, [NOISY], **kw)]
+    assert rows[0]["warning"] == "" and rows[0]["spread"] == pytest.approx(0.2 / 10.075)
+    assert rows[1]["warning"] == "spread 30 % > 20 %" and rows[1]["x_read"] == pytest.approx(10.0 / 10.075)
+    assert rows[2]["warning"] == "spread 28 % > 20 %"
+    text = codec_gpu.format_rows(rows, load=0.5, cores=2, resolution=NS)
+    lines = text.splitlines()
+    assert lines[1].startswith("load average 0.50 (1 min) on 2 cores") and "WARNING: load" not in text
+    assert lines[2].split() == ["row", "elements", "ms", "floor_ms", "x_read", "spread", "warning"]
+    assert lines[3].endswith(" 2%") and re.search(r" 30% +spread 30 % > 20 %$", lines[4])
+    assert lines[-1].startswith("WARNING: 2 of 3 rows warn")
+    loaded = [codec_gpu.make_row("cupy", "read pass, copy", CLEAN, CLEAN.median, 1000, [CLEAN], load=3.0, cores=2,
+                                 resolution=codec_gpu.CUDA_EVENT_RESOLUTION)]
+    text = codec_gpu.format_rows(loaded, load=3.0, cores=2, resolution=NS)
+    assert "WARNING: load average 3.0 > 2 cores" in text and "CUDA event times" in text
+    assert loaded[0]["warning"] == "load average 3.0 > 2 cores" and "WARNING: 1 of 1 rows warn" in text
+
+
+def test_bench_sim_backend_table_warns_on_a_wide_spread():
+    """`tgsim bench sim --backend numpy|cupy` (sim_gpu): a row is as good as the worst of its four
+    timings. Positive control: a 30 % spread in one of them warns, printed under the row and counted;
+    four clean timings do not."""
+    from tgsim.bench import sim_gpu
+
+    four = dict.fromkeys(("bitwise", "vendor", "looped", "one process"), CLEAN)
+    kw = dict(load=0.5, cores=2, resolution=NS)
+    clean = sim_gpu.make_row("mlp", 100, 32, 8, four, **kw)
+    noisy = sim_gpu.make_row("mlp", 100, 128, 8, {**four, "looped": _ms(10.0, 10.0, 13.0, 10.0)}, **kw)
+    assert clean["warning"] == "" and clean["bitwise / vendor"] == pytest.approx(1.0)
+    assert noisy["warning"] == "spread 30 % > 20 %" and noisy["spread"] == pytest.approx(0.3)
+    text = sim_gpu.format_rows([clean, noisy], "numpy", **kw)
+    lines = text.splitlines()
+    assert lines[1].startswith("load average 0.50 (1 min) on 2 cores") and lines[2].split()[-1] == "spread"
+    assert lines[3].endswith(" 2%") and lines[4].endswith(" 30%")
+    assert lines[5] == "    warning mlp N = 128: spread 30 % > 20 %"
+    assert lines[6].startswith("WARNING: 1 of 2 rows warn") and len(lines) == 7
+    assert "WARNING" not in sim_gpu.format_rows([clean], "numpy", **kw).replace("a row warns", "")

@@ -20,6 +20,14 @@ x_read = seconds / floor, the floor being the faster read pass of the same bytes
 1 layer, torch), the step's L x m elements, and for aggregate the W payloads read plus the float32
 result written, at the copy's bandwidth. Targets on an H100 (issue 23): encode 1 layer (64M) and
 encode step within 3x, aggregate of 8 within 3x.
+
+Trust (issue 31, item 7; the same decision as every benchmark: tgsim.bench.timing.row_check): each
+row also has load_avg (the 1-minute load average when it was timed), spread (the largest (max - min)
+/ median of its own timed calls and of its floor's) and warning (load above the core count, spread
+above 20 %, fewer than 2 timed calls, a median under 100 x the clock's resolution; '' when none
+applies). The table prints the machine line, a spread column, each row's warning and a count of the
+rows that warn. The clock is perf_counter on NumPy (and for the torch row); on CuPy the CUDA events of
+cupyx.profiler.benchmark, judged at their resolution (CUDA_EVENT_RESOLUTION, 0.5 us).
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ import time
 
 import numpy as np
 
-from tgsim.bench.timing import time_call
+from tgsim.bench import timing
+from tgsim.bench.timing import Timing, time_call
+
+CUDA_EVENT_RESOLUTION = 0.5e-6      # s: cudaEventElapsedTime's documented resolution (about 0.5 us)
 
 
 def _xp(backend: str):
@@ -46,12 +57,24 @@ def _xp(backend: str):
     return cupy
 
 
-def _median_seconds(fn, xp, repeats: int) -> float:
+def _timing(fn, xp, repeats: int) -> Timing:
+    """Every timed call's seconds: NumPy, `time_call` (perf_counter, one warm-up call); CuPy, the GPU
+    times (CUDA events) of cupyx.profiler.benchmark after 2 warm-up calls."""
     if xp is np:
-        return time_call(fn, repeats).median
+        return time_call(fn, repeats)
     from cupyx.profiler import benchmark
 
-    return float(np.median(benchmark(fn, n_repeat=repeats, n_warmup=2).gpu_times[0]))
+    return Timing(np.asarray(benchmark(fn, n_repeat=repeats, n_warmup=2).gpu_times[0], dtype=np.float64))
+
+
+def _resolution(xp) -> float:
+    """The resolution of the clock `_timing` reads on this backend."""
+    return timing.clock_resolution() if xp is np else CUDA_EVENT_RESOLUTION
+
+
+def _half(t: Timing) -> Timing:
+    """A read pass is half a copy (one read, one write): every call's seconds / 2."""
+    return Timing(t.seconds / 2)
 
 
 def _copy_kernel(xp):
@@ -60,12 +83,15 @@ def _copy_kernel(xp):
     return xp.ElementwiseKernel("T x", "T y", "y = x", "tgsim_bench_copy")
 
 
-def _read_pass(x, xp, repeats: int) -> tuple[float, float]:
-    """(copy / 2, kernel / 2) seconds for a read pass over x."""
+def _read_pass(x, xp, repeats: int) -> tuple[Timing, Timing]:
+    """(copy / 2, kernel / 2): the timings of a read pass over x."""
     y = xp.empty_like(x)
     kern = _copy_kernel(xp)
-    return (_median_seconds(lambda: x.copy(), xp, repeats) / 2,
-            _median_seconds(lambda: kern(x, y), xp, repeats) / 2)
+    return _half(_timing(lambda: x.copy(), xp, repeats)), _half(_timing(lambda: kern(x, y), xp, repeats))
+
+
+def _faster(a: Timing, b: Timing) -> Timing:
+    return a if a.median <= b.median else b
 
 
 def _torch_ternarize():
@@ -89,7 +115,7 @@ def _torch_ternarize():
     return torch, run
 
 
-def _time_torch(torch, fn, repeats: int) -> float:
+def _time_torch(torch, fn, repeats: int) -> Timing:
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
@@ -99,7 +125,15 @@ def _time_torch(torch, fn, repeats: int) -> float:
         fn()
         torch.cuda.synchronize()
         out.append(time.perf_counter() - t0)
-    return float(np.median(out))
+    return Timing(np.asarray(out, dtype=np.float64))
+
+
+def make_row(backend: str, what: str, t: Timing, floor: float, elements: int, floor_timings=(),
+             load: float = float("nan"), cores: int = 1, resolution: float = 1e-9) -> dict:
+    """One row: median ms of `t`, the floor (s) it is divided by, x_read, and the trust columns of
+    tgsim.bench.timing.row_check over `t` and the timings the floor came from (a ratio: both)."""
+    return dict(backend=backend, row=what, elements=elements, ms=1e3 * t.median, floor_ms=1e3 * floor,
+                x_read=t.median / floor, **timing.row_check([t, *floor_timings], load, cores, resolution))
 
 
 def run(backend: str = "cupy", n_elements: int = 1 << 26, layers: int = 100, layer_elements: int = 100_000,
@@ -120,40 +154,62 @@ def run(backend: str = "cupy", n_elements: int = 1 << 26, layers: int = 100, lay
     step_flat = xp.asarray(rng.standard_normal(layers * layer_elements, dtype=np.float32))
     G = xp.asarray(rng.standard_normal((workers, n_elements), dtype=np.float32))
     rows = []
+    cores, resolution = timing.core_count(), _resolution(xp)
 
-    def row(what, seconds, floor, elements):
-        rows.append(dict(backend=backend, row=what, elements=elements, ms=1e3 * seconds, floor_ms=1e3 * floor,
-                         x_read=seconds / floor))
+    def row(what, t: Timing, floor: float, elements: int, floor_timings=()):
+        rows.append(make_row(backend, what, t, floor, elements, floor_timings, timing.load_average(), cores,
+                             resolution))
 
     copy, kern = _read_pass(g, xp, repeats)
-    read = min(copy, kern)
-    rows.append(dict(backend=backend, row="read pass, copy", elements=n_elements, ms=1e3 * copy, floor_ms=1e3 * read,
-                     x_read=copy / read))
-    rows.append(dict(backend=backend, row="read pass, kernel", elements=n_elements, ms=1e3 * kern,
-                     floor_ms=1e3 * read, x_read=kern / read))
-    row("encode 1 layer", _median_seconds(lambda: encode({"g": g[None]}, one), xp, repeats), read, n_elements)
-    step_read = min(_read_pass(step_flat, xp, repeats))
-    row(f"encode step ({layers} x {layer_elements})", _median_seconds(lambda: encode(step, one), xp, repeats),
-        step_read, layers * layer_elements)
+    read = _faster(copy, kern)
+    row("read pass, copy", copy, read.median, n_elements, [read])
+    row("read pass, kernel", kern, read.median, n_elements, [read])
+    row("encode 1 layer", _timing(lambda: encode({"g": g[None]}, one), xp, repeats), read.median, n_elements, [read])
+    step_read = _faster(*_read_pass(step_flat, xp, repeats))
+    row(f"encode step ({layers} x {layer_elements})", _timing(lambda: encode(step, one), xp, repeats),
+        step_read.median, layers * layer_elements, [step_read])
     msgs = encode({"g": G}, np.arange(workers))
     payload_bytes = sum(int(m.wire_bytes) for m in msgs)
-    bandwidth = 2 * 4 * n_elements / (2 * copy)          # bytes/s of the copy (read + write)
-    row(f"aggregate {workers}", _median_seconds(lambda: codec.aggregate(msgs, divide_by=workers), xp, repeats),
-        (payload_bytes + 4 * n_elements) / bandwidth, n_elements)
+    bandwidth = 2 * 4 * n_elements / (2 * copy.median)   # bytes/s of the copy (read + write)
+    row(f"aggregate {workers}", _timing(lambda: codec.aggregate(msgs, divide_by=workers), xp, repeats),
+        (payload_bytes + 4 * n_elements) / bandwidth, n_elements, [copy])
     torch_run = _torch_ternarize() if xp is not np else None
     if torch_run is not None:
         torch, fn = torch_run
         x = torch.as_tensor(g, device="cuda")
-        row("torch ternarize (eager)", _time_torch(torch, lambda: fn(x), repeats), read, n_elements)
+        rows.append(make_row(backend, "torch ternarize (eager)", _time_torch(torch, lambda: fn(x), repeats),
+                             read.median, n_elements, [read], timing.load_average(), cores,
+                             max(timing.clock_resolution(), resolution)))
     return rows
 
 
-def format_rows(rows: list[dict]) -> str:
-    head = ("TernGrad on " + rows[0]["backend"] + ": ms per call (median), x_read = time / the faster read pass of "
+def _percent(v: float) -> str:
+    return "" if v != v else f"{100 * v:.0f}%"
+
+
+def format_rows(rows: list[dict], load: float | None = None, cores: int | None = None,
+                resolution: float | None = None) -> str:
+    """The table: a title, the machine line (load average, cores, clock: tgsim.bench.timing.machine_line;
+    load, cores, resolution default to this machine's now), a row per timing with its spread and
+    warning, and a WARNING line counting the rows that warn."""
+    backend = rows[0]["backend"]
+    load = timing.load_average() if load is None else load
+    cores = timing.core_count() if cores is None else cores
+    resolution = timing.clock_resolution() if resolution is None else resolution
+    head = ("TernGrad on " + backend + ": ms per call (median), x_read = time / the faster read pass of "
             "the same bytes (copy / 2 or kernel y = x / 2), measured in this run")
-    cols = ["row", "elements", "ms", "floor_ms", "x_read"]
-    cells = [[str(r["row"]), f"{r['elements']:,}", f"{r['ms']:.4g}", f"{r['floor_ms']:.4g}", f"{r['x_read']:.3g}"]
-             for r in rows]
+    machine = timing.machine_line(load, cores, resolution)
+    if backend == "cupy":
+        machine += (f"\nGPU rows: CUDA event times (cupyx.profiler.benchmark), judged at their resolution "
+                    f"{CUDA_EVENT_RESOLUTION * 1e9:.0f} ns")
+    cols = ["row", "elements", "ms", "floor_ms", "x_read", "spread", "warning"]
+    cells = [[str(r["row"]), f"{r['elements']:,}", f"{r['ms']:.4g}", f"{r['floor_ms']:.4g}", f"{r['x_read']:.3g}",
+              _percent(r.get("spread", float("nan"))), r.get("warning", "")] for r in rows]
     width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
-    return "\n".join([head, "  ".join(c.ljust(w) for c, w in zip(cols, width))] +
-                     ["  ".join(v.ljust(w) for v, w in zip(x, width)) for x in cells])
+    lines = [head, machine, "  ".join(c.ljust(w) for c, w in zip(cols, width)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(x, width)).rstrip() for x in cells]
+    warned = sum(bool(r.get("warning")) for r in rows)
+    if warned:
+        lines.append(f"WARNING: {warned} of {len(rows)} rows warn (last column): their times and x_read are not "
+                     "reliable; rerun on an idle machine or with more --repeats")
+    return "\n".join(lines)
