@@ -38,10 +38,6 @@ def _tgsim(*args: str) -> list[str]:
     return [str(BIN / "tgsim"), *args]
 
 
-def _python(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
 # README command -> (argv of its quick form given a temp dir, lines the output must contain)
 QUICK = {
     "make demo": (lambda t: (["make", "--no-print-directory", "demo", f"ARGS=--set run.steps=20 --results {t} --quiet"]
@@ -53,8 +49,9 @@ QUICK = {
     "make bench": (lambda t: (["make", "--no-print-directory", "bench", "ARGS=--quick"] if IN_REPO_VENV
                               else _tgsim("bench", "codec", "--quick")),
                    ["fused moments+encode 2bit clip=explicit", "fused weighted_sum"]),
-    ".venv/bin/tgsim run tgsim/configs/demo.toml --out results/my-run --set run.steps=500":
-        (lambda t: _tgsim("run", "tgsim/configs/demo.toml", "--out", str(t / "my-run"), "--set", "run.steps=20",
+    ".venv/bin/tgsim --version": (lambda t: _tgsim("--version"), ["tgsim 0."]),
+    ".venv/bin/tgsim run demo --out results/my-run --set run.steps=500":
+        (lambda t: _tgsim("run", "demo", "--out", str(t / "my-run"), "--set", "run.steps=20",
                           "--set", "run.checkpoint_every=10", "--set", "run.log_every=5", "--quiet"),
          ["test loss", "bits/worker up", "results: "]),
     ".venv/bin/tgsim run --resume --out results/my-run":
@@ -82,17 +79,17 @@ QUICK = {
                                   ["simulator throughput", "peak memory of one step"]),
     ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--out", str(t / "bx.csv")),
                                        ["rows: "]),
-    ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train tgsim/configs/demo.toml --set workers.n=4":
-        (lambda t: [str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "tgsim.mpi_runs.train", "tgsim/configs/demo.toml",
+    ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train demo --set workers.n=4":
+        (lambda t: [str(BIN / "mpiexec"), "-n", "4", sys.executable, "-m", "tgsim.mpi_runs.train", "demo",
                     "--set", "workers.n=4", "--set", "run.steps=20", "--out", str(t / "mpi"), "--quiet"],
          ["bits/worker up", "(ranks 1..3; rank 0 as server", "(4 ranks)"]),
-    ".venv/bin/python papers_figures/least_squares_robbins_monro.py":
-        (lambda t: _python("papers_figures/least_squares_robbins_monro.py", "--quick"), [".csv", ".png"]),
-    ".venv/bin/python papers_figures/mnist1d_terngrad_vs_fp32.py":
-        (lambda t: _python("papers_figures/mnist1d_terngrad_vs_fp32.py", "--quick"), [".csv", ".png"]),
+    ".venv/bin/tgsim figures least_squares_robbins_monro":
+        (lambda t: _tgsim("figures", "--quick", "least_squares_robbins_monro"), [".csv", ".png", "outputs: "]),
+    ".venv/bin/tgsim figures mnist1d_terngrad_vs_fp32":
+        (lambda t: _tgsim("figures", "--quick", "mnist1d_terngrad_vs_fp32"), [".csv", ".png", "outputs: "]),
     # quick forms run by tests/test_figures.py::test_sharing_sweep_scripts_quick_form (not twice)
-    ".venv/bin/python papers_figures/terngrad_sharing_regimes.py": (None, []),
-    ".venv/bin/python papers_figures/terngrad_workers_scaling.py": (None, []),
+    ".venv/bin/tgsim figures terngrad_sharing_regimes": (None, []),
+    ".venv/bin/tgsim figures terngrad_workers_scaling": (None, []),
 }
 
 

@@ -210,13 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="results directory (default results/<name>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     r.set_defaults(func=_cmd_run)
 
     d = sub.add_parser("demo", help="train the built-in demo config with fp32 and with TernGrad, print both")
     d.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     d.add_argument("--results", default="results", help="where results directories go")
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     d.set_defaults(func=_cmd_demo)
 
     c = sub.add_parser("codecs", help="list the registered codecs and their declared properties")
