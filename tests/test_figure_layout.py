@@ -32,7 +32,11 @@ def _clean():
 
 @pytest.fixture(autouse=True)
 def _close():
-    yield
+    """Each test in matplotlib's default style, whatever an earlier test set globally (seaborn's
+    "paper" context shrinks the fonts, and these geometries are sized for the defaults)."""
+    with matplotlib.rc_context():
+        matplotlib.style.use("default")
+        yield
     plt.close("all")
 
 
