@@ -39,6 +39,22 @@ _SHAPE_TAG = {"gaussian": 11, "student_t3": 12, "lognormal": 13, "sparse": 14}
 # ---------------------------------------------------------------------------------------------
 # gradient shapes
 # ---------------------------------------------------------------------------------------------
+def method_sections(method: str, table: dict) -> tuple[dict, dict]:
+    """(codec section, exchange section) of a comparison's method: table[method], else any other codec
+    name (a plugin or "package.module:Class", "+ef" for error feedback) at its default options,
+    synchronous. ValueError naming the table's methods for a name that is neither."""
+    if method in table:
+        return table[method]
+    from tgsim.codecs import error_feedback, registry
+
+    name, ef = error_feedback.split_name(method)
+    try:
+        registry.codec_class(name)
+    except ValueError as e:
+        raise ValueError(f"unknown method {method!r}: not one of {', '.join(table)}, and {e}") from e
+    return ({"name": name, **({"error_feedback": True} if ef else {})}, {})
+
+
 def synthetic_gradient(kind: str, n: int = 3000, seed: int = 0) -> np.ndarray:
     """A float32 test vector of one of SYNTHETIC_SHAPES, keyed by (kind, seed)."""
     if kind not in _SHAPE_TAG:

@@ -77,19 +77,10 @@ METHODS = {
 
 
 def method_sections(method: str) -> tuple[dict, dict]:
-    """(codec section, exchange section) of a method: METHODS[method], else any other codec name (a
-    plugin or "package.module:Class", "+ef" for error feedback) at its default options, synchronous.
-    ValueError naming the known methods for a name that is neither."""
-    if method in METHODS:
-        return METHODS[method]
-    from tgsim.codecs import error_feedback, registry
+    """(codec section, exchange section) of a method: METHODS, or a plugin codec (common.method_sections)."""
+    from tgsim.analysis.common import method_sections as sections
 
-    name, ef = error_feedback.split_name(method)
-    try:
-        registry.codec_class(name)
-    except ValueError as e:
-        raise ValueError(f"unknown method {method!r}: not one of {', '.join(METHODS)}, and {e}") from e
-    return ({"name": name, **({"error_feedback": True} if ef else {})}, {})
+    return sections(method, METHODS)
 
 
 RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",

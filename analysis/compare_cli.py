@@ -74,9 +74,11 @@ def _speedup(args) -> int:
 
     _resolve(args, SPEEDUP)
     methods = _list(args.methods)
-    unknown = [m for m in methods if m not in cs.METHODS]
-    if unknown:
-        raise SystemExit(f"tgsim compare speedup: unknown method(s) {unknown}; valid: {', '.join(cs.METHODS)}")
+    for m in methods:               # METHODS, or a plugin / "package.module:Class" ("+ef": error feedback)
+        try:
+            cs.method_sections(m)
+        except ValueError as e:
+            raise SystemExit(f"tgsim compare speedup: {e}") from None
     extra = dict(problem=cs.Problem(**SPEEDUP_QUICK_PROBLEM), sweeps=SPEEDUP_QUICK_SWEEPS) if args.quick else {}
     cs.run(args.out, workers=_list(args.workers, int), methods=methods, seeds=tuple(range(args.seeds)),
            fixed_M=args.fixed_m or None, lr_grid=_list(args.lr_grid, float), tune_steps=args.tune_steps,

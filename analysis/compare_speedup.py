@@ -97,6 +97,13 @@ SWEEPS = {
 }
 
 
+def method_sections(method: str) -> tuple[dict, dict]:
+    """(codec section, exchange section) of a method: METHODS, or a plugin codec (common.method_sections)."""
+    from tgsim.analysis.common import method_sections as sections
+
+    return sections(method, METHODS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """The least-squares problem and the schedule (defaults: the full form)."""
@@ -117,7 +124,7 @@ def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_o
     that fraction of the training rows out (evaluate then sees it)."""
     from tgsim.train.config import from_dict
 
-    codec, exchange = METHODS[method]
+    codec, exchange = method_sections(method)          # METHODS, or a plugin codec at its defaults
     codec = {**codec, **(codec_over or {})}
     return from_dict({
         "run": {"name": f"speedup-{method}", "seed": seed, "steps": steps, "log_every": 10**9},

@@ -1,6 +1,6 @@
 """User codecs as plugins: a codec defined outside tgsim/ (examples/plugin_codec/tgsim_example_codec.py)
 runs by entry point (group `tgsim.codecs`) or by its import path "module:Class" under `tgsim run`,
-`tgsim codecs`, `tgsim analyze unbiasedness --codec`, `tgsim compare variance|bits`, over MPI
+`tgsim codecs`, `tgsim analyze unbiasedness --codec`, `tgsim compare variance|bits|speedup|time`, over MPI
 (`tgsim.mpi_runs.train`, the simulator's bits) and through tgsim.testing.CodecContract.
 
 The entry point is a real one: a `*.dist-info` folder with an `entry_points.txt` on the path, which
@@ -145,6 +145,24 @@ def test_compare_bits_knows_a_plugin():
         cb.method_sections("nosuch")
     cfg = cb.config(cb.PROBLEMS["logistic"], PATH_NAME, seed=0, steps=5)
     assert cfg.codec.name == PATH_NAME
+
+
+def test_compare_speedup_knows_a_plugin():
+    from tgsim.analysis import compare_speedup as cs
+
+    assert cs.method_sections(PATH_NAME) == ({"name": PATH_NAME}, {})
+    assert cs.method_sections("pqasgd") == cs.METHODS["pqasgd"]
+    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+        cs.method_sections("nosuch")
+    cfg = cs.config(cs.Problem(n=4096), 2, PATH_NAME, seed=0, steps=5)
+    assert cfg.codec.name == PATH_NAME and cfg.workers.n == 2
+
+
+def test_compare_cli_refuses_an_unknown_method_in_one_line(tmp_path):
+    for what, flag in (("speedup", "--methods"), ("bits", "--methods"), ("variance", "--codecs")):
+        res = tgsim(["compare", what, "--quick", flag, "nosuch:Codec", "--out", "x"], tmp_path, EXAMPLE)
+        assert res.returncode != 0 and "cannot import module 'nosuch'" in res.stderr, (what, res.stderr)
+        assert "Traceback" not in res.stderr
 
 
 # -- MPI: every rank imports the plugin; the simulator's bits --------------------------------------------

@@ -15,7 +15,7 @@ A codec name is one of three things, looked up in this order:
 
 The class must provide `from_config(codec_config)` and the protocol of tgsim.codecs.base. It then
 runs in the simulator (`tgsim run`), over MPI (`tgsim.mpi_runs.train`, where every rank must import
-it), under `tgsim analyze unbiasedness --codec NAME`, `tgsim compare variance|bits --codecs NAME`
+it), under `tgsim analyze unbiasedness --codec NAME`, `tgsim compare variance|bits|speedup|time`
 and through the contract (tgsim.testing.CodecContract) with no edit to tgsim.
 examples/plugin_codec/ is a complete plugin. Modules load on first use, so listing a codec costs
 nothing until it is built.
