@@ -1,4 +1,4 @@
-"""Benchmarks say when their numbers cannot be trusted (issue 31, item 7): the load average against
+"""Benchmarks say when their numbers cannot be trusted: the load average against
 the core count, the spread of a row's timed calls, too few calls, a time near the clock's resolution
 (tgsim.bench.timing.judge / row_check), in every row of `bench codec`, `bench codec --codec all`,
 `bench sim` and in bench exchange's CSV."""

@@ -1,4 +1,4 @@
-"""`tgsim run --resume` and its checkpoints (issue 31, item 6): a corrupt checkpoint skipped for an
+"""`tgsim run --resume` and its checkpoints: a corrupt checkpoint skipped for an
 older good one is one plain line on stderr (no Python warning); no usable checkpoint at all is an
 error naming each file and why (exit 2), never a silent restart from step 0; no checkpoint at all (a
 run stopped before its first one) restarts from step 0 with one plain line."""

@@ -1,4 +1,4 @@
-"""Progress in batch jobs (issue 31, item 4): plain lines on stdout where it is not a terminal.
+"""Progress in batch jobs: plain lines on stdout where it is not a terminal.
 
 Unit tests of tgsim.train.progress (which steps print, the rate and time left with a fake clock, the
 line's fields), the training loop's choice of bar and lines by which streams are terminals, a resumed

@@ -21,7 +21,7 @@ x_read = seconds / floor, the floor being the faster read pass of the same bytes
 result written, at the copy's bandwidth. Targets on an H100 (issue 23): encode 1 layer (64M) and
 encode step within 3x, aggregate of 8 within 3x.
 
-Trust (issue 31, item 7; the same decision as every benchmark: tgsim.bench.timing.row_check): each
+Trust (the same decision as every benchmark: tgsim.bench.timing.row_check): each
 row also has load_avg (the 1-minute load average when it was timed), spread (the largest (max - min)
 / median of its own timed calls and of its floor's) and warning (load above the core count, spread
 above 20 %, fewer than 2 timed calls, a median under 100 x the clock's resolution; '' when none

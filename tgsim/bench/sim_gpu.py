@@ -14,7 +14,7 @@ convnet (23,882 parameters) and the MLP 40-256-256-10 (78,858), N = 32 and 128, 
 With backend "numpy" the same rows are timed on the CPU, where "bitwise" and "vendor" are both the
 NumPy route (the ratio is then ~1 by construction).
 
-Trust (issue 31, item 7; the decision every benchmark shares: tgsim.bench.timing.row_check): each row
+Trust (the decision every benchmark shares: tgsim.bench.timing.row_check): each row
 also has load_avg, spread (the largest (max - min) / median over the rounds of its four timings: its
 ratios divide them) and warning (load above the core count, spread above 20 %, fewer than 2 rounds,
 a time near perf_counter's resolution; '' when none applies). The table prints the machine line, a
