@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 
 def builtin_config(name: str) -> Path:
-    path = resources.files("tgsim") / "configs" / f"{name}.toml"
-    if not path.is_file():
+    from tgsim.train.config import builtin_path
+
+    path = builtin_path(name)
+    if path is None:
         raise SystemExit(f"no built-in config {name!r}")
-    return Path(str(path))
+    return path
 
 
 def _load_config(args):

@@ -154,17 +154,23 @@ def builtin_names() -> tuple[str, ...]:
                         if p.name.endswith(".toml")))
 
 
+def builtin_path(name: str) -> Path | None:
+    """tgsim/configs/NAME.toml inside the installed package, or None when there is none."""
+    from importlib import resources
+
+    path = resources.files("tgsim") / "configs" / f"{name}.toml"
+    return Path(str(path)) if path.is_file() else None
+
+
 def config_path(arg: str | Path) -> Path:
     """The TOML file `arg` names: a path, else the name of a built-in config (`demo` is
     tgsim/configs/demo.toml inside the installed package). ConfigError when it is neither."""
     path = Path(arg)
     if path.is_file():
         return path
-    from importlib import resources
-
-    builtin = resources.files("tgsim") / "configs" / f"{arg}.toml"
-    if builtin.is_file():
-        return Path(str(builtin))
+    builtin = builtin_path(str(arg))
+    if builtin is not None:
+        return builtin
     raise ConfigError(f"config file {arg} does not exist (built-in configs, by name: {', '.join(builtin_names())})")
 
 
