@@ -3,9 +3,9 @@
     tgsim analyze unbiasedness | variance | bound | assumption1 | convergence | clipping | sharing
                   [--out DIR] [--quick] [--seed S] [check options]
 
-Each runs on built-in defaults (under 2 minutes on 2 cores), writes tidy CSVs to --out (default
-results/analysis/) and prints a short summary. --quick runs the same code on small parameters (a
-few seconds each); an option given on the command line wins over its --quick value. Heavy imports
+Each runs on built-in defaults, writes tidy CSVs to --out (default results/analysis/) and prints a
+short summary. --quick runs the same code on small parameters; an option given on the command line
+wins over its --quick value. Heavy imports
 happen only when a check runs.
 """
 

@@ -275,10 +275,10 @@ def loglog_slope(t, y) -> float:
 class single_thread:
     """Run numba kernels on one thread inside the block (restored after).
 
-    The analysis encodes thousands of small layers (10^2..10^4 elements); with two numba threads
-    on a shared, loaded machine each kernel call paid ~1 ms of thread synchronisation (measured:
-    21 s instead of 0.12 s for 1000 draws of a 3000-element layer). One thread gives the same bits
-    (the kernels' reductions have a fixed order).
+    The analysis encodes thousands of small layers (10^2..10^4 elements), where a kernel call on
+    several numba threads pays more in thread synchronisation than the work takes, the more so on
+    a loaded machine (docs/MEASUREMENTS.md). One thread gives the same bits (the kernels'
+    reductions have a fixed order).
     """
 
     def __enter__(self):

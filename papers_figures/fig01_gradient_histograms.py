@@ -11,8 +11,8 @@
 # |g| fall into the edge bins) as is (original), clipped
 # (`tgsim.analysis.common.clip_values`) and after one TernGrad encode/decode
 # (`tgsim.analysis.pooled_bias.decoded_draws`); the length change and angle of clipping come from
-# `tgsim.analysis.clipping.clip_stats` over all 8 workers. Full: 1000 steps, every 10 (14-19 s on 2 loaded cores);
-# `--quick`: 30 steps, every 3.
+# `tgsim.analysis.clipping.clip_stats` over all 8 workers. Full: 1000 steps, every 10;
+# `--quick`: 30 steps, every 3. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

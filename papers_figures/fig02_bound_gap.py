@@ -10,8 +10,8 @@
 # `EVERY` steps each worker's mini-batch gradient gives, per layer, E||Q(g)||^2 / ||g||^2 with
 # (a) the layer's own scaler, no clipping, (b) the layer's scaler after clipping, (c) one scaler for
 # the whole model (the model's max |g|) -- `tgsim.analysis.bound.step_points` and
-# `tgsim.analysis.common.terngrad_second_moment`. Full: 1000 steps, every 20 (13 s);
-# `--quick`: 30 steps, every 5.
+# `tgsim.analysis.common.terngrad_second_moment`. Full: 1000 steps, every 20;
+# `--quick`: 30 steps, every 5. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

@@ -7,16 +7,17 @@
 #
 # Here: the sweep of papers_figures/terngrad_workers_scaling.py (MNIST-1D convnet, total batch 256,
 # N = 2..64, momentum 0.9 and plain SGD, fp32 against TernGrad with the scaler shared as the MAX,
-# the MEAN or not at all, 3 seeds, 144 runs, 11 min on 2 cores). It is not rerun here in full: the
+# the MEAN or not at all, 3 seeds, 144 runs). It is not rerun here in full: the
 # full form reads its CSV (out/terngrad_workers_scaling.csv) when present and runs the script only
-# when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: ~30 s, a smoke
-# run whose accuracies mean nothing). Panels (a), (c): accuracy with momentum and with plain SGD;
+# when it is missing; `--quick` runs the script's own --quick form (10 steps, 1 seed: a smoke run
+# whose accuracies mean nothing). Panels (a), (c): accuracy with momentum and with plain SGD;
 # (b), (d): the runs' largest shared/median scaler ratio. Row (e)-(h): one run's collapse
 # diagnostics against its accuracy, step by step: the demo recipe (tgsim/configs/demo.toml: 8
 # workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the scaler shared as the MAX (it
 # collapses) and as the MEAN, from each run's metrics.csv: test accuracy, the largest shared/median
 # scaler ratio over layers, the largest noise-to-signal over layers, and the largest fraction of
-# dead units (elements with a zero gradient on every worker). ~40 s (quick: 200 steps).
+# dead units (elements with a zero gradient on every worker); quick: 200 steps. Run times:
+# docs/MEASUREMENTS.md.
 
 # %%
 import os

@@ -10,7 +10,8 @@
 # Robbins-Monro steps γ_t = 0.5/(1 + t/50) across seeds: the mean of ||w_t - w*||² should fall as
 # 1/t (tail slope -1). Constant steps γ = 0.05, 0.1, 0.2: each run stalls at a floor, predicted from
 # the noise measured at w* by the Lyapunov equation P = (I-γH)P(I-γH)^T + γ²Σ (dashed lines).
-# Full: 10 seeds (RM), 4 seeds (constant), 2000 steps (34 s on 2 loaded cores); `--quick`: 4 / 2 seeds, 300 steps.
+# Full: 10 seeds (RM), 4 seeds (constant), 2000 steps; `--quick`: 4 / 2 seeds, 300 steps. Run times:
+# docs/MEASUREMENTS.md.
 
 # %%
 import sys

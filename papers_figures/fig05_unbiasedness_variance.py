@@ -10,8 +10,8 @@
 # (b) the power of the exact binomial unbiasedness test: the smallest multiplicative bias δ it detects
 #     with power 0.9 against the number of draws R (`tgsim.analysis.unbiased_check.power_curve`).
 # (c) every registered codec's declared unbiasedness against the test (`unbiased_check.codec_table`).
-# Full: n = 3000, R = 1000 draws, R grid 100..10000 (about 30 s, plus `tgsim compare variance`,
-# ~2 min, shared with fig07 and fig10); `--quick`: n = 1000, R = 200, R grid 100..3000.
+# Full: n = 3000, R = 1000 draws, R grid 100..10000 (plus `tgsim compare variance`, shared with
+# fig07 and fig10); `--quick`: n = 1000, R = 200, R grid 100..3000. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

@@ -16,12 +16,12 @@
 # parameters) measures the step-time speedup of each TernGrad exchange over fp32's native
 # all-reduce; the model's communication term predicts the byte ratio (fp32 bytes / TernGrad bytes,
 # encode and decode free). Read from results/bench_exchange.csv when present, else measured here
-# (~30 s; needs root for the namespace: without it the panel says so). `--quick` only reads an
+# (needs root for the namespace: without it the panel says so). `--quick` only reads an
 # existing CSV. The panel, its claim and the CSV name the file read, when it was written (its
 # modification time) and QUICK when a --quick benchmark wrote it: the CSV's `quick` column says so
 # (tgsim bench exchange writes it); a CSV without it (written by an older tgsim) is judged by its
 # grid instead -- every row inside the --quick grid at <= 3 timed steps counts as QUICK (a guess:
-# a full run restricted by hand to that grid is marked too). About 2 s plus that.
+# a full run restricted by hand to that grid is marked too). Run times: docs/MEASUREMENTS.md.
 
 # %%
 import os

@@ -10,8 +10,8 @@
 # analysis/compare_cli.py under `--quick`), its variance.csv: the relative MSE ||avg - v̄||² / ||v̄||²
 # of the N-worker mean against the REAL payload's bits per element, every codec at budgets 1-16
 # bits, N = 1, 8, 32, on synthetic vectors and the MNIST-1D convnet's gradients. The run is shared
-# with fig05 and fig10 (out/compare-variance; TGSIM_FIGURES_RERUN=1 runs it again). Full: ~2 min;
-# `--quick`: ~20 s (2 kinds, 2^14 elements, R = 10).
+# with fig05 and fig10 (out/compare-variance; TGSIM_FIGURES_RERUN=1 runs it again).
+# `--quick`: 2 kinds, 2^14 elements, R = 10. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

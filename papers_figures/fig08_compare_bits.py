@@ -9,8 +9,8 @@
 # analysis/compare_cli.py under `--quick`), its bits.csv: the uplink + downlink bits until the
 # smoothed training loss reaches 1.25 x fp32's minimum, relative to fp32's (ratio), and the test
 # accuracy then, on logistic regression and the MNIST-1D convnet. Rows of the paper's rule (every
-# method at fp32's tuned learning rate, rule "fp32-lr") when the CSV has a `rule` column. Full (measured):
-# 9.8 min; `--quick`: ~10 s (1 seed, 3 methods, 100 / 30 steps).
+# method at fp32's tuned learning rate, rule "fp32-lr") when the CSV has a `rule` column.
+# `--quick`: 1 seed, 3 methods, 100 / 30 steps. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

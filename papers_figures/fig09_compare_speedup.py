@@ -9,7 +9,7 @@
 # analysis/compare_cli.py under `--quick`), its speedup.csv and speedup_fit.csv: K_ε, the first
 # iteration with ||w - w*||/||w*|| <= ε on least squares, against M (geometric mean over seeds and
 # its interval), and against the compression ratio at a fixed M; rows of the paper's rule (fp32's
-# learning rate for every method) when the CSVs have a `rule` column. Full: 3.1 min; `--quick`: 13-25 s.
+# learning rate for every method) when the CSVs have a `rule` column. Run times: docs/MEASUREMENTS.md.
 
 # %%
 import sys

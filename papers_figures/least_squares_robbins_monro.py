@@ -8,11 +8,9 @@
 # prints the paths it wrote; a bar on stderr counts the finished runs (hidden under CI=1 or when stderr
 # is not a terminal).
 #
-# Timed with `time python papers_figures/least_squares_robbins_monro.py [--quick]` on an idle 2-core
-# machine (2026-11-24):
-# - full form, 6 runs of 2000 steps: `python papers_figures/least_squares_robbins_monro.py`, 4.2 s;
-# - quick form, the same code path at 500 steps (TernGrad still crosses 1e-3, near step 400), writing to
-#   out/quick/: `python papers_figures/least_squares_robbins_monro.py --quick`, 3.0 s.
+# Full form, 6 runs of 2000 steps: `python papers_figures/least_squares_robbins_monro.py`; quick form,
+# the same code path at 500 steps (TernGrad still crosses 1e-3, near step 400), writing to out/quick/:
+# `python papers_figures/least_squares_robbins_monro.py --quick`. Run times: docs/MEASUREMENTS.md.
 # TGSIM_JOBS sets the worker processes (default: the number of cores); TGSIM_FIGURES_OUT moves out/.
 
 # %%

@@ -18,11 +18,9 @@
 # stderr is not a terminal).
 #
 # 30 tuning runs, then 9 test runs (15 when TernGrad's best learning rate differs from fp32's, as at
-# 4000 steps). Timed with `time python papers_figures/mnist1d_terngrad_vs_fp32.py [--quick]` on an idle
-# 2-core machine (2026-11-24):
-# - full form, 4000 steps: `python papers_figures/mnist1d_terngrad_vs_fp32.py`, 45 runs, 266 s (4 min 26 s);
-# - quick form, the same code path at 40 steps (a smoke run: its accuracies mean nothing), writing to
-#   out/quick/: `python papers_figures/mnist1d_terngrad_vs_fp32.py --quick`, 10 s.
+# 4000 steps). Full form, 4000 steps: `python papers_figures/mnist1d_terngrad_vs_fp32.py`, 45 runs;
+# quick form, the same code path at 40 steps (a smoke run: its accuracies mean nothing), writing to
+# out/quick/: `python papers_figures/mnist1d_terngrad_vs_fp32.py --quick`. Run times: docs/MEASUREMENTS.md.
 # TGSIM_STEPS overrides the number of steps of either form; TGSIM_JOBS sets the worker processes
 # (default: the number of cores); TGSIM_FIGURES_OUT moves out/; TGSIM_REUSE_TUNING=1 reads
 # mnist1d_tuning.csv from an earlier run with the same steps instead of tuning again.

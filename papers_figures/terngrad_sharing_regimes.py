@@ -22,8 +22,7 @@
 # Writes out/terngrad_sharing_regimes.csv (one row per run) and _summary.csv (mean, 95 % t
 # interval over seeds, and the gap to fp32 at the same setting), and a PNG.
 #
-# `python papers_figures/terngrad_sharing_regimes.py` (180 runs; 2 worker processes on a 2-core
-# machine: see the timing the closing note gives); `--quick`: the same code path at 1/100 of the
+# `python papers_figures/terngrad_sharing_regimes.py` (180 runs); `--quick`: the same code path at 1/100 of the
 # steps and one seed, a smoke run (its accuracies mean nothing), writing to out/quick/.
 # TGSIM_JOBS sets the worker processes (default: the number of cores).
 

@@ -31,12 +31,12 @@ into a trampoline, which the Numba @njit kernels do not survive. This runner is 
   thread per rank). Lines that run only inside `mpiexec` children (tests/test_mpi.py) are not
   traced, so those tests are not in any selection; CuPy-only lines are covered by stand-ins or not.
 * Each mutant's pytest is a fork of this process, which has imported numpy, scipy, pandas,
-  numba and pytest once (but never tgsim): about 0.3 s a mutant instead of 2 s.
+  numba and pytest once (but never tgsim), so no mutant pays those imports again.
 * killed: a test failed or errored (or the run timed out: 3x the traced time + 20 s);
   survived: all the tests that execute the line passed.
 * One pytest process at a time (no parallel workers).
 * nvcc: tests/test_cuda_kernels.py builds the host harness (and the PTX) once per pytest session,
-  so once per mutant: ~2 s of nvcc each. The runner puts a caching `nvcc` first on PATH
+  so once per mutant. The runner puts a caching `nvcc` first on PATH
   (<workdir>/bin/nvcc): it keys the output on the real compiler, the arguments (the -o path
   aside) and the text of the input file and of every .cu/.cuh/.h file beside it, runs the real nvcc
   on a miss and copies the stored output on a hit. A mutant of a .py file changes no input, so
@@ -131,7 +131,7 @@ TARGETS: dict[str, list[str]] = {
                                          "tests/test_numba_kernels.py", "tests/test_cuda_kernels.py"],
 }
 # -k filters for selections that would otherwise run slow, unrelated tests.
-# (the codec-level Monte Carlo tests of test_statistics.py take ~3 s each and call unbiasedness.py
+# (the codec-level Monte Carlo tests of test_statistics.py are slow and call unbiasedness.py
 # only through the same few lines the direct tests in test_analysis.py cover)
 SELECT: dict[str, str] = {
     "analysis/unbiasedness.py": "not unbiased_without_clipping and not scaler_sharing_each_worker",

@@ -1,5 +1,5 @@
 """`tgsim bench codec --backend cupy|numpy`: TernGrad's whole encode and decode-and-sum against read
-passes of the same data, measured in one run (issue 23, items 3 and 4).
+passes of the same data, measured in one run.
 
 The same code runs on CuPy (the CUDA kernels, tgsim/cuda/terngrad.cu) and on NumPy (the host's
 Numba kernels); every row is the median of `repeats` timed calls after warm-up calls (CuPy:
@@ -18,8 +18,8 @@ Numba kernels); every row is the median of `repeats` timed calls after warm-up c
 
 x_read = seconds / floor, the floor being the faster read pass of the same bytes: the layer (encode
 1 layer, torch), the step's L x m elements, and for aggregate the W payloads read plus the float32
-result written, at the copy's bandwidth. Targets on an H100 (issue 23): encode 1 layer (64M) and
-encode step within 3x, aggregate of 8 within 3x.
+result written, at the copy's bandwidth. The targets on a GPU: encode 1 layer (64M) and encode
+step within 3x, aggregate of 8 within 3x.
 
 Trust (the same decision as every benchmark: tgsim.bench.timing.row_check): each
 row also has load_avg (the 1-minute load average when it was timed), spread (the largest (max - min)

@@ -6,10 +6,10 @@ ways in interleaved rounds (tgsim.bench.timing.rounds; each call ends with a dev
   * "bitwise": the models' own route, products and batch sums through tgsim.models.cuda_ops (a
     fixed order per output element: a worker's bits do not depend on N);
   * "vendor": the same call with cupy.matmul and CuPy's own sums (cuBLAS picks its blocking from the
-    whole shape: the route that gave different bits in a batch of 3 and alone on an H100);
+    whole shape, so a worker's bits in a batch of N can differ from its bits alone);
   * "looped": one call per worker in a Python loop (bitwise by construction, launch-bound);
   * "one process": a single worker holding all N·B samples (the compute floor of the step).
-Issue 23's target: bitwise within 2x of vendor ("bitwise / vendor" <= 2). Models: the MNIST-1D
+The target: bitwise within 2x of vendor ("bitwise / vendor" <= 2). Models: the MNIST-1D
 convnet (23,882 parameters) and the MLP 40-256-256-10 (78,858), N = 32 and 128, B = 8.
 With backend "numpy" the same rows are timed on the CPU, where "bitwise" and "vendor" are both the
 NumPy route (the ratio is then ~1 by construction).

@@ -15,10 +15,10 @@
 //
 // No float32 arithmetic, comparison or conversion instruction: CuPy compiles every RawModule with
 // -ftz=true appended after the caller's options (cupy/cuda/compiler.py), so any .f32 instruction
-// would read denormal float32 values as zeros (issue 23: sigma, packed bytes and signed zeros
-// differed on an H100). float32 values are widened exactly with tg_f2d (integer bit operations and
-// exact double arithmetic: FTZ only ever applies to .f32 instructions), compared as doubles, and
-// narrowed with tg_d2f (integer round-to-nearest-even). tests/test_cuda_kernels.py checks that
+// would read denormal float32 values as zeros (sigma, packed bytes and signed zeros would then
+// differ from the NumPy reference). float32 values are widened exactly with tg_f2d (integer bit
+// operations and exact double arithmetic: FTZ only ever applies to .f32 instructions), compared as
+// doubles, and narrowed with tg_d2f (integer round-to-nearest-even). tests/test_cuda_kernels.py checks that
 // the PTX compiled with -ftz=true has no .ftz instruction at all, and runs the host bodies with
 // x86 FTZ/DAZ set.
 #ifndef TGSIM_PHILOX_CUH

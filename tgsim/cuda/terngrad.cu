@@ -229,7 +229,7 @@ extern "C" __global__ void tg_sum_codes(const unsigned char* payloads, int worke
 }
 
 // ---------------------------------------------------------------------------------------------
-// whole-step kernels: many (worker, layer) rows in one launch (issue 23 item 3), as apex's
+// whole-step kernels: many (worker, layer) rows in one launch, as apex's
 // multi_tensor_apply does for optimizers: a table of device pointers and sizes, one launch over all
 // rows, no host round trip between rows. Same bits as the one-row kernels above.
 // ---------------------------------------------------------------------------------------------

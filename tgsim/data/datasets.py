@@ -32,9 +32,8 @@ Names and their keyword arguments (defaults in parentheses):
   downloaded. The generator seeds NumPy's and Python's global RNGs: both are saved and restored
   around it. The split is the generator's own (first 80 % train): 4000 / 1000 for 5000 samples.
   ``seed`` does not affect this dataset; ``generator_seed=42`` is the canonical MNIST-1D.
-  Generated arrays are cached in memory (``functools.lru_cache``). Generation takes ~0.9 s for
-  5000 samples on one CPU core, under the 2 s threshold at which a disk cache would pay off, so
-  there is none.
+  Generated arrays are cached in memory (``functools.lru_cache``), not on disk; the generation
+  time is in ``meta["generation_seconds"]``.
 
 Every name also takes ``validation`` (0.0): a fraction of the training split held out, stratified
 by label for classification and keyed by ``seed``, that replaces the test split for the run

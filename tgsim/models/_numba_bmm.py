@@ -3,10 +3,8 @@
 out[w] = op(a[w]) @ op(b[w]) (or @ b for a shared right operand) is one BLAS gemm per worker,
 called through Numba's `np.dot` (SciPy's BLAS) from a `prange` over workers. NumPy's own stacked
 `matmul` makes the same per-worker gemm calls but one after another on one thread: these products
-are too small (B rows) for OpenBLAS to thread them itself, so one of the two cores sat idle through
-the gradient phase. Measured on the 2-core machine (MLP 40-256-256-10, B = 8, N = 32, median of
-300): (N,8,256) @ (256,256) 291 -> 148 us; the weight gradient h^T d (N,256,8) @ (N,8,256)
-378 -> 209 us.
+are too small (B rows) for OpenBLAS to thread them itself, so they run on one core. Timings:
+docs/MEASUREMENTS.md.
 
 Every worker's product is the same gemm call whatever N is, the thread count, or the driver
 (serial loop for small work, parallel region otherwise), so worker w's bits are those of a call
@@ -18,8 +16,7 @@ Every call runs with the BLAS library Numba calls at one thread (tgsim.blas.pin_
 the call, restored after; SciPy's private bundled copy is set to one thread at import, so the check
 costs one query), whatever the process set, so a product's bits do not depend on the BLAS
 thread count: the parallelism is over workers, and a multi-threaded gemm may split a product
-differently and round it differently. One-thread and two-thread OpenBLAS take the same time on
-these products (8x256x256: 11.0 vs 11.0 us).
+differently and round it differently (at these sizes one BLAS thread is as fast as two).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from numba import njit, prange
 from tgsim import blas
 
 # Work (N * M * K * P multiply-adds) below which the workers run in a serial loop on this thread:
-# a parallel region costs ~10-20 us to start (2-core machine), more than small products take.
+# starting a parallel region costs more than such small products take (docs/MEASUREMENTS.md).
 SERIAL_WORK = 1 << 18
 
 

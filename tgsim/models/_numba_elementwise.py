@@ -4,10 +4,9 @@ relu:          out = z where z > 0 or z is NaN, else +0.0   (np.maximum(z, 0): t
                +0.0 for -0.0, as NumPy's SIMD loop returns the second operand for equal zeros)
 keep_positive: out = d where pre > 0, else +0.0             (np.where(pre > 0, d, 0))
 
-NumPy spends ~25 us on either for a (32, 8, 256) float32 array (the NaN-propagating maximum loop;
-the comparison, mask and AND passes of base.keep_where); one serial pass takes 6-9 us (2-core
-machine, median of 2000). Serial on purpose: a parallel region costs more to start (~50 us
-measured) than these passes take at the models' sizes.
+One serial pass replaces NumPy's NaN-propagating maximum loop (relu) and the comparison, mask and
+AND passes of base.keep_where (keep_positive). Serial on purpose: a parallel region costs more to
+start than these passes take at the models' sizes (timings: docs/MEASUREMENTS.md).
 """
 
 from __future__ import annotations

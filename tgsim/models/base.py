@@ -154,10 +154,9 @@ def sum_axis(xp, x, axis: int):
 
 # Weights up to this many elements are transposed into a contiguous copy for the input gradient
 # d @ w.T, so that every worker's product is an NN gemm: OpenBLAS packs a transposed (NT) operand
-# ~4x slower, which dominates these short (B-row) products (OpenBLAS 0.3.31, 1 thread, B = 8:
-# 256x256: NT 38 us, NN 9 us per worker; transposing once: 66 us). Larger weights keep the NT form:
-# NumPy's strided transpose copy of a 1024x1024 float32 takes ~7 ms, more than the NN form saves
-# for a handful of workers. The choice depends on the weight's shape only, never on N.
+# more slowly than the copy costs for these short (B-row) products. Larger weights keep the NT form:
+# their strided transpose copy costs more than the NN form saves for a handful of workers (timings:
+# docs/MEASUREMENTS.md). The choice depends on the weight's shape only, never on N.
 TRANSPOSE_MAX = 1 << 18
 
 
@@ -171,8 +170,8 @@ def dense_forward(xp, h, w, b):
 def dense_backward(xp, h, w, d, need_input_grad: bool = True):
     """Grads of a dense layer from d = dL/d(out) (N, B, out): (dw (N,in,out), db (N,out), dh or None).
 
-    dw: one TN gemm per worker on the swapaxes view of h (as fast as on a contiguous copy: NumPy
-    hands the transposed view to BLAS directly, measured 10 vs 11 us at B = 8, 256x256).
+    dw: one TN gemm per worker on the swapaxes view of h (NumPy hands the transposed view to BLAS
+    directly, without a copy).
     """
     dw = bmm(xp, xp.swapaxes(h, 1, 2), d)
     db = sum_axis(xp, d, 1)
@@ -194,8 +193,8 @@ def relu(xp, z):
 
 def keep_where(xp, keep, d):
     """xp.where(keep, d, 0) bit for bit (d's bits where keep, +0.0 elsewhere), as an integer AND of
-    d's bits with an all-ones/all-zeros mask: NumPy's where loop on a bool mask is ~10x slower than
-    these three elementwise passes (228 vs 20 us on 65,536 float32). keep broadcasts against d."""
+    d's bits with an all-ones/all-zeros mask (three elementwise passes, faster than NumPy's where loop
+    on a bool mask). keep broadcasts against d."""
     ut = {2: xp.uint16, 4: xp.uint32, 8: xp.uint64}.get(d.dtype.itemsize)
     if ut is None:
         return xp.where(keep, d, d.dtype.type(0))

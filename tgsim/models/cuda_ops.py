@@ -6,8 +6,8 @@
 Each output element is one fixed-order loop: out[n,m,p] = Σ_k a[n,m,k]·b[n,k,p] with k ascending
 from +0.0, out[o,p] = x[o,0,p] + x[o,1,p] + ... (R ascending), every product and sum rounded to
 the element type (no FMA). So worker n's rows have the same bits in a launch over any number of
-workers (issue 23: cupy.matmul and CuPy's reductions pick their blocking from the whole shape, and
-a worker's loss in a batch of 3 differed from its loss alone on an H100). float32 and float64.
+workers (cupy.matmul and CuPy's reductions pick their blocking from the whole shape, so there a
+worker's bits in a batch can differ from its bits alone). float32 and float64.
 
 The kernels are compiled once per process with cupy.RawModule (NVRTC, -fmad=false; CuPy appends
 -ftz=true, which flushes float32 denormal products and sums: the same in every batch size). CuPy
