@@ -103,12 +103,12 @@ def read_bits_runs(path, allow_quick: bool = False) -> tuple[pd.DataFrame, bool]
 
 def _config(method: str):
     from tgsim.analysis.compare_bits import method_sections
-    from tgsim.train.config import CodecConfig
+    from tgsim.train.config import codec_section as to_codec_config
 
-    codec_section, exchange_section = method_sections(method)     # METHODS, or a plugin codec
+    codec_section, exchange_section = method_sections(method)     # a registered codec and its options
     section = dict(codec_section)
     section.pop("error_feedback", None)          # the residual does not change the bytes on the wire
-    return CodecConfig(**section), exchange_section
+    return to_codec_config(section), exchange_section
 
 
 def _encode(codec, layers: dict, ids):

@@ -126,7 +126,7 @@ def make_codec(label: str, knob: dict | None = None):
     from tgsim.train.config import CodecConfig
 
     spec_ = spec(label)
-    return registry.make_codec(dataclasses.replace(CodecConfig(), name=spec_.name, **spec_.fixed, **(knob or {})))
+    return registry.make_codec(CodecConfig(name=spec_.name, options={**spec_.fixed, **(knob or {})}))
 
 
 # ---------------------------------------------------------------------------------------------

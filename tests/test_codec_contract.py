@@ -45,7 +45,6 @@ REGISTERED = [(name, {}) for name in registry.names()] + [("terngrad", {"clip": 
 class TestEveryRegisteredCodec(PublicContract):
     @pytest.fixture(params=REGISTERED, ids=lambda p: p[0] + "".join(f"-{k}={v}" for k, v in p[1].items()))
     def codec(self, request):
-        import dataclasses
 
         name, options = request.param
-        return registry.make_codec(dataclasses.replace(CodecConfig(), name=name, **options))
+        return registry.make_codec(CodecConfig(name=name, options=options))

@@ -84,21 +84,29 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_codecs(args) -> int:
-    """One line per registered codec with its declared properties (tgsim.codecs.base.CodecProperties)."""
+    """One line per registered codec with its declared properties (tgsim.codecs.base.CodecProperties),
+    then each codec's [codec] options (its `Options`: key, default, help; "sweep": the values `tgsim
+    compare` sweeps)."""
     from tgsim.codecs import registry
-    from tgsim.train.config import CodecConfig
 
-    rows = registry.describe(CodecConfig())
-    cols = ["codec", "unbiased", "wire", "sums_exactly", "shared_stats", "server_reencodes", "stateful", "combine",
-            "backends", "source", "class"]
+    rows = registry.describe()
+    cols = ["codec", *(k for k in rows[0] if k not in ("codec", "source", "class", "options")), "source", "class"]
     for r in rows:
         r["backends"] = ",".join(r["backends"])
-    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     print("  ".join(f"{c:<{width[c]}}" for c in cols).rstrip())
     for r in rows:
-        print("  ".join(f"{str(r[c]):<{width[c]}}" for c in cols).rstrip())
+        print("  ".join(f"{str(r.get(c, '')):<{width[c]}}" for c in cols).rstrip())
     print("(properties of each codec's default config; terngrad is unbiased with clip = 'none'; plugins: "
           "entry points of the group 'tgsim.codecs', and any 'package.module:Class' works as a name)")
+    print("\noptions ([codec] keys besides name, kernels and error_feedback; `key = default  help`):")
+    for r in rows:
+        print(f"{r['codec']}:" + ("" if r["options"] else " none"))
+        for o in r["options"]:
+            default = list(o["default"]) if isinstance(o["default"], tuple) else o["default"]
+            extra = f" (one of {', '.join(map(str, o['choices']))})" if o["choices"] else ""
+            sweep = f"; compare sweeps {', '.join(map(str, o['sweep']))}" if o["sweep"] else ""
+            print(f"  {o['key']} = {default!r}  {o['help']}{extra}{sweep}")
     return 0
 
 

@@ -2,10 +2,16 @@
 
     Q(g) = bf16 value above or below g, chosen so that E[Q(g)] = g (unbiased; 16 bits up)
 
-On the bits of a float32 x = (sign, exponent, 23-bit mantissa), add a uniform integer r in
-[0, 2^16) to the magnitude's bits and keep the top 16 bits: the magnitude rounds up with probability
-(low 16 bits)/2^16, which is its distance to the lower bfloat16 value over the spacing, hence
-E[Q(x)] = x exactly (the sign bit is untouched). r is drawn per element from a generator seeded by
+On the bits of a float32 x = (sign, exponent, 23-bit mantissa), with m = `mantissa_bits` (its
+option, 7 = bfloat16's mantissa) and d = 23 - m dropped bits, add a uniform integer r in [0, 2^d)
+to the magnitude's bits and keep the top 9 + m bits: the magnitude rounds up with probability
+(low d bits)/2^d, which is its distance to the lower value on the m-bit grid over the spacing,
+hence E[Q(x)] = x exactly (the sign bit is untouched). The message holds the top 16 bits (the
+lower 7 - m of them zero), so fewer mantissa bits add error at the same 16 bits per element.
+
+The codec declares its [codec] keys as `Options` (tgsim.codecs.options); `mantissa_bits` carries
+"sweep" metadata, so `tgsim compare variance` and `compare bits` sweep it as they sweep the
+built-in codecs' knobs. r is drawn per element from a generator seeded by
 (seed, step, worker, layer), so the simulator and every MPI rank draw the same bits.
 
 Register it by installing this folder (`pip install ./examples/plugin_codec`: the entry point
@@ -19,13 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import NonFiniteGradientError
 
 _MAGIC, _VERSION = b"XSR1", 1
-_BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))   # beyond it, rounding up could give Inf
+
+
+def _largest(m: int) -> float:
+    """The largest finite float32 with m mantissa bits: beyond it, rounding up could give Inf."""
+    return float(np.uint32((0xFE << 23) | (((1 << m) - 1) << (23 - m))).view(np.float32))
 
 
 @dataclass(frozen=True)
@@ -47,27 +58,43 @@ class StochasticBF16(PlainCodec):
     name = "sr_bf16"
     properties = CodecProperties(unbiased=True, wire="own")
 
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of sr_bf16."""
+
+        mantissa_bits: int = options.option(7, "mantissa bits kept (7: bfloat16)", min=0, max=7, sweep=(3, 5, 7))
+
+    def __init__(self, mantissa_bits: int = 7):
+        self.mantissa_bits = int(mantissa_bits)
+
+    @classmethod
+    def from_config(cls, cfg) -> "StochasticBF16":
+        """The codec of a [codec] section: its Options (tgsim.codecs.options.parse)."""
+        return cls(mantissa_bits=options.parse(cls, cfg).mantissa_bits)
+
     def prepare_many(self, layers) -> None:
         """NonFiniteGradientError for NaN/Inf, ValueError beyond bfloat16's range, before encoding."""
         for name, g in layers.items():
             g = np.asarray(g)
             if not np.isfinite(g).all():
                 raise NonFiniteGradientError(name, int((~np.isfinite(g)).sum()))
-            if g.size and np.abs(g).max() > _BF16_MAX:
-                raise ValueError(f"layer {name!r}: a gradient value overflows bfloat16")
+            if g.size and np.abs(g).max() > _largest(self.mantissa_bits):
+                raise ValueError(f"layer {name!r}: a gradient value overflows {self.mantissa_bits} mantissa bits")
         return None
 
     def encode_many(self, layers, seed: int, step: int, workers, shared_scalers=None, stats=None, **_):
         """One message per local worker i (global index workers[i]); layers: name -> (W, *shape)."""
+        drop = 23 - self.mantissa_bits
         out = []
         for i, w in enumerate(workers):
             msg = {}
             for li, (name, g) in enumerate(layers.items()):
                 bits = np.ascontiguousarray(g[i], dtype=np.float32).view(np.uint32).astype(np.uint64)
                 rng = np.random.default_rng([seed, step, int(w), li])
-                r = rng.integers(0, 1 << 16, size=bits.shape, dtype=np.uint64)
+                r = rng.integers(0, 1 << drop, size=bits.shape, dtype=np.uint64)
                 sign = bits & 0x80000000
-                msg[name] = ((sign | ((bits & 0x7FFFFFFF) + r)) >> 16).astype(np.uint16)
+                kept = (((bits & 0x7FFFFFFF) + r) >> drop) << drop
+                msg[name] = ((sign | kept) >> 16).astype(np.uint16)
             out.append(BF16Message(msg))
         return out
 

@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.backend import array_module
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
@@ -127,6 +128,10 @@ class BFloat16(PlainCodec):
     name = "bf16"
     properties = CodecProperties(unbiased=False, wire="own")
 
+    @dataclass(frozen=True)
+    class Options:
+        """No [codec] keys besides name, kernels and error_feedback."""
+
     def __init__(self, kernels: str = "auto"):
         if kernels not in KERNELS:
             raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
@@ -134,8 +139,9 @@ class BFloat16(PlainCodec):
 
     @classmethod
     def from_config(cls, cfg) -> "BFloat16":
-        """The codec of a [codec] section: reads `kernels` (tgsim.train.config.CodecConfig)."""
-        return cls(kernels=cfg.kernels)
+        """The codec of a [codec] section: no options (tgsim.codecs.options.parse checks) and `kernels`."""
+        options.parse(cls, cfg)
+        return cls(kernels=getattr(cfg, "kernels", "auto"))
 
     def prepare_many(self, layers: Mapping) -> None:
         """NonFiniteGradientError for a NaN/Inf gradient (first worker first); ValueError for a value

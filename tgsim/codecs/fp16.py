@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
@@ -51,6 +52,10 @@ class Float16(PlainCodec):
     name = "fp16"
     properties = CodecProperties(unbiased=False, wire="own")
 
+    @dataclass(frozen=True)
+    class Options:
+        """No [codec] keys besides name, kernels and error_feedback."""
+
     def __init__(self, kernels: str = "auto"):
         if kernels not in KERNELS:
             raise ValueError(f"unknown kernels {kernels!r}; expected one of {KERNELS}")
@@ -58,6 +63,8 @@ class Float16(PlainCodec):
 
     @classmethod
     def from_config(cls, cfg) -> "Float16":
+        """The codec of a [codec] section: no options (tgsim.codecs.options.parse checks) and `kernels`."""
+        options.parse(cls, cfg)
         return cls(kernels=getattr(cfg, "kernels", "auto"))
 
     def _numba(self, on_host: bool) -> bool:

@@ -4,10 +4,12 @@ fp32 mean f32(Σ_w f64(g_w) · (1/N)), workers in ascending order (`properties.w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.errors import NonFiniteGradientError, PayloadError
 
@@ -70,6 +72,16 @@ class Float32(PlainCodec):
 
     name = "fp32"
     properties = CodecProperties(unbiased=True, wire="float32", backends=("numpy", "cupy"))
+
+    @dataclass(frozen=True)
+    class Options:
+        """No [codec] keys besides name, kernels and error_feedback."""
+
+    @classmethod
+    def from_config(cls, cfg) -> "Float32":
+        """The codec of a [codec] section: no options (tgsim.codecs.options.parse checks)."""
+        options.parse(cls, cfg)
+        return cls()
 
     def prepare_many(self, layers: Mapping) -> None:
         """Raise NonFiniteGradientError for the first worker with a NaN/Inf gradient; no statistics."""

@@ -4,12 +4,15 @@ A codec declares `Options`, a frozen dataclass nested in its class, one field pe
 `[codec]` section it reads, with a default and field metadata:
 
     "help"     a one-line description (printed by `tgsim codecs`);
-    "sweep"    optional: a tuple of values `tgsim compare variance|bits|speedup` sweeps for the
-               codec's bits/variance trade-off (at most one field of a codec has it);
+    "sweep"    optional: a tuple of values `tgsim compare` sweeps for the codec's bits/variance
+               trade-off; `tgsim compare speedup` sweeps the first such field, `compare variance`
+               searches the product of all of them (a float field: bisection up to its "max");
     "choices"  optional: the only values allowed;
     "min", "max"  optional: bounds of a number, inclusive.
 
-`option(default, help, ...)` writes that field. `from_config(cfg)` reads `parse(cls, cfg)`:
+`option(default, help, ...)` writes that field. A class attribute `compare_with_error_feedback = True`
+of `Options` (not a field) makes `tgsim compare` run the codec with error feedback.
+`from_config(cfg)` reads `parse(cls, cfg)`:
 
     from dataclasses import dataclass
     from tgsim.codecs import options
@@ -103,6 +106,20 @@ def sweep(codec_cls) -> tuple[str, tuple] | None:
         if "sweep" in f.metadata:
             return f.name, tuple(f.metadata["sweep"])
     return None
+
+
+def sweeps(codec_cls) -> dict[str, tuple]:
+    """{key: values} of every option with "sweep" metadata, in declaration order (the first is
+    `sweep`'s knob; `tgsim compare variance` searches the product of all of them)."""
+    return {f.name: tuple(f.metadata["sweep"]) for f in dataclasses.fields(options_class(codec_cls))
+            if "sweep" in f.metadata}
+
+
+def compare_with_error_feedback(codec_cls) -> bool:
+    """Whether `tgsim compare` runs the codec wrapped in error feedback: the class attribute
+    `Options.compare_with_error_feedback` (False when absent), declared by biased codecs whose error
+    does not shrink without it (scaled sign, top-k)."""
+    return bool(getattr(options_class(codec_cls), "compare_with_error_feedback", False))
 
 
 def _label(codec_cls) -> str:

@@ -13,7 +13,9 @@ A codec name is one of three things, looked up in this order:
 3. an import path "package.module:Class", e.g. `[codec] name = "mycodecs.lowrank:LowRank"`, for a
    module on sys.path (the current directory or PYTHONPATH), with nothing installed.
 
-The class must provide `from_config(codec_config)` and the protocol of tgsim.codecs.base. It then
+The class must provide `from_config(codec_config)` and the protocol of tgsim.codecs.base, and
+declares its [codec] keys as `Options` (tgsim.codecs.options: defaults, help, the knob `tgsim
+compare` sweeps). It then
 runs in the simulator (`tgsim run`), over MPI (`tgsim.mpi_runs.train`, where every rank must import
 it), under `tgsim analyze unbiasedness --codec NAME`, `tgsim compare variance|bits|speedup|time`
 and through the contract (tgsim.testing.CodecContract) with no edit to tgsim.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata
+
+from tgsim.codecs import options
 
 # name -> "module:Class"; DEFAULT is the codec of a config that names none
 DEFAULT = "terngrad"
@@ -91,18 +95,59 @@ def codec_class(name: str):
 
 
 def make_codec(cfg):
-    """The codec of a [codec] config section (anything with a `name` and the section's keys)."""
-    return codec_class(cfg.name).from_config(cfg)
+    """The codec of a [codec] config section (anything with a `name`, `kernels` and `options`): its
+    options are checked against the class's `Options` first (tgsim.codecs.options.parse: a ConfigError
+    naming the codec and its keys), then `from_config(cfg)` builds it."""
+    cls = codec_class(cfg.name)
+    options.parse(cls, cfg)
+    return cls.from_config(cfg)
 
 
-def describe(cfg_defaults) -> list[dict]:
+def default_config(name: str, error_feedback: bool = False, **opts):
+    """A [codec] config (tgsim.train.config.CodecConfig) of codec `name` with options `opts`."""
+    from tgsim.train.config import CodecConfig   # the config layer sits above the codecs; loaded on use
+
+    return CodecConfig(name=name, error_feedback=error_feedback, options=dict(opts))
+
+
+def make(name: str, **opts):
+    """The codec `name` with options `opts` (defaults for the rest), kernels "auto"."""
+    return make_codec(_Section(name, "auto", dict(opts)))
+
+
+class _Section:
+    """A minimal [codec] section: name, kernels, options (what make_codec and from_config read)."""
+
+    def __init__(self, name: str, kernels: str = "auto", options: dict | None = None):
+        self.name, self.kernels, self.options, self.error_feedback = name, kernels, dict(options or {}), False
+
+
+def info(name: str) -> dict:
+    """What the comparisons read about codec `name` from its class and default instance: codec, class
+    ("module:Class"), source ("builtin" | "plugin" | "path"), unbiased, combine, stateful (properties),
+    sweep ((key, values) of the Options field with "sweep" metadata, or None), sweeps ({key: values}
+    of every such field), options (tgsim.codecs.options.describe) and error_feedback (whether `tgsim
+    compare` runs it with error feedback: `Options.compare_with_error_feedback`)."""
+    cls = codec_class(name)
+    props = make(name).properties
+    return {"codec": name, "class": target(name),
+            "source": "builtin" if name in CODECS else "plugin" if name in plugins() else "path",
+            "unbiased": bool(props.unbiased), "combine": props.combine, "stateful": bool(props.stateful),
+            "sweep": options.sweep(cls), "sweeps": options.sweeps(cls), "options": options.describe(cls),
+            "error_feedback": options.compare_with_error_feedback(cls)}
+
+
+def describe(cfg_defaults=None) -> list[dict]:
     """One row per registered codec, built-in and plugin: its name, its class ("module:Class"), where
-    it comes from ("builtin" | "plugin") and the declared properties of its default instance."""
+    it comes from ("builtin" | "plugin"), the declared properties of its default instance and its
+    options (tgsim.codecs.options.describe). `cfg_defaults`: a [codec] config whose kernels apply."""
     import dataclasses
 
+    kernels = getattr(cfg_defaults, "kernels", "auto")
     rows = []
     for name in names():
-        codec = make_codec(dataclasses.replace(cfg_defaults, name=name))
+        cls = codec_class(name)
+        codec = make_codec(_Section(name, kernels))
         rows.append({"codec": name, "class": target(name), "source": "builtin" if name in CODECS else "plugin",
-                     **dataclasses.asdict(codec.properties)})
+                     **dataclasses.asdict(codec.properties), "options": options.describe(cls)})
     return rows

@@ -47,6 +47,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.backend import array_module
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
@@ -136,7 +137,11 @@ def _check_nonfinite(layers: Mapping) -> None:
 
 
 class _Kernels(PlainCodec):
-    """The `kernels` option the two sign codecs share."""
+    """The `kernels` option the two sign codecs share; neither has options of its own."""
+
+    @dataclass(frozen=True)
+    class Options:
+        """No [codec] keys besides name, kernels and error_feedback."""
 
     def __init__(self, kernels: str = "auto"):
         if kernels not in KERNELS:
@@ -145,6 +150,8 @@ class _Kernels(PlainCodec):
 
     @classmethod
     def from_config(cls, cfg):
+        """The codec of a [codec] section: no options (tgsim.codecs.options.parse checks) and `kernels`."""
+        options.parse(cls, cfg)
         return cls(kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
@@ -278,6 +285,12 @@ class ScaledSign(_Kernels):
 
     name = "scaled_sign"
     properties = CodecProperties(unbiased=False, wire="own", combine="mean")
+
+    @dataclass(frozen=True)
+    class Options:
+        """No [codec] keys besides name, kernels and error_feedback."""
+
+        compare_with_error_feedback = True    # tgsim compare runs it with error feedback (biased, memoryless)
 
     def prepare_many(self, layers: Mapping) -> None:
         """NonFiniteGradientError for a NaN/Inf gradient (first worker first); no shared statistics."""

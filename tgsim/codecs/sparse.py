@@ -72,6 +72,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties, PlainCodec
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
@@ -253,7 +254,9 @@ class _Sparse(PlainCodec):
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(density=cfg.density, k=cfg.k, kernels=getattr(cfg, "kernels", "auto"))
+        """The codec of a [codec] section: its Options (tgsim.codecs.options.parse) and `kernels`."""
+        o = options.parse(cls, cfg)
+        return cls(density=o.density, k=o.k, kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
         extra = "" if self.kernels == "auto" else f", kernels={self.kernels!r}"
@@ -398,6 +401,15 @@ class TopK(_Sparse):
     _magic = _TOPK_MAGIC
     properties = CodecProperties(unbiased=False, wire="own", combine="mean")
 
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of topk: k_n = k elements per layer, or round(density n) when k = 0."""
+
+        density: float = options.option(0.01, "fraction of a layer's elements sent (when k = 0)", max=1.0,
+                                        sweep=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0))
+        k: int = options.option(0, "elements sent per layer (0: use density)", min=0, max=MAX_ELEMENTS)
+        compare_with_error_feedback = True    # tgsim compare runs it with error feedback (biased, memoryless)
+
     def _select(self, v: np.ndarray, key: StreamKey):
         if v.dtype not in (np.float32, np.float64):
             v = v.astype(np.float32)                      # float16 and others: exact in float32
@@ -431,6 +443,14 @@ class RandomK(_Sparse):
 
     name = "randomk"
     _magic = _RANDOMK_MAGIC
+
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of randomk: k_n = k elements per layer, or round(density n) when k = 0."""
+
+        density: float = options.option(0.01, "fraction of a layer's elements sent (when k = 0)", max=1.0,
+                                        sweep=(0.1, 0.25, 0.5, 1.0))
+        k: int = options.option(0, "elements sent per layer (0: use density)", min=0, max=MAX_ELEMENTS)
     properties = CodecProperties(unbiased=True, wire="own", combine="mean")
 
     @staticmethod

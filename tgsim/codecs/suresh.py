@@ -79,6 +79,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
@@ -248,6 +249,14 @@ class Suresh:
     name = "suresh"
     properties = CodecProperties(unbiased=True, wire="own", combine="mean")
 
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of suresh (defaults: k = 7 levels, no rotation)."""
+
+        levels: int = options.option(7, "k: quantization levels between the layer's min and max, both ends included",
+                                     min=MIN_LEVELS, max=MAX_LEVELS, sweep=(2, 4, 8, 16, 256, 65536))
+        rotate: bool = options.option(False, "randomized Hadamard rotation seeded from the stream key")
+
     def __init__(self, levels: int = 7, rotate: bool = False, kernels: str = "auto"):
         if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) \
                 or not MIN_LEVELS <= levels <= MAX_LEVELS:
@@ -262,7 +271,9 @@ class Suresh:
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(levels=cfg.levels, rotate=cfg.rotate, kernels=getattr(cfg, "kernels", "auto"))
+        """The codec of a [codec] section: its Options (tgsim.codecs.options.parse) and `kernels`."""
+        o = options.parse(cls, cfg)
+        return cls(levels=o.levels, rotate=o.rotate, kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
         extra = "" if self.kernels == "auto" else f", kernels={self.kernels!r}"

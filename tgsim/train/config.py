@@ -62,23 +62,57 @@ class WorkersConfig:
 
 @dataclass(frozen=True)
 class CodecConfig:
+    """The [codec] section: the codec's name, error feedback, the kernel set, and `options`, a dict of
+    the codec's own keys (its `Options`, tgsim.codecs.options; `tgsim codecs` lists them). Keys left
+    out take the codec's defaults. In TOML the options are flat keys of [codec] next to name, kernels
+    and error_feedback."""
+
     name: str = registry.DEFAULT    # a codec name, plugin or "module:Class": tgsim.codecs.registry
-    clip: str = "explicit"
-    clip_factor: float = 2.5
-    packing: str = "2bit"
-    min_size: int = 0
-    float_layers: tuple = ()
+    error_feedback: bool = False    # wrap the codec in error feedback (tgsim.codecs.error_feedback): per-worker residuals
+    kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
+    options: dict = field(default_factory=dict)   # the codec's own keys (tgsim.codecs.options.parse)
+
+    def with_options(self, **changes) -> "CodecConfig":
+        """A copy with `changes` merged into `options`."""
+        return dataclasses.replace(self, options={**self.options, **changes})
+
+
+_CODEC_KEYS = ("name", "error_feedback", "kernels")
+# every key of the flat [codec] section that config.toml files held before the codecs declared their
+# options: a table with all of them is such a file, whose keys of other codecs are dropped
+_LEGACY_FLAT = frozenset({"name", "clip", "clip_factor", "packing", "min_size", "float_layers", "kernels", "levels",
+                          "bucket", "norm", "coding", "density", "k", "rotate", "sharing", "error_feedback"})
+
+
+def codec_section(values: dict) -> CodecConfig:
+    """The CodecConfig of a flat [codec] table: name, error_feedback and kernels, the rest the codec's
+    options (ConfigError naming the codec and its valid keys for a key it does not have)."""
+    from tgsim.codecs import options as codec_options
+
+    if not isinstance(values, dict):
+        raise ConfigError("[codec] must be a table")
+    common = _section(_CodecCommon, "codec", {k: v for k, v in values.items() if k in _CODEC_KEYS})
+    opts = {k: v for k, v in values.items() if k not in _CODEC_KEYS}
+    try:
+        cls = registry.codec_class(common.name)
+    except ValueError as err:
+        raise ConfigError(f"[codec] {err}") from err
+    if _LEGACY_FLAT <= set(values):
+        own = set(codec_options.keys(cls))
+        opts = {k: v for k, v in opts.items() if k in own}
+    try:
+        codec_options.parse(cls, CodecConfig(name=common.name, options=opts))
+    except ConfigError as err:
+        raise ConfigError(f"[codec] {err}") from err
+    return CodecConfig(name=common.name, error_feedback=common.error_feedback, kernels=common.kernels,
+                       options=opts)
+
+
+@dataclass(frozen=True)
+class _CodecCommon:
+    name: str = registry.DEFAULT
+    error_feedback: bool = False
     kernels: str = "auto"
-    # options of the peer codecs (each codec reads its own; `tgsim codecs` lists them)
-    levels: int = 7              # qsgd: s quantization levels of |v|/norm; suresh: k levels
-    bucket: int = 512            # qsgd: elements per bucket (one norm each); 0 = the whole layer
-    norm: str = "l2"             # qsgd: "l2" (Alistarh et al.) | "max" (max-norm variant)
-    coding: str = "fixed"        # qsgd: "fixed" (sign + level bits) | "elias" (Elias-gamma levels)
-    density: float = 0.01        # topk / randomk: fraction of a layer's elements sent (when k = 0)
-    k: int = 0                   # topk / randomk: elements sent per layer (0: use density)
-    rotate: bool = False         # suresh: randomized Hadamard rotation seeded from the stream key
-    sharing: str = "max"         # codecs with a shared scaler: "max" over workers | "mean" | "none"
-    error_feedback: bool = False  # wrap the codec in error feedback (tgsim.codecs.error_feedback): per-worker residuals
 
 
 EXCHANGE_MODES = ("allreduce", "ps", "allgather")
@@ -141,7 +175,8 @@ def from_dict(d: dict[str, Any]) -> Config:
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid: {sorted(_SECTIONS)}")
     classes = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
-    cfg = Config(**{name: _section(classes[name], name, d.get(name, {})) for name in _SECTIONS})
+    cfg = Config(**{name: codec_section(d.get(name, {})) if name == "codec" else
+                  _section(classes[name], name, d.get(name, {})) for name in _SECTIONS})
     validate(cfg)
     return cfg
 
@@ -266,7 +301,7 @@ def _check_backend(cfg: Config, props) -> None:
         return
     if "cupy" not in props.backends:
         gpu = [n for n in registry.names()
-               if "cupy" in registry.make_codec(type(cfg.codec)(name=n)).properties.backends]
+               if "cupy" in registry.make_codec(CodecConfig(name=n)).properties.backends]
         raise ConfigError(f"[run] backend 'cupy' runs the codecs {', '.join(gpu)}; {cfg.codec.name!r} runs on "
                           "NumPy only (run.backend = 'numpy')")
     if cfg.codec.kernels == "numba":
@@ -310,9 +345,20 @@ def _check_local_steps(cfg: Config, props) -> None:
                           "L2 term in the model (model.options.l2), which every local gradient includes")
 
 
+def codec_dict(c: CodecConfig) -> dict:
+    """The flat [codec] table of `c`: name, error_feedback, kernels and every option of the codec with
+    its value (defaults filled in, tuples as lists), so that equal configs give equal tables."""
+    from tgsim.codecs import options as codec_options
+
+    return {"name": c.name, "error_feedback": c.error_feedback, "kernels": c.kernels,
+            **codec_options.resolved(registry.codec_class(c.name), c)}
+
+
 def to_dict(cfg: Config) -> dict:
+    """The config as nested plain dicts (what config.toml and config_hash store; `from_dict` reads it
+    back): the [codec] section flat (codec_dict)."""
     d = dataclasses.asdict(cfg)
-    d["codec"]["float_layers"] = list(d["codec"]["float_layers"])
+    d["codec"] = codec_dict(cfg.codec)
     return d
 
 

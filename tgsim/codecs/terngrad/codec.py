@@ -33,6 +33,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
+from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties
 from tgsim.codecs.terngrad.kernels import get_kernels
 from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch, from_bytes,
@@ -190,6 +191,25 @@ class TernGrad:
 
     name = "terngrad"
 
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of terngrad (defaults: the paper's c·σ clipping with c = 2.5, 2-bit packing,
+        the MAX-shared scaler)."""
+
+        clip: str = options.option("explicit", "clip |g| at c·σ: explicit (paper), implicit (public code) or none",
+                                   choices=CLIP_MODES)
+        clip_factor: float = options.option(2.5, "c in c·σ (2.5 in every experiment of the paper)")
+        packing: str = options.option("2bit", "2bit (4 codes/byte) or base3 (5 codes/byte)", choices=FORMATS,
+                                      sweep=FORMATS)
+        min_size: int = options.option(0, "layers with fewer elements stay float32", min=0)
+        float_layers: tuple = options.option((), "names of layers that stay float32")
+        sharing: str = options.option("max", "shared scaler: max over workers (paper), mean, or none (own)",
+                                      choices=SHARING_MODES)
+
+        def __post_init__(self):
+            if not (self.clip_factor > 0 and math.isfinite(self.clip_factor)):
+                raise ValueError(f"clip_factor must be a positive number, got {self.clip_factor}")
+
     def __post_init__(self):
         if self.clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {self.clip!r}")
@@ -204,9 +224,10 @@ class TernGrad:
     # -- properties the shared test base checks ---------------------------------------------
     @classmethod
     def from_config(cls, cfg) -> "TernGrad":
-        """The codec of a [codec] config section (tgsim.train.config.CodecConfig)."""
-        return cls(clip=cfg.clip, clip_factor=cfg.clip_factor, packing=cfg.packing, min_size=cfg.min_size,
-                   float_layers=tuple(cfg.float_layers), kernels=cfg.kernels, sharing=cfg.sharing)
+        """The codec of a [codec] config section: its Options (tgsim.codecs.options.parse) and `kernels`."""
+        o = options.parse(cls, cfg)
+        return cls(clip=o.clip, clip_factor=o.clip_factor, packing=o.packing, min_size=o.min_size,
+                   float_layers=o.float_layers, kernels=getattr(cfg, "kernels", "auto"), sharing=o.sharing)
 
     @property
     def properties(self) -> CodecProperties:
