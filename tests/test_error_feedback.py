@@ -101,7 +101,7 @@ def test_the_loop_keeps_each_workers_residual(codec):
     inner = setup.codec.inner
     params = setup.model.init(3)
     opt = setup.optimizer.init(params)
-    residual = error_feedback.zeros(setup.model.layer_shapes(), 4)
+    state = setup.codec.init_state(setup.model.layer_shapes(), 4)
     expect = error_feedback.zeros(setup.model.layer_shapes(), 4)
     for step in range(2):
         x, y = local_batch(setup, step)
@@ -115,7 +115,8 @@ def test_the_loop_keeps_each_workers_residual(codec):
                 else setup.exchange.mean_scalers(local)
         msgs = inner.encode_many(p, 3, step, np.arange(4), shared, stats)
         expect = error_feedback.new_residual(p, [inner.decode(m) for m in msgs])
-        params, opt, _ = train_step(setup, params, opt, step, with_stats=step == 1, residual=residual)
+        params, opt, _ = train_step(setup, params, opt, step, with_stats=step == 1, codec_state=state)
+        residual = error_feedback.residuals(state)
         assert tree_bits(residual) == tree_bits(expect), step
         assert not np.array_equal(residual["fc1.w"][0], residual["fc1.w"][1]), "workers hold their own residuals"
     with pytest.raises(ValueError, match="stateful"):
@@ -150,7 +151,7 @@ def test_kill_and_resume_gives_the_bits_of_an_uninterrupted_run(tmp_path, monkey
     monkeypatch.undo()
     ckpts = checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")
     assert [p.name for p in ckpts] == ["ckpt-00000010.tgck", "ckpt-00000020.tgck"]
-    saved = checkpoint.read(ckpts[-1])["ef_residual"]
+    saved = error_feedback.residuals(checkpoint.flatten(checkpoint.read(ckpts[-1])["codec_state"]))
     assert {k: v.shape for k, v in saved.items()} == {k: (4, *s) for k, s in build(cfg).model.layer_shapes().items()}
     again = run(cfg, out=tmp_path / "killed", resume=True, quiet=True)
     assert again.start_step == 20
@@ -158,12 +159,12 @@ def test_kill_and_resume_gives_the_bits_of_an_uninterrupted_run(tmp_path, monkey
 
     # the same checkpoint with the residuals zeroed, and without them
     state = checkpoint.read(ckpts[-1])
-    state["ef_residual"] = {k: np.zeros_like(v) for k, v in state["ef_residual"].items()}
+    state["codec_state"] = {k: np.zeros_like(v) for k, v in checkpoint.flatten(state["codec_state"]).items()}
     checkpoint.save(tmp_path / "zeroed" / "checkpoints", 20, state)
     (tmp_path / "zeroed" / "config.toml").write_bytes((tmp_path / "killed" / "config.toml").read_bytes())
     zeroed = run(cfg, out=tmp_path / "zeroed", resume=True, quiet=True)
     assert tree_bits(zeroed.params) != tree_bits(full.params)
-    del state["ef_residual"]
+    del state["codec_state"]
     checkpoint.save(tmp_path / "none" / "checkpoints", 20, state)
     with pytest.raises(ConfigError, match="holds none"):
         run(cfg, out=tmp_path / "none", resume=True, quiet=True)

@@ -41,7 +41,7 @@ def case(**sections) -> dict:
 
 def residual_bits(out, step: int) -> dict:
     state = checkpoint.read(out / "checkpoints" / f"ckpt-{step:08d}.tgck")
-    return {k: np.ascontiguousarray(v).tobytes() for k, v in state["ef_residual"].items()}
+    return {k: np.ascontiguousarray(v).tobytes() for k, v in checkpoint.flatten(state["codec_state"]).items()}
 
 
 @needs_mpi
@@ -64,7 +64,7 @@ def test_error_feedback_over_mpi_equals_the_simulator(tmp_path):
         assert train_losses(mpi_out) == train_losses(sim_out), name
         for step in (20, 40):
             assert residual_bits(mpi_out, step) == residual_bits(sim_out, step), (name, step)
-        rows = checkpoint.read(mpi_out / "checkpoints" / "ckpt-00000040.tgck")["ef_residual"]["fc1.w"]
+        rows = checkpoint.read(mpi_out / "checkpoints" / "ckpt-00000040.tgck")["codec_state"]["residual"]["fc1.w"]
         assert rows.shape[0] == 2 and not np.array_equal(rows[0], rows[1]), "each worker's own residual"
 
 

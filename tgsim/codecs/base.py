@@ -8,6 +8,11 @@ One worker's step, for the W workers local to a process (layers carry a leading 
     msgs   = codec.encode_many(layers, seed, step, workers, shared, stats)   # one message per worker
     mean   = exchange.aggregate(codec, msgs, mode, shared is not None)      # the mean over all workers
 
+A stateful codec (`properties.stateful`, the `Stateful` sub-protocol) gets its state passed in and
+returns the new one (as optax's transformations do): the trainer holds the opaque dict of
+`init_state` and checkpoints it; a codec with `properties.rounds > 1` (the `MultiRound`
+sub-protocol) is driven round by round, each round's messages combined by `exchange.mean_fp32`.
+
 and per message: `msg.to_bytes()`, `codec.from_bytes(buf, like=msg)` (a PayloadError naming what
 is wrong for malformed bytes), `codec.decode(msg)`, `codec.aggregate(msgs, divide_by)`.
 
@@ -49,6 +54,9 @@ class CodecProperties:
                       decode_w) (0 on a tie), as signSGD's server does (Bernstein et al. 2019)
     backends:         the array backends (run.backend) whose arrays encode, decode and aggregate
                       take: "numpy", and "cupy" where they run on CuPy arrays on the device
+    rounds:           communication rounds per step: 1, or R > 1 for a codec of the `MultiRound`
+                      sub-protocol (its messages are float32 layers averaged by the exchange each
+                      round; such a codec is stateful)
     """
 
     unbiased: bool
@@ -59,6 +67,7 @@ class CodecProperties:
     stateful: bool = False
     combine: str = "mean"
     backends: tuple[str, ...] = ("numpy",)
+    rounds: int = 1
 
     def __post_init__(self):
         if self.wire not in WIRES:
@@ -69,6 +78,10 @@ class CodecProperties:
             raise ValueError(f"combine must be one of {COMBINES}, got {self.combine!r}")
         if not self.backends or set(self.backends) - set(BACKENDS):
             raise ValueError(f"backends must be a non-empty subset of {BACKENDS}, got {self.backends!r}")
+        if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or self.rounds < 1:
+            raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
+        if self.rounds > 1 and not self.stateful:
+            raise ValueError("a codec with rounds > 1 is stateful (its state goes through init_state)")
 
 
 class PlainCodec:
@@ -102,3 +115,51 @@ class Codec(Protocol):
     def decode(self, message) -> dict: ...
 
     def aggregate(self, messages: Sequence, divide_by: int | None = None) -> dict: ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A codec with per-worker state across steps (`properties.stateful`), passed in and out.
+
+    init_state(shapes, n_local) -> {key: (n_local, ...) float32}: the state at step 0 of the n_local
+        workers of this process, for layers {name: shape}; every array has the leading local-worker
+        axis (the trainer gathers all N workers' rows for a checkpoint, "codec_state").
+    encoder_inputs(layers, state) -> {name: (W, *shape)}: the layers a single-round codec encodes
+        given its state (error feedback: p = g + e); `prepare_many`, the shared statistics and the
+        trainer's per-layer metrics are computed on them.
+    encode_stateful(layers, seed, step, workers, state, shared_scalers=None, stats=None)
+        -> (messages, new_state): one message per local worker, from the gradients `layers` and the
+        state; `stats` and `shared_scalers` are those of `encoder_inputs(layers, state)`. The state
+        passed in is not modified.
+    """
+
+    def init_state(self, shapes: Mapping[str, tuple], n_local: int) -> dict: ...
+
+    def encoder_inputs(self, layers: Mapping, state: Mapping) -> dict: ...
+
+    def encode_stateful(self, layers: Mapping, seed: int, step: int, workers, state: Mapping,
+                        shared_scalers=None, stats=None) -> tuple[list, dict]: ...
+
+
+@runtime_checkable
+class MultiRound(Protocol):
+    """A codec of R = `properties.rounds` > 1 communication rounds per step (PowerSGD: 2), stateful.
+
+        msgs, ctx = codec.start_rounds(layers, seed, step, workers, state)   # round 0
+        msgs, ctx = codec.next_round(ctx, mean)                              # rounds 1 .. R-1
+        aggregate, new_state = codec.finish_rounds(ctx, mean)
+
+    msgs: per local worker a dict of float32 arrays; mean: the ordered fp32 mean over ALL workers
+    of the previous round's messages (`exchange.mean_fp32`, the same bits in the simulator and over
+    MPI); aggregate: the step's mean gradient {layer: shape}, the same on every worker; new_state:
+    the state of `init_state`'s keys and shapes after the step. The step's bytes are the sum of the
+    rounds' bytes.
+    """
+
+    def init_state(self, shapes: Mapping[str, tuple], n_local: int) -> dict: ...
+
+    def start_rounds(self, layers: Mapping, seed: int, step: int, workers, state: Mapping) -> tuple[list, object]: ...
+
+    def next_round(self, ctx, mean: Mapping) -> tuple[list, object]: ...
+
+    def finish_rounds(self, ctx, mean: Mapping) -> tuple[dict, dict]: ...

@@ -29,9 +29,11 @@ e != 0, which `tgsim analyze unbiasedness --codec all` shows on the rows "NAME+e
 Invariant (the one epfml/powersgd checks): D(m_w) + e_w' == p_w up to the one float32 rounding of
 e_w' = fl(p_w - D(m_w)): |D + e' - p| <= 2^-24 |p - D| per element, in exact arithmetic.
 
-The trainer holds the residuals of its local workers, {layer: (n_local, *shape) float32}, next to
-the optimizer state; a checkpoint holds all N workers' rows (`pack_rows` / `unpack_rows`: one
-(n, M) float32 buffer, M = Σ layer sizes, which the MPI exchange gathers to rank 0 in one message).
+`ErrorFeedback` owns the residuals as its state (the `Stateful` protocol of tgsim.codecs.base):
+`init_state` gives {"residual/<layer>": (n_local, *shape) float32 zeros} and `encode_stateful`
+returns the messages of p and the new residuals; the trainer keeps that dict opaque and
+checkpoints all N workers' rows as "codec_state" (`pack_rows` / `unpack_rows`: one (n, M) float32
+buffer, M = Σ sizes, which the MPI exchange gathers to rank 0 in one message).
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tgsim.backend import array_module
+from tgsim.backend import array_module, to_numpy
 from tgsim.codecs.base import CodecProperties
 from tgsim.errors import ConfigError
 
 SUFFIX = "+ef"                 # "qsgd+ef": the name of an EF-wrapped codec (tables, error messages)
+PREFIX = "residual/"           # the state key of a layer's residuals: "residual/fc1.w"
 
 
 def lossless(props: CodecProperties) -> bool:
@@ -68,7 +71,7 @@ def compensate(grads: Mapping, residual: Mapping) -> dict:
         if tuple(e.shape) != tuple(g.shape):
             raise ValueError(f"error feedback: layer {k!r}: residual of shape {tuple(e.shape)} for a gradient "
                              f"of shape {tuple(g.shape)}")
-        out[k] = xp.asarray(g, dtype=xp.float32) + e
+        out[k] = xp.asarray(g, dtype=xp.float32) + xp.asarray(e)
     return out
 
 
@@ -89,9 +92,19 @@ def zeros(shapes: Mapping, n_local: int) -> dict:
     return {k: np.zeros((n_local, *tuple(s)), np.float32) for k, s in shapes.items()}
 
 
+def as_state(residual: Mapping) -> dict:
+    """{layer: (n, *shape)} residuals -> the codec state {"residual/<layer>": (n, *shape)}."""
+    return {PREFIX + k: v for k, v in residual.items()}
+
+
+def residuals(state: Mapping) -> dict:
+    """The codec state {"residual/<layer>": ...} -> the residuals {layer: (n, *shape)}."""
+    return {k[len(PREFIX):]: v for k, v in state.items() if k.startswith(PREFIX)}
+
+
 def pack_rows(residual: Mapping) -> np.ndarray:
-    """{layer: (n, *shape)} -> (n, M) float32, layers in order (one buffer to gather)."""
-    rows = [np.asarray(v, np.float32).reshape(v.shape[0], -1) for v in residual.values()]
+    """{key: (n, *shape)} -> (n, M) float32 host array, keys in order (one buffer to gather)."""
+    rows = [np.asarray(to_numpy(v), np.float32).reshape(v.shape[0], -1) for v in residual.values()]
     return np.ascontiguousarray(np.concatenate(rows, axis=1)) if rows else np.zeros((0, 0), np.float32)
 
 
@@ -126,9 +139,9 @@ def local_rows(saved: Mapping, shapes: Mapping, local_workers: Sequence[int]) ->
 
 class ErrorFeedback:
     """A codec with error feedback: the inner codec's protocol (tgsim.codecs.base), its properties
-    per `ef_properties`, its name + "+ef". The residuals are not held here but by the trainer (they
-    are per worker and checkpointed): it calls `compensate` before `prepare_many` / `encode_many`
-    and `new_residual` on the decoded messages (module docstring)."""
+    per `ef_properties`, its name + "+ef", and the `Stateful` protocol whose state is the residuals
+    {"residual/<layer>": (n_local, *shape) float32} (module docstring). `encode_many` and `decode`
+    are the inner codec's (a message of p is the inner codec's message)."""
 
     def __init__(self, inner):
         props = inner.properties
@@ -144,6 +157,22 @@ class ErrorFeedback:
         self.inner = inner
         self.name = f"{inner.name}{SUFFIX}"
         self.properties = ef_properties(props)
+
+    def init_state(self, shapes: Mapping, n_local: int) -> dict:
+        """The residuals at step 0: {"residual/<layer>": (n_local, *shape) float32 zeros}."""
+        return as_state(zeros(shapes, n_local))
+
+    def encoder_inputs(self, layers: Mapping, state: Mapping) -> dict:
+        """p = f32(g) + e per layer (W, *shape): what the inner codec encodes."""
+        return compensate(layers, residuals(state))
+
+    def encode_stateful(self, layers: Mapping, seed: int, step: int, workers, state: Mapping,
+                        shared_scalers=None, stats=None) -> tuple[list, dict]:
+        """(the inner codec's messages m_w = C(p_w), the new state {"residual/<layer>": e_w' = p_w - D(m_w)})
+        for p = `encoder_inputs(layers, state)`; `shared_scalers` and `stats` are those of p."""
+        p = self.encoder_inputs(layers, state)
+        msgs = self.inner.encode_many(p, seed, step, workers, shared_scalers, stats)
+        return msgs, as_state(new_residual(p, [self.inner.decode(m) for m in msgs]))
 
     def __getattr__(self, attr):      # the protocol (prepare_many, encode_many, decode, ...) and the rest
         if attr == "inner":

@@ -152,11 +152,11 @@ class LocalSteps:
         self.stats_wanted = False         # some step of this period asked for per-layer statistics
         self.first = True                 # no step taken yet: the run (or its resume) must start a period
 
-    def __call__(self, setup, params: dict, opt_state, step: int, with_stats: bool = False, residual=None):
+    def __call__(self, setup, params: dict, opt_state, step: int, with_stats: bool = False, codec_state=None):
         from tgsim.train.loop import StepInfo, local_batch
 
-        if residual is not None:
-            raise ValueError("local steps keep no error-feedback residuals (config.validate refuses the combination)")
+        if codec_state is not None:
+            raise ValueError("local steps keep no codec state (config.validate refuses a stateful codec with them)")
 
         cfg, ex = setup.cfg, setup.exchange
         local = ex.local_workers

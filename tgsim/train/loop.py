@@ -3,13 +3,16 @@
 One step (docs/DESIGN.md "Data flow of one step"), for the workers local to this process:
     batches (counter-based: seed, step, worker) -> loss_and_grad (batched over the worker axis)
     -> codec.prepare_many (checks, statistics) -> [shared statistics: MAX or mean over workers]
-    -> codec.encode_many -> exchange.aggregate -> mean
+    -> codec.encode_many (a stateful codec: encode_stateful) -> exchange.aggregate -> mean
     -> optimizer update on every replica (identical bits) -> metrics
+A codec of R > 1 rounds (tgsim.codecs.base.MultiRound) replaces encode + aggregate by its rounds,
+each round's messages averaged by exchange.mean_fp32 (`run_rounds`).
 The codec comes from the registry (tgsim.codecs.registry) by its config name; the trainer reads
-only its declared properties (tgsim.codecs.base.CodecProperties).
+only its declared properties (tgsim.codecs.base.CodecProperties) and holds a stateful codec's
+state as an opaque dict, checkpointed as "codec_state" (every worker's rows).
 A killed run resumes from its newest good checkpoint and ends with the bits of an uninterrupted run:
 every random draw is a function of (seed, step, worker, layer), so the step number is all the
-state besides the parameters and the optimizer state.
+state besides the parameters, the optimizer state and the codec state.
 """
 
 from __future__ import annotations
@@ -200,28 +203,31 @@ def shared_scalers(setup: Setup, stats) -> tuple[bool, np.ndarray | None]:
     return True, ex.max_scalers(local_scalers) if how == "max" else ex.mean_scalers(local_scalers)
 
 
-def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False, residual=None):
+def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False, codec_state=None):
     """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
 
     The codec works on all local workers at once (prepare_many / encode_many: for a packed-code
     codec one kernel call per layer for the W local workers), with the bits of per-worker calls.
-    residual: with error feedback, the local workers' residuals {layer: (W, *shape)}, updated in
-    place (tgsim.codecs.error_feedback: the codec encodes p = g + e, then e <- p - decode); a skipped
-    step leaves them as they were. The per-layer statistics are then those of p.
+    codec_state: for a stateful codec (tgsim.codecs.base.Stateful), the opaque state of the local
+    workers ({key: (W, ...)}), replaced in place by the state the codec returns; a skipped step
+    leaves it as it was. A single-round stateful codec encodes `codec.encoder_inputs(g, state)`
+    (error feedback: p = g + e), on which the statistics and per-layer metrics are computed; a codec
+    with `properties.rounds` > 1 goes through `run_rounds`.
     """
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     x, y = local_batch(setup, step)
     losses, grads = setup.model.loss_and_grad(params, x, y)
     local = ex.local_workers
-    if codec.properties.stateful != (residual is not None):
-        raise ValueError(f"codec {codec.name!r}: pass the error-feedback residuals exactly when the codec is stateful")
-    if residual is not None:
-        grads = error_feedback.compensate(grads, residual)
+    props = codec.properties
+    if props.stateful != (codec_state is not None):
+        raise ValueError(f"codec {codec.name!r}: pass the codec state exactly when the codec is stateful")
+    multi = props.rounds > 1
+    inputs = codec.encoder_inputs(grads, codec_state) if codec_state is not None and not multi else grads
 
     bad = None
     stats = None
     try:
-        stats = codec.prepare_many(grads)
+        stats = codec.prepare_many(inputs)
     except NonFiniteGradientError as e:
         bad = e
     if ex.any_true(bad is not None):
@@ -233,33 +239,62 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
             raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
+    workers = np.asarray(local, dtype=np.int64)
+    lr = learning_rate(cfg.schedule, step, cfg.run.steps)
+    if multi:
+        mean, comm, new_state = run_rounds(codec, ex, grads, cfg.run.seed, step, workers, codec_state)
+        _replace(codec_state, new_state)
+        params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
+        layer_rows = _layer_stats(grads, None, None) if with_stats else []
+        loss = ex.mean_scalar(float(np.sum(to_numpy(losses))))
+        return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
+
     share, shared = shared_scalers(setup, stats)
-    defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
-    deferred = bool(codec.properties.wire == "tgm1" and defers and residual is None and   # EF decodes them first
-                    defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
-    msgs = codec.encode_many(grads, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared, stats,
-                             **({"deferred": True} if deferred else {}))
-    decoded = None
-    if residual is not None:        # error feedback: e <- p - decode(C(p)), before the exchange
-        decoded = [codec.decode(m) for m in msgs]
-        residual.update(error_feedback.new_residual(grads, decoded))
     if not with_stats:
-        del grads                   # the messages hold what the exchange needs
-        decoded = None
+        inputs = None               # (error feedback: encode_stateful forms p again, one float32 add)
+    defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
+    deferred = bool(props.wire == "tgm1" and defers and codec_state is None and   # a stateful codec decodes them
+                    defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
+    if codec_state is not None:
+        msgs, new_state = codec.encode_stateful(grads, cfg.run.seed, step, workers, codec_state, shared, stats)
+        _replace(codec_state, new_state)
+    else:
+        msgs = codec.encode_many(grads, cfg.run.seed, step, workers, shared, stats,
+                                 **({"deferred": True} if deferred else {}))
+    del grads                       # the messages hold what the exchange needs; `inputs` the statistics'
     rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
     mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, rkey)
-    if with_stats and decoded is None:
-        decoded = [codec.decode(m) for m in msgs]
+    decoded = [codec.decode(m) for m in msgs] if with_stats else None
     del msgs                        # the payloads, before the optimizer's temporaries
-    lr = learning_rate(cfg.schedule, step, cfg.run.steps)
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
-    layer_rows = _layer_stats(grads, shared, stats, decoded, mean, ex) if with_stats else []
+    layer_rows = _layer_stats(inputs, shared, stats, decoded, mean, ex) if with_stats else []
     loss = ex.mean_scalar(float(np.sum(to_numpy(losses))))
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 
 
+def _replace(state: dict, new: dict) -> None:
+    """The trainer's codec state becomes `new` (the dict object is kept: callers hold it)."""
+    state.clear()
+    state.update(new)
+
+
+def run_rounds(codec, ex, layers: dict, seed: int, step: int, workers, state: dict):
+    """(aggregate, CommBytes summed over the rounds, new state) of a codec with R = rounds > 1
+    (tgsim.codecs.base.MultiRound): round 0 `start_rounds`, rounds 1..R-1 `next_round` on the
+    previous round's mean, then `finish_rounds` on the last mean; every round's messages are
+    combined by `ex.mean_fp32` (the ordered fp32 mean over all workers)."""
+    msgs, ctx = codec.start_rounds(layers, seed, step, workers, state)
+    mean, comm = ex.mean_fp32(msgs)
+    for _ in range(1, codec.properties.rounds):
+        msgs, ctx = codec.next_round(ctx, mean)
+        mean, more = ex.mean_fp32(msgs)
+        comm += more
+    aggregate, new_state = codec.finish_rounds(ctx, mean)
+    return aggregate, comm, new_state
+
+
 def step_function(setup: Setup):
-    """The step of this config, called as f(setup, params, opt_state, step, with_stats, residual=...):
+    """The step of this config, called as f(setup, params, opt_state, step, with_stats, codec_state=...):
     `train_step`, or for local SGD / PQASGD a tgsim.train.local_sgd.LocalSteps of this setup."""
     if setup.cfg.exchange.local == "none":
         return train_step
@@ -268,35 +303,42 @@ def step_function(setup: Setup):
     return local_sgd.LocalSteps(setup)
 
 
-def start_residual(setup: Setup, state: dict) -> dict | None:
-    """The local workers' error-feedback residuals at the first step (None for a stateless codec):
-    zeros, or on resume this process's rows of the checkpoint's (all N workers', "ef_residual")."""
-    if not setup.codec.properties.stateful:
+def start_codec_state(setup: Setup, state: dict) -> dict | None:
+    """The local workers' codec state at the first step (None for a stateless codec): the codec's
+    `init_state`, or on resume this process's rows of the checkpoint's "codec_state" (all N workers'
+    rows); a checkpoint of an older tgsim holds error feedback's residuals as "ef_residual"
+    {layer: (N, *shape)}, read as the state {"residual/<layer>": ...}."""
+    codec = setup.codec
+    if not codec.properties.stateful:
         return None
-    shapes = setup.model.layer_shapes()
     local = setup.exchange.local_workers
+    init = codec.init_state(setup.model.layer_shapes(), len(local))
     if not state:
-        return error_feedback.zeros(shapes, len(local))
-    if "ef_residual" not in state:
-        raise ConfigError(f"codec {setup.codec.name!r} keeps per-worker residuals, but the checkpoint to resume "
-                          "from holds none (written without error feedback?): it cannot give the bits of an "
+        return init
+    if "codec_state" in state:
+        saved = checkpoint.flatten(state["codec_state"])
+    elif "ef_residual" in state:
+        saved = error_feedback.as_state(state["ef_residual"])
+    else:
+        raise ConfigError(f"codec {codec.name!r} keeps per-worker state, but the checkpoint to resume "
+                          "from holds none (written with a stateless codec?): it cannot give the bits of an "
                           "uninterrupted run")
     try:
-        return error_feedback.local_rows(state["ef_residual"], shapes, local)
+        return error_feedback.local_rows(saved, {k: tuple(v.shape[1:]) for k, v in init.items()}, local)
     except ValueError as e:
         raise ConfigError(f"resume: {e}") from e
 
 
-def _residual_to_save(ex, residual) -> dict:
-    """{"ef_residual": every worker's residuals (N, *shape)} for the checkpoint on the process that
-    gathers them ({} without error feedback and on the other MPI ranks). A collective: every process
-    calls it."""
-    if residual is None:
+def _state_to_save(ex, codec_state) -> dict:
+    """{"codec_state": every worker's rows of the codec state (N, ...)} for the checkpoint on the
+    process that gathers them ({} for a stateless codec and on the other MPI ranks). A collective:
+    every process calls it."""
+    if codec_state is None:
         return {}
-    rows = ex.gather_rows(error_feedback.pack_rows(residual))
+    rows = ex.gather_rows(error_feedback.pack_rows(codec_state))
     if rows is None:
         return {}
-    return {"ef_residual": error_feedback.unpack_rows(rows, {k: v.shape[1:] for k, v in residual.items()})}
+    return {"codec_state": error_feedback.unpack_rows(rows, {k: v.shape[1:] for k, v in codec_state.items()})}
 
 
 def _device_info(setup: Setup) -> dict:
@@ -372,7 +414,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         opt_state = setup.optimizer.init(params)
     else:                                          # a checkpoint holds host arrays, from a CPU or a GPU run
         params, opt_state = to_device(params, setup.xp), to_device(opt_state, setup.xp)
-    residual = start_residual(setup, state)        # error feedback's per-worker state, else None
+    codec_state = start_codec_state(setup, state)  # a stateful codec's per-worker state, else None
     metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
     if writer:
         results.write_manifest(out, cfg, {"backend": cfg.run.backend, **_device_info(setup),
@@ -395,7 +437,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     step_fn = step_function(setup)
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
-        params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, residual=residual)
+        params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, codec_state=codec_state)
         bits_up += 8 * info.sent
         bits_down += 8 * info.received
         skipped += info.skipped
@@ -416,11 +458,11 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
             if metrics is not None:
                 metrics.flush()
-            ef_rows = _residual_to_save(ex, residual)    # on every process: a gather over MPI
+            state_rows = _state_to_save(ex, codec_state)  # on every process: a gather over MPI
             if writer:
                 totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
                           "skipped": np.int64(skipped)}
-                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals, **ef_rows},
+                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals, **state_rows},
                                 cfg.run.keep_checkpoints)
             if hasattr(ex, "barrier"):
                 ex.barrier()
