@@ -18,11 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec_contract import header_length
 from tgsim.codecs import NonFiniteGradientError, TernGrad, from_bytes
 from tgsim.codecs.message import _FIXED
 from tgsim.codecs.packing import CODES_PER_BYTE, packed_size, unpack
 from tgsim.rng import StreamKey
+
+from fakes import header_length
 
 KEY = StreamKey(1234, step=5, worker=2)
 CLIPS = ("none", "explicit", "implicit")

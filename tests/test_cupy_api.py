@@ -147,7 +147,7 @@ def test_strict_wrapper_raises_like_cupy():
 
 
 def test_stand_in_cupy_is_strict():
-    import test_cuda_kernels as tck
+    import cuda_harness as tck
 
     cp = tck.fake_cupy(None, [])
     assert cp.empty(3, dtype=cp.float32).dtype == np.float32
@@ -168,8 +168,8 @@ def test_stand_in_cupy_is_strict():
 # test_cuda_kernels.py), and the same host bodies give the reference's bits with x86 FTZ+DAZ set,
 # the float32 semantics of -ftz=true. Denormal inputs and signed zeros are what issue 23's H100 run
 # got wrong (sigma, packed bytes, 0.0 for -0.0).
-from test_cuda_kernels import (KEYS, NO_BAD, assert_same_bits, builds, h,  # noqa: E402,F401
-                               make_layer, random_payloads, ref_encode, scalings)
+from cuda_harness import (KEYS, NO_BAD, assert_same_bits, make_layer,  # noqa: E402
+                          random_payloads, ref_encode, scalings)
 from tgsim.codecs import packing  # noqa: E402
 from tgsim.codecs.terngrad import moments as stats  # noqa: E402
 

@@ -5,12 +5,14 @@ MPI: tests/test_mpi_error_feedback.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
 import pytest
 
-from tgsim.codecs import error_feedback, registry
+from tgsim.codecs import error_feedback, error_feedback as ef, registry
+from tgsim.codecs.base import CodecProperties
 from tgsim.errors import ConfigError
 from tgsim.testing import contract_layers, encode
 from tgsim.train import checkpoint
@@ -244,3 +246,108 @@ def test_the_unbiasedness_table_rejects_error_feedback_codecs():
     assert list(table.index[~table["reject"]]) == ["fp32+ef"], table.to_string()
     for name in ("qsgd+ef", "randomk+ef"):
         assert table.loc[name, "test"].startswith("pooled") and abs(table.loc[name, "bias_along_state"] - 1) < 0.2
+
+
+@pytest.mark.mutation
+def test_error_feedback_compensate_and_new_residual_by_hand():
+    """compensate: p = f32(g) + e in float32 (a float64 g is rounded first: 1 + 2^-30 -> 1.0, plus
+    e = 0.5 gives 1.5); new_residual: e' = p - D per worker, a flat decoded layer taken in the layer's
+    shape; a residual of another shape, or a decoded-message count other than the workers', is a
+    ValueError."""
+    g = np.array([[[1 + 2.0**-30, -2.0], [0.25, 3.0]]], np.float64)           # W = 1, shape (2, 2)
+    e = np.array([[[0.5, 0.5], [-0.25, 1.0]]], np.float32)
+    p = ef.compensate({"w": g}, {"w": e})["w"]
+    assert p.dtype == np.float32 and p.tolist() == [[[1.5, -1.5], [0.0, 4.0]]]
+    with pytest.raises(ValueError, match="residual of shape"):
+        ef.compensate({"w": g}, {"w": e.reshape(1, 4)})
+    res = ef.new_residual({"w": p}, [{"w": np.array([1.0, -1.0, 0.0, 3.0])}])["w"]
+    assert res.dtype == np.float32 and res.tolist() == [[[0.5, -0.5], [0.0, 1.0]]]
+    with pytest.raises(ValueError, match="decoded messages"):
+        ef.new_residual({"w": p}, [{"w": np.zeros(4)}] * 2)
+
+
+@pytest.mark.mutation
+def test_error_feedback_rows_round_trip_in_layer_order():
+    """pack_rows: worker n's row is its layers flattened (C order) one after the other, float32, C
+    contiguous; unpack_rows undoes it (copies), and refuses a row length other than Σ sizes (16 here)."""
+    a = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    b = -np.arange(8, dtype=np.float64).reshape(2, 4)
+    rows = ef.pack_rows({"a": a, "b": b})
+    want = [list(range(6)) + [0.0, -1.0, -2.0, -3.0], list(range(6, 12)) + [-4.0, -5.0, -6.0, -7.0]]
+    assert rows.dtype == np.float32 and rows.flags.c_contiguous and rows.tolist() == want
+    back = ef.unpack_rows(rows, {"a": (2, 3), "b": (4,)})
+    assert list(back) == ["a", "b"] and back["a"].tolist() == a.tolist() and back["b"].tolist() == b.tolist()
+    back["a"][0, 0, 0] = 99
+    assert rows[0, 0] == 0
+    assert ef.unpack_rows(ef.pack_rows({}), {}) == {}      # no layers: no values per worker, round trip too
+    with pytest.raises(ValueError, match="residual values per worker"):
+        ef.unpack_rows(np.zeros((2, 17), np.float32), {"a": (2, 3), "b": (4,)})
+    with pytest.raises(ValueError, match="residual values per worker"):
+        ef.unpack_rows(np.zeros((2, 15), np.float32), {"a": (2, 3), "b": (4,)})
+
+
+@pytest.mark.mutation
+def test_error_feedback_local_rows_selects_and_checks_the_checkpoint():
+    """local_rows: the rows of the local workers, in their order; N = 3 rows serve worker 2 (the
+    highest index, N = max + 1) but not worker 3; one worker of N = 1 is fine; another layer set or
+    layer shape is a ValueError."""
+    saved = {"w": np.arange(12, dtype=np.float32).reshape(3, 2, 2), "b": np.arange(3, dtype=np.float32)[:, None]}
+    shapes = {"w": (2, 2), "b": (1,)}
+    got = ef.local_rows(saved, shapes, [2, 0])
+    assert got["w"].tolist() == [saved["w"][2].tolist(), saved["w"][0].tolist()]
+    assert got["b"].tolist() == [[2.0], [0.0]] and got["w"].flags.c_contiguous
+    assert ef.local_rows({"b": np.ones((1, 1))}, {"b": (1,)}, [0])["b"].tolist() == [[1.0]]
+    with pytest.raises(ValueError, match="expected"):
+        ef.local_rows(saved, shapes, [3])
+    with pytest.raises(ValueError, match="expected"):
+        ef.local_rows(saved, {"w": (4,), "b": (1,)}, [0])
+    with pytest.raises(ValueError, match="holds residuals of layers"):
+        ef.local_rows(saved, {"w": (2, 2)}, [0])
+
+
+@pytest.mark.mutation
+def test_error_feedback_split_name():
+    """split_name: only a trailing "+ef" marks error feedback: "qsgd" -> ("qsgd", False),
+    "qsgd+ef" -> ("qsgd", True), "a+ef+ef" -> ("a+ef", True)."""
+    assert ef.split_name("qsgd") == ("qsgd", False)
+    assert ef.split_name("qsgd+ef") == ("qsgd", True)
+    assert ef.split_name("a+ef+ef") == ("a+ef", True)
+
+
+class _Inner:
+    name = "fake"
+
+    def __init__(self, **props):
+        self.properties = CodecProperties(**{"unbiased": True, "wire": "own", "combine": "mean", **props})
+
+    def decode(self, m):
+        return {"m": m}
+
+
+@pytest.mark.mutation
+def test_error_feedback_wrapper_delegates_and_refuses_stateful_or_majority_codecs():
+    """ErrorFeedback: delegates the protocol to the inner codec, is named NAME+ef, and is biased and
+    stateful unless lossless (wire "float32"); a stateful inner codec or a majority-vote one is a
+    ConfigError. Before __init__ has set `inner` (copy, pickle) the attribute is simply missing
+    (AttributeError), not an endless __getattr__ recursion; a copy delegates like the original."""
+    w = ef.ErrorFeedback(_Inner())
+    assert w.name == "fake+ef" and w.decode(3) == {"m": 3}
+    assert w.properties.stateful and not w.properties.unbiased
+    lossless = ef.ErrorFeedback(_Inner(wire="float32"))
+    assert lossless.properties.unbiased and ef.lossless(lossless.properties) and not ef.lossless(w.properties)
+    assert not hasattr(object.__new__(ef.ErrorFeedback), "inner")
+    assert copy.deepcopy(w).decode(4) == {"m": 4}
+    with pytest.raises(ConfigError, match="keeps its own state"):
+        ef.ErrorFeedback(_Inner(stateful=True))
+    with pytest.raises(ConfigError, match="majority vote"):
+        ef.ErrorFeedback(_Inner(combine="majority"))
+    assert dataclasses.replace(w.properties, stateful=False, unbiased=True) == _Inner().properties
+
+
+@pytest.mark.mutation
+def test_error_feedback_rows_of_no_layers_are_an_empty_float32_buffer():
+    """pack_rows of a model without layers: no worker rows and no values, a (0, 0) float32 array
+    (the residual buffer of nothing); unpack_rows of it gives back no layers."""
+    rows = ef.pack_rows({})
+    assert rows.shape == (0, 0) and rows.dtype == np.float32
+    assert ef.unpack_rows(rows, {}) == {}

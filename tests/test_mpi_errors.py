@@ -4,12 +4,16 @@ message, malformed slots and scalers naming the sender, and the server's status 
 import numpy as np
 import pytest
 
+import tgsim.exchange.mpi  # noqa: F401  (imported at collection: tools/mutation.py counts module-level
+import tgsim.exchange.mpi_env  # noqa: F401  lines as run at import)
 from tgsim.codecs import TernGrad
 from tgsim.errors import CollectiveError, PeerPayloadError, RankConfigMismatchError, ServerError
 from tgsim.exchange import InProcessExchange
 from tgsim.exchange import mpi_errors as me
 from tgsim.exchange.pieces import SenderError
 from tgsim.rng import StreamKey
+
+from fakes import ConfigComm
 
 SHAPES = {"a": (37, 13), "bias": (13,), "b": (101,)}
 TAIL = ". Launch every rank with the same config file, --set overrides and tgsim installation."
@@ -56,17 +60,6 @@ def test_a_config_mismatch_of_one_rank_and_of_two_keys():
         "MPI ranks were started with different configurations (3 ranks): a differs from rank 0's on rank 2 "
         f"(ranks 0-1: {'x' * 16}; rank 2: {'y' * 16}) | b differs from rank 0's on rank 2 (ranks 0-1: 1; rank 2: ?)"
         + TAIL)
-
-
-class ConfigComm:
-    """A 3-rank communicator for check_same_config: ranks 0 and 1 send this rank's dict, rank 2 the
-    same dict updated with `other`."""
-
-    def __init__(self, other):
-        self.other = other
-
-    def allgather(self, mine):
-        return [mine, dict(mine), dict(mine, **self.other)]
 
 
 def test_check_same_config_raises_the_message_on_a_fake_comm():
@@ -202,3 +195,27 @@ def test_blame_codes_looks_past_a_float_layer():
     msgs = [me.parse_slot(s, layout, r, "rank 0") for r, s in enumerate(slots)]
     e = me.blame_codes(codec, msgs, "rank 0", ValueError("kernel said no"))
     assert str(e).startswith("rank 0 received a malformed payload from rank 2: layer 'b': invalid code 0b11")
+
+
+@pytest.mark.mutation
+def test_server_failure_text_is_broadcast_from_rank_0_by_default():
+    """raise_server_failure and raise_if_server_failed broadcast the server's text from rank 0 (the
+    parameter server) unless told another root."""
+    from tgsim.errors import PeerPayloadError, ServerError
+    from tgsim.exchange import mpi_errors as me
+
+    class Comm:
+        roots = []
+
+        def bcast(self, obj, root):
+            self.roots.append(root)
+            return "words"
+
+    comm = Comm()
+    with pytest.raises(ServerError, match="^words$"):
+        me.raise_server_failure(comm, me.STATUS_SERVER, None)
+    with pytest.raises(PeerPayloadError, match="^words$"):
+        me.raise_if_server_failed(comm, None)
+    with pytest.raises(PeerPayloadError):
+        me.raise_if_server_failed(comm, None, root=2)
+    assert comm.roots == [0, 0, 2]

@@ -77,3 +77,29 @@ def cfg_model_shapes(cfg):
 def test_reternarized_downlink_needs_ps_and_a_reencoding_codec(codec, mode, says):
     with pytest.raises(ConfigError, match=says):
         from_dict({**BASE, "codec": {"name": codec}, "exchange": {"mode": mode, "reternarize_downlink": True}})
+
+
+@pytest.mark.mutation
+def test_registry_names_classes_and_describe():
+    """The registered names, in the documented order, each naming a class whose own `name` is the
+    registered name (what configs, the CLI and MPI runs rely on); DEFAULT is terngrad, the config's
+    default; describe() gives one row per name with its "module:Class"; an unknown name is a
+    ValueError."""
+    from tgsim.codecs import registry
+    from tgsim.train.config import CodecConfig
+
+    want = ("fp32", "terngrad", "fp16", "bf16", "sign", "scaled_sign", "qsgd", "suresh", "topk", "randomk")
+    assert registry.names() == want
+    assert registry.DEFAULT == "terngrad" == CodecConfig().name
+    assert registry.CODECS == {
+        "fp32": "tgsim.codecs.fp32:Float32", "terngrad": "tgsim.codecs.terngrad:TernGrad",
+        "fp16": "tgsim.codecs.fp16:Float16", "bf16": "tgsim.codecs.bf16:BFloat16",
+        "sign": "tgsim.codecs.sign:SignSGD", "scaled_sign": "tgsim.codecs.sign:ScaledSign",
+        "qsgd": "tgsim.codecs.qsgd:QSGD", "suresh": "tgsim.codecs.suresh:Suresh",
+        "topk": "tgsim.codecs.sparse:TopK", "randomk": "tgsim.codecs.sparse:RandomK"}
+    for name in want:
+        assert registry.codec_class(name).name == name
+    rows = registry.describe(CodecConfig())
+    assert [(r["codec"], r["class"]) for r in rows] == [(n, registry.CODECS[n]) for n in want]
+    with pytest.raises(ValueError, match="unknown codec"):
+        registry.codec_class("nosuch")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from codec_contract import ub
+from tgsim.analysis import unbiasedness as ub
 from tgsim.codecs import TernGrad
 from tgsim.codecs.terngrad import quantizer as ternary
 from tgsim.codecs.packing import sum_codes, unpack

@@ -23,11 +23,16 @@ into a trampoline, which the Numba @njit kernels do not survive. This runner is 
   mutant runs only the tests that execute its line, fastest first, with `-x`; a mutant on a line
   no test executes is reported as "uncovered" (it survives without running anything); one on a
   line that runs at import (module constants, class bodies, defaults) runs the fastest 12 tests
-  that execute some line of the module, and every test of tests/test_mutants_*.py that does
+  that execute some line of the module, and every test marked `mutation` that does
   ("at import" = before the first test: a module first imported inside a test has its
   module-level lines counted as that test's, so test files import their targets at the top).
+* The tests written to kill survivors carry the marker `mutation` and live in the test file of
+  the module they test (MUTANT_TESTS lists those files). Every module's selection is its TARGETS
+  files plus the `mutation` tests of the other MUTANT_TESTS files (the plugin
+  tools/mutation_trace.py deselects their unmarked tests); --no-mutant-tests deselects every
+  `mutation` test (the score before they were written).
 * The MPI exchange (tgsim/exchange/mpi.py, mpi_pipelined.py, mpi_transport.py) is scored
-  in-process: tests/test_mutants_exchange2.py drives MPIExchange over a fake communicator (one
+  in-process: tests/test_mpi_exchange.py drives MPIExchange over a fake communicator (one
   thread per rank). Lines that run only inside `mpiexec` children (tests/test_mpi.py) are not
   traced, so those tests are not in any selection; CuPy-only lines are covered by stand-ins or not.
 * Each mutant's pytest is a fork of this process, which has imported numpy, scipy, pandas,
@@ -73,14 +78,20 @@ CODEC_TESTS = ["tests/test_codec_contract.py", "tests/test_golden.py", "tests/te
                "tests/test_batched_codec.py"]
 EXCHANGE_TESTS = ["tests/test_exchange_oracle.py", "tests/test_pieces.py", "tests/test_mpi_errors.py"]
 MPI_UNIT_TESTS = ["tests/test_mpi_errors.py", "tests/test_pieces.py"]   # no mpiexec launch
-MUTANT_TESTS = ["tests/test_mutants_optim.py", "tests/test_mutants_unbiasedness.py",
-                "tests/test_mutants_codecs.py", "tests/test_mutants_exchange.py",
-                "tests/test_mutants_terngrad_codec.py", "tests/test_mutants_pieces.py",
-                "tests/test_mutants_unbiasedness2.py", "tests/test_mutants_packing2.py",
-                "tests/test_mutants_peers.py", "tests/test_mutants_peers2.py",
-                "tests/test_mutants_exchange2.py", "tests/test_mutants_terngrad2.py",
-                "tests/test_mutants_peers3.py", "tests/test_mutants_peers4.py",
-                "tests/test_mutants_cuda.py"]
+# The files that hold tests marked `mutation` (written to kill surviving mutants).
+MUTANT_TESTS = ["tests/test_bf16.py", "tests/test_codecs_base.py", "tests/test_elias.py",
+                "tests/test_error_feedback.py", "tests/test_exchange_base.py", "tests/test_fp16.py",
+                "tests/test_fp32.py", "tests/test_framing.py", "tests/test_inprocess.py",
+                "tests/test_message.py", "tests/test_mpi_env.py", "tests/test_mpi_errors.py",
+                "tests/test_mpi_exchange.py", "tests/test_mpi_exchange_errors.py",
+                "tests/test_mpi_transport.py", "tests/test_optim.py",
+                "tests/test_ordered_mean.py", "tests/test_packing.py", "tests/test_pieces.py",
+                "tests/test_ps_downlink.py", "tests/test_qsgd.py", "tests/test_registry.py",
+                "tests/test_sign.py", "tests/test_sparse.py", "tests/test_suresh.py",
+                "tests/test_terngrad_codec.py", "tests/test_terngrad_cuda.py",
+                "tests/test_terngrad_kernels.py", "tests/test_terngrad_moments.py",
+                "tests/test_terngrad_quantizer.py", "tests/test_terngrad_reference.py",
+                "tests/test_unbiasedness.py"]
 TARGETS: dict[str, list[str]] = {
     "tgsim/train/optim.py": ["tests/test_optim_oracles.py", "tests/test_run_oracle.py"],
     "analysis/unbiasedness.py": ["tests/test_statistics.py", "tests/test_analysis.py",
@@ -99,7 +110,7 @@ TARGETS: dict[str, list[str]] = {
     "tgsim/exchange/ps_downlink.py": EXCHANGE_TESTS + ["tests/test_batched_step.py"],
     "tgsim/exchange/pieces.py": EXCHANGE_TESTS,
     "tgsim/exchange/mpi_errors.py": EXCHANGE_TESTS,
-    # The MPI exchange in-process: tests/test_mutants_exchange2.py drives MPIExchange with a fake
+    # The MPI exchange in-process: tests/test_mpi_exchange.py drives MPIExchange with a fake
     # communicator (one thread per rank). Lines that run only inside `mpiexec` children
     # (tests/test_mpi.py) are not traced, so those tests are not in the selection.
     "tgsim/exchange/mpi.py": MPI_UNIT_TESTS,
@@ -408,9 +419,16 @@ def _env(tree: Path) -> dict:
     return env
 
 
-def trace(tree: Path, module: str, tests: list[str], work: Path) -> dict:
+def trace(tree: Path, module: str, tests: list[str], work: Path, marked_only: list[str] = (),
+          drop_marked: bool = False) -> dict:
+    """Run the selection once under tools/mutation_trace.py: which test executes which line.
+
+    marked_only: files of which only the tests marked `mutation` run; drop_marked: deselect every
+    `mutation` test."""
     out = work / ("trace_" + module.replace("/", "_") + ".json")
     env = _env(tree)
+    env["MUTATION_MARKED_ONLY"] = os.pathsep.join(marked_only)
+    env["MUTATION_DROP_MARKED"] = "1" if drop_marked else ""
     env["MUTATION_TRACE_FILE"] = str((tree / module).resolve())
     env["MUTATION_TRACE_OUT"] = str(out)
     cmd = [sys.executable, "-m", "pytest", *PYTEST, "-p", "mutation_trace", *tests]
@@ -430,10 +448,10 @@ def run_mutant(tree: Path, m: Mutant, new_source: str, traced: dict) -> None:
     if m.line in traced["import"]:
         # module-level code (constants, class bodies, defaults) runs at import, before any test:
         # the fastest IMPORT_LINE_TESTS tests of the selection stand for all of them, together with
-        # every test written to kill mutants (tests/test_mutants_*.py), whatever its speed
+        # every test written to kill mutants (marker `mutation`), whatever its speed
         users = [t for t in lines_by_test if lines_by_test[t]["lines"]]
         fastest = sorted(users, key=lambda t: lines_by_test[t]["duration"])[:IMPORT_LINE_TESTS]
-        tests = fastest + [t for t in users if "test_mutants_" in t and t not in fastest]
+        tests = fastest + [t for t in users if lines_by_test[t].get("mutation") and t not in fastest]
     else:
         tests = sorted((t for t, v in lines_by_test.items() if m.line in v["lines"]),
                        key=lambda t: lines_by_test[t]["duration"])
@@ -522,7 +540,7 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--lines", default="", help="only mutants on these lines, e.g. 10-40,55")
     ap.add_argument("--no-mutant-tests", action="store_true",
-                    help="leave out tests/test_mutants_*.py (the score before they were written)")
+                    help="leave out the tests marked `mutation` (the score before they were written)")
     ap.add_argument("--fail-under", type=float, default=None)
     args = ap.parse_args(argv)
 
@@ -575,9 +593,10 @@ def _stop(signum, frame):
 def _run_modules(modules, all_mutants, tree, work, results, args) -> None:
     for mod in modules:
         tests = [t for t in TARGETS[mod] if (tree / t).exists()]
+        marked_only = [t for t in MUTANT_TESTS if (tree / t).exists() and t not in tests]
         if not args.no_mutant_tests:
-            tests += [t for t in MUTANT_TESTS if (tree / t).exists()]
-        traced = trace(tree, mod, tests, work)
+            tests += marked_only
+        traced = trace(tree, mod, tests, work, marked_only=marked_only, drop_marked=args.no_mutant_tests)
         ms = all_mutants[mod]
         ms.sort(key=lambda ms_: (ms_[0].line, ms_[0].index, ms_[0].variant))
         print(f"== {mod}: {len(ms)} mutants, {len(traced['tests'])} tests "

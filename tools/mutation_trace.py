@@ -2,8 +2,12 @@
 
 Loaded as `-p mutation_trace` with tools/ on PYTHONPATH. MUTATION_TRACE_FILE names the file to
 watch (an absolute path); MUTATION_TRACE_OUT gets a JSON object {"import": [lines run before the
-first test], "tests": {nodeid: {"lines": [...], "duration": seconds}}}. The global trace function
-declines every frame of other files, so the suite runs at nearly full speed.
+first test], "tests": {nodeid: {"lines": [...], "duration": seconds, "mutation": marked}}}, marked
+being whether the test carries the marker `mutation`. The global trace function declines every
+frame of other files, so the suite runs at nearly full speed.
+
+MUTATION_MARKED_ONLY (paths joined by os.pathsep): files of which only the `mutation` tests are
+kept; MUTATION_DROP_MARKED=1 deselects every `mutation` test.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ _TARGET = os.path.realpath(os.environ.get("MUTATION_TRACE_FILE", ""))
 _current = "import"
 _lines: dict[str, set[int]] = {"import": set()}
 _durations: dict[str, float] = {}
+_marked: dict[str, bool] = {}
 
 
 def _local(frame, event, arg):
@@ -47,6 +52,20 @@ def pytest_configure(config):
     threading.settrace(_global)
 
 
+def pytest_collection_modifyitems(config, items):
+    only = {p for p in os.environ.get("MUTATION_MARKED_ONLY", "").split(os.pathsep) if p}
+    drop = bool(os.environ.get("MUTATION_DROP_MARKED"))
+    keep, gone = [], []
+    for item in items:
+        marked = item.get_closest_marker("mutation") is not None
+        _marked[item.nodeid] = marked
+        path = item.nodeid.split("::", 1)[0]
+        (gone if (drop and marked) or (path in only and not marked) else keep).append(item)
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     global _current
@@ -65,6 +84,7 @@ def pytest_unconfigure(config):
     if not out:
         return
     data = {"import": sorted(_lines.pop("import")),
-            "tests": {k: {"lines": sorted(v), "duration": _durations.get(k, 0.0)} for k, v in _lines.items()}}
+            "tests": {k: {"lines": sorted(v), "duration": _durations.get(k, 0.0), "mutation": _marked.get(k, False)}
+                      for k, v in _lines.items()}}
     with open(out, "w") as f:
         json.dump(data, f)

@@ -1,6 +1,6 @@
-"""Tests that kill the mutants `tools/mutation.py` found surviving in tgsim/codecs/terngrad/codec.py
-(issue 22, item 3): each checks a property the codec must have against a value worked out by hand or
-by a plain NumPy formula, not against what the code happens to return."""
+"""tgsim/codecs/terngrad/codec.py: construction and properties, input conversion, exact_error, the
+order of errors, shared scalers and deferred encoding. Expected values are worked out by hand or
+with plain NumPy, never with the module under test."""
 
 from __future__ import annotations
 
@@ -10,9 +10,96 @@ import numpy as np
 import pytest
 
 from tgsim.codecs import TernGrad
-from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY
-from tgsim.codecs.terngrad.codec import DeferredMessage, as_float32_rows, scaling_from_moments_many
+from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, layer_payloads
+from tgsim.codecs.terngrad import reference
+from tgsim.codecs.terngrad.codec import DeferredMessage, as_float32_rows
 from tgsim.rng import StreamKey
+
+
+@pytest.mark.mutation
+def test_encode_many_batch_holds_the_ternary_payload_array_and_none_for_float_layers():
+    """encode_many's PayloadBatch: for a ternary layer the (W, nbytes) uint8 array whose rows are the
+    messages' parts (ceil(12/4) = 3 bytes a worker), None for a float32 layer; layer_payloads hands
+    that array back."""
+    codec = TernGrad(float_layers=("b",))
+    rng = np.random.default_rng(3)
+    layers = {"a": rng.standard_normal((3, 12)).astype(np.float32), "b": rng.standard_normal((3, 2)).astype(np.float32)}
+    msgs = codec.encode_many(layers, 5, 1, np.arange(3))
+    batch = msgs[0].batch
+    assert batch.arrays[1] is None
+    pay = batch.arrays[0]
+    assert pay is not None and pay.dtype == np.uint8 and pay.shape == (3, 3)
+    for w, m in enumerate(msgs):
+        assert m.batch is batch and np.shares_memory(m.parts[0], pay) and np.array_equal(m.parts[0], pay[w])
+    assert layer_payloads(msgs, 0) is pay
+
+
+@pytest.mark.mutation
+def test_a_type_error_stops_the_pass_before_later_layers_are_read():
+    """Worker 0's own layers in order: "a" fine, "b" integer (TypeError), "c" with a NaN. Worker 0's
+    per-worker call stops at "b", and the batched pass raises what it would: the TypeError naming
+    "b", not a NonFiniteGradientError about a later layer."""
+    layers = {"a": np.ones((2, 8), np.float32), "b": np.ones((2, 8), np.int64), "c": np.ones((2, 8), np.float32)}
+    layers["c"][0, 3] = np.nan
+    with pytest.raises(TypeError, match=r"^layer 'b': gradient dtype int64 is not floating point"):
+        TernGrad().scaling_many(layers)
+
+
+class _WholeStepKernels:
+    """The reference kernels plus the whole-step entry points the CUDA set offers (moments_layers,
+    encode_layers, weighted_sum_layers), here plain loops over the per-layer kernels; records calls."""
+
+    def __init__(self):
+        self.calls = []
+        self.moments_many, self.encode_many = reference.moments_many, reference.encode_many
+        self.weighted_sum = reference.weighted_sum
+
+    def moments_layers(self, Gs, need_sigma):
+        self.calls.append(("moments", [G.shape for G in Gs]))
+        return [reference.moments_many(G, need_sigma) for G in Gs]
+
+    def encode_layers(self, Gs, scalers, clip_bounds, seed, step, workers, layers, fmt):
+        self.calls.append(("encode", list(layers)))
+        return [reference.encode_many(G, scalers[:, j], clip_bounds[j], seed, step, workers, layers[j], fmt)
+                for j, G in enumerate(Gs)]
+
+    def weighted_sum_layers(self, payloads, scalers, sizes, fmt, divide_by):
+        self.calls.append(("sum", [np.asarray(p).shape for p in payloads]))
+        return [reference.weighted_sum(np.asarray(p), scalers[:, j], sizes[j], fmt, divide_by)
+                for j, p in enumerate(payloads)]
+
+
+@pytest.mark.mutation
+def test_whole_step_kernels_get_every_ternary_layer_in_one_call(monkeypatch):
+    """A kernel set with whole-step entry points (the CUDA set) gets all ternary layers of a step in
+    one call each and only those (float layer "b" travels as float32): moments of the (3, 12) and
+    (3, 20) rows, encodes of layers 0 and 2, sums of their (3, 3) and (3, 5) payloads; messages and
+    mean are the bits of the per-layer reference kernels. One worker with one ternary layer works too."""
+    rng = np.random.default_rng(11)
+    layers = {"a": rng.standard_normal((3, 12)).astype(np.float32), "b": rng.standard_normal((3, 2)).astype(np.float32),
+              "c": rng.standard_normal((3, 20)).astype(np.float32)}
+    codec = TernGrad(float_layers=("b",), kernels="reference")
+    want_msgs = codec.encode_many(layers, 7, 1, np.arange(3))
+    want = codec.aggregate(want_msgs)
+    one = {"a": layers["a"][:1]}
+    want_one = codec.aggregate(codec.encode_many(one, 7, 1, [0]))
+    fake = _WholeStepKernels()
+    monkeypatch.setattr(TernGrad, "kernels_for", lambda self, xp: fake)
+    msgs = codec.encode_many(layers, 7, 1, np.arange(3))
+    got = codec.aggregate(msgs)
+    assert fake.calls == [("moments", [(3, 12), (3, 20)]), ("encode", [0, 2]), ("sum", [(3, 3), (3, 5)])]
+    assert [m.to_bytes() for m in msgs] == [m.to_bytes() for m in want_msgs]
+    assert all(np.array_equal(got[k].view(np.uint32), want[k].view(np.uint32)) for k in layers)
+    got_one = codec.aggregate(codec.encode_many(one, 7, 1, [0]))
+    assert np.array_equal(got_one["a"].view(np.uint32), want_one["a"].view(np.uint32))
+
+
+@pytest.mark.mutation
+def test_exact_error_names_its_argument_g_in_the_dtype_error():
+    """exact_error(g) of an integer array: the TypeError of the float32 conversion names the layer
+    "g" (the argument) and its dtype."""
+    with pytest.raises(TypeError, match=r"^layer 'g': gradient dtype int64 is not floating point"):
+        TernGrad().exact_error(np.arange(4, dtype=np.int64))
 
 
 def _outlier(n=100, big=10.0):
@@ -22,8 +109,7 @@ def _outlier(n=100, big=10.0):
     return g
 
 
-# -- construction and declared properties ---------------------------------------------------------
-
+@pytest.mark.mutation
 @pytest.mark.parametrize("sharing, stats, unbiased", [("max", "max", True), ("mean", "mean", False),
                                                       ("none", None, True)])
 def test_every_sharing_mode_is_accepted_and_declared(sharing, stats, unbiased):
@@ -36,6 +122,7 @@ def test_every_sharing_mode_is_accepted_and_declared(sharing, stats, unbiased):
         TernGrad(sharing="median")
 
 
+@pytest.mark.mutation
 def test_declared_properties_of_the_default_codec():
     """TernGrad speaks tgsim's packed-code wire (tgm1); with a shared scaler its codes sum exactly
     (the contract's allreduce test shows it: integer sums of codes == aggregate, bit for bit), and
@@ -47,6 +134,7 @@ def test_declared_properties_of_the_default_codec():
     assert TernGrad().allreduce_compatible is True
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
 def test_clip_factor_must_be_positive_and_finite(bad):
     """c in c·σ: 0, negatives, inf and NaN are refused; any positive finite c (also c < 1) is taken."""
@@ -55,6 +143,7 @@ def test_clip_factor_must_be_positive_and_finite(bad):
     assert TernGrad(clip_factor=0.5).clip_factor == 0.5
 
 
+@pytest.mark.mutation
 def test_float_layers_given_as_a_list_become_a_tuple():
     """float_layers=["b"] is stored as ("b",): the codec stays hashable (its layouts are cached per
     codec) and layer "b" travels as float32."""
@@ -65,6 +154,7 @@ def test_float_layers_given_as_a_list_become_a_tuple():
     assert [s.kind for s in lay.layers] == [KIND_TERNARY, KIND_FLOAT]
 
 
+@pytest.mark.mutation
 def test_default_clip_factor_is_the_papers_2_5():
     """TernGrad(clip="explicit") clips at f32(2.5 σ) (c = 2.5 in every experiment of the paper):
     99 zeros and one 10 have σ = 10·sqrt(99)/100 (population), so the bound is f32(2.5 σ) < 10 and
@@ -77,6 +167,7 @@ def test_default_clip_factor_is_the_papers_2_5():
     assert math.isclose(sc.clip_bound, want, rel_tol=1e-6) and math.isclose(sc.scaler, want, rel_tol=1e-6)
 
 
+@pytest.mark.mutation
 def test_default_min_size_keeps_no_layer_float_for_its_size():
     """min_size defaults to 0: no layer is float32 for being small, not even an empty one (its
     message part is a 4-byte scaler and no codes); min_size = 1 would make the empty layer float."""
@@ -86,8 +177,7 @@ def test_default_min_size_keeps_no_layer_float_for_its_size():
     assert TernGrad(min_size=1).layout({"e": np.zeros(0, np.float32)}).layers[0].kind == KIND_FLOAT
 
 
-# -- input conversion -------------------------------------------------------------------------------
-
+@pytest.mark.mutation
 def test_rows_refuse_a_worker_axis_of_the_wrong_length():
     """as_float32_rows(name, g, workers): ValueError when g's leading axis is not `workers` long;
     without `workers` any leading axis is taken, and (W, *shape) becomes (W, prod(shape))."""
@@ -99,6 +189,7 @@ def test_rows_refuse_a_worker_axis_of_the_wrong_length():
     assert as_float32_rows("w", g, workers=3).shape == (3, 4)
 
 
+@pytest.mark.mutation
 def test_a_scalar_layer_round_trips():
     """A layer of shape () is one element: its rows are (W,) with no further axes (not "a missing
     worker axis"); encode/decode give back a scalar ±s or 0 with s = |g|, here g = -3 -> -3."""
@@ -110,8 +201,7 @@ def test_a_scalar_layer_round_trips():
     assert np.array_equal(out["v"], np.ones(4, np.float32))
 
 
-# -- exact_error ----------------------------------------------------------------------------------
-
+@pytest.mark.mutation
 def test_exact_error_of_degenerate_layers_is_zero():
     """An empty layer and an all-zero layer (scaler 0) have no error: exactly 0.0."""
     codec = TernGrad()
@@ -119,12 +209,14 @@ def test_exact_error_of_degenerate_layers_is_zero():
     assert codec.exact_error(np.zeros(5, np.float32)) == 0.0
 
 
+@pytest.mark.mutation
 def test_exact_error_without_clipping_by_hand():
     """s = ||g||_inf = 1, g = (1, 0.5, -0.25): s||g||_1 - ||g||_2^2 = 1.75 - 1.3125 = 0.4375."""
     g = np.array([1.0, 0.5, -0.25], np.float32)
     assert math.isclose(TernGrad().exact_error(g), 0.4375, rel_tol=1e-12)
 
 
+@pytest.mark.mutation
 def test_exact_error_with_implicit_clipping_by_hand():
     """Implicit clipping (public code): s = f32(2.5 σ) < 10, so the outlier 10 is sent as s with
     probability 1 (p = min(10/s, 1) = 1) and the zeros are exact: error (10 - s)^2."""
@@ -134,12 +226,11 @@ def test_exact_error_with_implicit_clipping_by_hand():
     assert math.isclose(TernGrad(clip="implicit").exact_error(g), (10.0 - s) ** 2, rel_tol=1e-6)
 
 
-# -- batched pass 1: which error is raised first ---------------------------------------------------
-
 def _two_workers(a, b):
     return {"a": np.asarray(a), "b": np.asarray(b)}
 
 
+@pytest.mark.mutation
 def test_lowest_worker_wins_over_an_earlier_overflow_of_another():
     """Worker 1 overflows float32 in layer a (float64 1e39), worker 0 has a NaN in layer b: worker 0,
     called alone, fails first (at b), so scaling_many raises worker 0's NonFiniteGradientError for b
@@ -155,6 +246,7 @@ def test_lowest_worker_wins_over_an_earlier_overflow_of_another():
     assert e.value.layer == "b" and e.value.worker == 0
 
 
+@pytest.mark.mutation
 def test_an_integer_layer_after_a_non_finite_one():
     """Layer a (float32) then layer b (int32), as worker-by-worker calls would meet them: worker 0's
     NaN in a is raised first; both workers' NaN: still worker 0's; only worker 1's NaN: worker 0
@@ -175,6 +267,7 @@ def test_an_integer_layer_after_a_non_finite_one():
             assert e.value.layer == "a" and e.value.worker == want
 
 
+@pytest.mark.mutation
 def test_no_layers_means_no_workers():
     """A model without layers has no worker axis to read: W = 0, and encode_many of zero workers
     gives zero messages (W = 1 would refuse the empty worker list)."""
@@ -184,6 +277,7 @@ def test_no_layers_means_no_workers():
     assert codec.encode_many({}, 1, 0, np.zeros(0, np.int64)) == []
 
 
+@pytest.mark.mutation
 def test_local_scalers_many_without_a_ternary_layer_has_no_rows():
     """W is read from the first ternary layer's scalers; with none and no `workers`, the result has
     no rows (0, L), not an invented worker; with workers=3, three rows of 0 (float layers)."""
@@ -192,6 +286,7 @@ def test_local_scalers_many_without_a_ternary_layer_has_no_rows():
     assert out.shape == (3, 2) and not out.any()
 
 
+@pytest.mark.mutation
 def test_workers_must_be_w_integer_ids():
     """encode_many refuses float worker ids, and a worker list of the wrong length even when every
     layer is float32 (no kernel would notice)."""
@@ -204,8 +299,7 @@ def test_workers_must_be_w_integer_ids():
     assert len(codec.encode_many(g, 1, 0, np.array([0, 1]))) == 2
 
 
-# -- shared scalers ---------------------------------------------------------------------------------
-
+@pytest.mark.mutation
 def test_a_shared_mean_below_the_local_scaler_clips_at_it():
     """sharing = "mean": any finite shared s >= 0 is taken, also one below a worker's own max|g|
     (here 0.5 < 3): every element with |g| >= s is sent as ±s with probability 1, so g = (1, -1, 2,
@@ -217,6 +311,7 @@ def test_a_shared_mean_below_the_local_scaler_clips_at_it():
     assert not codec.decode(codec.encode(g, StreamKey(2), shared_scalers=[0.0]))["w"].any()
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
 def test_a_shared_mean_must_be_finite_and_not_negative(bad):
     """sharing = "mean": a negative or non-finite shared scaler is refused with the mean's rule
@@ -228,6 +323,7 @@ def test_a_shared_mean_must_be_finite_and_not_negative(bad):
     assert "MAX" not in str(e.value)
 
 
+@pytest.mark.mutation
 def test_float_layers_carry_scaler_zero():
     """Message.scalers holds 0 for float32 layers (they have values, not a scaler), also when the
     shared scalers given for them are not 0."""
@@ -238,8 +334,6 @@ def test_float_layers_carry_scaler_zero():
     assert codec.decode(msg)["b"].tolist() == [5.0, 6.0]
 
 
-# -- deferred encoding --------------------------------------------------------------------------------
-
 def _deferrable():
     rng = np.random.default_rng(5)
     g = rng.standard_normal((7, 13)).astype(np.float32)
@@ -247,6 +341,7 @@ def _deferrable():
     return {"w": g, "b": rng.standard_normal(6).astype(np.float32)}
 
 
+@pytest.mark.mutation
 def test_deferred_message_is_the_eager_message():
     """encode(deferred=True) with the Numba kernels: a DeferredMessage whose parts (computed once)
     and bytes are the eager Message's, float layer included; its element ranges [0, 40) and
@@ -270,6 +365,7 @@ def test_deferred_message_is_the_eager_message():
     assert vals.view(np.float32).tolist() == layers["b"][2:6].tolist()
 
 
+@pytest.mark.mutation
 def test_only_the_numba_kernels_defer_and_only_when_asked():
     """deferred=True gives a DeferredMessage only where the Numba kernels encode (host arrays), an
     ordinary Message with the reference kernels; encode_many defers nothing by default."""
@@ -283,6 +379,7 @@ def test_only_the_numba_kernels_defer_and_only_when_asked():
     assert all(type(m) is Message for m in numba.encode_many(batch, 1, 0, np.array([0, 1])))
 
 
+@pytest.mark.mutation
 def test_the_name_is_the_registry_key():
     """TernGrad.name (used in error messages and logs) is the name the registry builds it by."""
     from tgsim.codecs import registry

@@ -1,115 +1,22 @@
-"""Tests that kill mutants `tools/mutation.py` found surviving in the peer codecs'
-tgsim/codecs/error_feedback.py and tgsim/codecs/qsgd.py (issue 22, item 3). Expected values are
-worked out by hand (in the docstrings) or computed here with plain NumPy, not with the module."""
+"""tgsim/codecs/qsgd.py: sizes and bits per element, from_bytes, options, the uniform draws and the
+aggregate. Expected values are worked out by hand or with plain NumPy, never with the module under
+test."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
 import pytest
 
-from tgsim.codecs import error_feedback as ef
 from tgsim.codecs.base import CodecProperties
-from tgsim.errors import ConfigError
+from tgsim.codecs.qsgd import QSGD, unpack_fixed
+from tgsim.errors import PayloadError
+
+from fakes import numba_philox_calls
 
 
-# -- error_feedback.py ------------------------------------------------------------------------------
-
-def test_error_feedback_compensate_and_new_residual_by_hand():
-    """compensate: p = f32(g) + e in float32 (a float64 g is rounded first: 1 + 2^-30 -> 1.0, plus
-    e = 0.5 gives 1.5); new_residual: e' = p - D per worker, a flat decoded layer taken in the layer's
-    shape; a residual of another shape, or a decoded-message count other than the workers', is a
-    ValueError."""
-    g = np.array([[[1 + 2.0**-30, -2.0], [0.25, 3.0]]], np.float64)           # W = 1, shape (2, 2)
-    e = np.array([[[0.5, 0.5], [-0.25, 1.0]]], np.float32)
-    p = ef.compensate({"w": g}, {"w": e})["w"]
-    assert p.dtype == np.float32 and p.tolist() == [[[1.5, -1.5], [0.0, 4.0]]]
-    with pytest.raises(ValueError, match="residual of shape"):
-        ef.compensate({"w": g}, {"w": e.reshape(1, 4)})
-    res = ef.new_residual({"w": p}, [{"w": np.array([1.0, -1.0, 0.0, 3.0])}])["w"]
-    assert res.dtype == np.float32 and res.tolist() == [[[0.5, -0.5], [0.0, 1.0]]]
-    with pytest.raises(ValueError, match="decoded messages"):
-        ef.new_residual({"w": p}, [{"w": np.zeros(4)}] * 2)
-
-
-def test_error_feedback_rows_round_trip_in_layer_order():
-    """pack_rows: worker n's row is its layers flattened (C order) one after the other, float32, C
-    contiguous; unpack_rows undoes it (copies), and refuses a row length other than Σ sizes (16 here)."""
-    a = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
-    b = -np.arange(8, dtype=np.float64).reshape(2, 4)
-    rows = ef.pack_rows({"a": a, "b": b})
-    want = [list(range(6)) + [0.0, -1.0, -2.0, -3.0], list(range(6, 12)) + [-4.0, -5.0, -6.0, -7.0]]
-    assert rows.dtype == np.float32 and rows.flags.c_contiguous and rows.tolist() == want
-    back = ef.unpack_rows(rows, {"a": (2, 3), "b": (4,)})
-    assert list(back) == ["a", "b"] and back["a"].tolist() == a.tolist() and back["b"].tolist() == b.tolist()
-    back["a"][0, 0, 0] = 99
-    assert rows[0, 0] == 0
-    assert ef.unpack_rows(ef.pack_rows({}), {}) == {}      # no layers: no values per worker, round trip too
-    with pytest.raises(ValueError, match="residual values per worker"):
-        ef.unpack_rows(np.zeros((2, 17), np.float32), {"a": (2, 3), "b": (4,)})
-    with pytest.raises(ValueError, match="residual values per worker"):
-        ef.unpack_rows(np.zeros((2, 15), np.float32), {"a": (2, 3), "b": (4,)})
-
-
-def test_error_feedback_local_rows_selects_and_checks_the_checkpoint():
-    """local_rows: the rows of the local workers, in their order; N = 3 rows serve worker 2 (the
-    highest index, N = max + 1) but not worker 3; one worker of N = 1 is fine; another layer set or
-    layer shape is a ValueError."""
-    saved = {"w": np.arange(12, dtype=np.float32).reshape(3, 2, 2), "b": np.arange(3, dtype=np.float32)[:, None]}
-    shapes = {"w": (2, 2), "b": (1,)}
-    got = ef.local_rows(saved, shapes, [2, 0])
-    assert got["w"].tolist() == [saved["w"][2].tolist(), saved["w"][0].tolist()]
-    assert got["b"].tolist() == [[2.0], [0.0]] and got["w"].flags.c_contiguous
-    assert ef.local_rows({"b": np.ones((1, 1))}, {"b": (1,)}, [0])["b"].tolist() == [[1.0]]
-    with pytest.raises(ValueError, match="expected"):
-        ef.local_rows(saved, shapes, [3])
-    with pytest.raises(ValueError, match="expected"):
-        ef.local_rows(saved, {"w": (4,), "b": (1,)}, [0])
-    with pytest.raises(ValueError, match="holds residuals of layers"):
-        ef.local_rows(saved, {"w": (2, 2)}, [0])
-
-
-def test_error_feedback_split_name():
-    """split_name: only a trailing "+ef" marks error feedback: "qsgd" -> ("qsgd", False),
-    "qsgd+ef" -> ("qsgd", True), "a+ef+ef" -> ("a+ef", True)."""
-    assert ef.split_name("qsgd") == ("qsgd", False)
-    assert ef.split_name("qsgd+ef") == ("qsgd", True)
-    assert ef.split_name("a+ef+ef") == ("a+ef", True)
-
-
-class _Inner:
-    name = "fake"
-
-    def __init__(self, **props):
-        self.properties = CodecProperties(**{"unbiased": True, "wire": "own", "combine": "mean", **props})
-
-    def decode(self, m):
-        return {"m": m}
-
-
-def test_error_feedback_wrapper_delegates_and_refuses_stateful_or_majority_codecs():
-    """ErrorFeedback: delegates the protocol to the inner codec, is named NAME+ef, and is biased and
-    stateful unless lossless (wire "float32"); a stateful inner codec or a majority-vote one is a
-    ConfigError. Before __init__ has set `inner` (copy, pickle) the attribute is simply missing
-    (AttributeError), not an endless __getattr__ recursion; a copy delegates like the original."""
-    w = ef.ErrorFeedback(_Inner())
-    assert w.name == "fake+ef" and w.decode(3) == {"m": 3}
-    assert w.properties.stateful and not w.properties.unbiased
-    lossless = ef.ErrorFeedback(_Inner(wire="float32"))
-    assert lossless.properties.unbiased and ef.lossless(lossless.properties) and not ef.lossless(w.properties)
-    assert not hasattr(object.__new__(ef.ErrorFeedback), "inner")
-    assert copy.deepcopy(w).decode(4) == {"m": 4}
-    with pytest.raises(ConfigError, match="keeps its own state"):
-        ef.ErrorFeedback(_Inner(stateful=True))
-    with pytest.raises(ConfigError, match="majority vote"):
-        ef.ErrorFeedback(_Inner(combine="majority"))
-    assert dataclasses.replace(w.properties, stateful=False, unbiased=True) == _Inner().properties
-
-
-# -- qsgd.py ------------------------------------------------------------------------------------------
-
+@pytest.mark.mutation
 def test_qsgd_elias_bits_per_element_is_the_documented_bound():
     """bits_per_element, coding "elias", worked out from its docstring: overhead bytes = frame header
     21 (<4sBIIQ) + parameters 10 (<IIBB) + 4 per bucket norm + 8 (the u64 bit length); "up_max" = every
@@ -141,6 +48,7 @@ def _qsgd_msg(codec, layers):
     return codec.encode_many({k: np.asarray(v, np.float32)[None] for k, v in layers.items()}, 3, 1, [0])[0]
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("coding", ["fixed", "elias"])
 def test_qsgd_from_bytes_accepts_messages_that_end_exactly(coding):
     """from_bytes reads a message whose body ends exactly where its last part ends: no layers at all
@@ -162,6 +70,7 @@ def test_qsgd_from_bytes_accepts_messages_that_end_exactly(coding):
     assert got.norms["z"].size == 0 and codec.decode(got)["z"].size == 0
 
 
+@pytest.mark.mutation
 def test_qsgd_from_bytes_refuses_a_level_in_any_zero_bucket():
     """Buckets of 8 in a layer of 20: elements 8..15 are zero, so bucket 1's norm is 0. A level 1 put on
     element 9 (fixed coding, s = 5: 4-bit words, most significant first, so element 9 is the low nibble
@@ -184,6 +93,7 @@ def test_qsgd_from_bytes_refuses_a_level_in_any_zero_bucket():
         codec.from_bytes(bad.to_bytes(), m)
 
 
+@pytest.mark.mutation
 def test_qsgd_unknown_norm_or_coding_ids_are_payload_errors():
     """A message whose parameter bytes carry a norm or coding id this codec does not know (2) is a
     PayloadError that shows the raw id, not an IndexError from looking the id up."""
@@ -200,6 +110,7 @@ def test_qsgd_unknown_norm_or_coding_ids_are_payload_errors():
         codec.from_bytes(dataclasses.replace(m, params=(5, 8, 0, 2)).to_bytes(), m)
 
 
+@pytest.mark.mutation
 def test_qsgd_elias_body_cut_before_a_bit_length_is_a_payload_error():
     """coding "elias": a body that ends inside the parameters' following 8-byte bit length (here 3
     bytes of it) is a PayloadError saying so, not a struct.error from reading past the end."""
@@ -214,6 +125,7 @@ def test_qsgd_elias_body_cut_before_a_bit_length_is_a_payload_error():
         codec.from_bytes(frame(b"TGQ1", 1, m.shapes, body[:PARAMS.size + 3]), m)
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
 def test_qsgd_aggregate_default_divides_by_the_message_count(kernels):
     """aggregate(messages) = f32(Σ_w f64(decode_w) · (1/N)), N = the number of messages by default
@@ -231,6 +143,7 @@ def test_qsgd_aggregate_default_divides_by_the_message_count(kernels):
     assert one.shape == (2, 5) and one.tolist() == dec[0].astype(np.float32).tolist()
 
 
+@pytest.mark.mutation
 def test_qsgd_fixed_bits_per_element_dict():
     """coding "fixed": "up" = "up_max" = 8 (21 + 10 + 4 ceil(n/B) + ceil(n (b+1)/8)) / n, b = 3 for s = 7:
     n = 100, B = 30: 8 (31 + 16 + 50) / 100 = 7.76; "down" is the server's float32 mean, 32 bits; an
@@ -241,6 +154,7 @@ def test_qsgd_fixed_bits_per_element_dict():
     assert QSGD().bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
 
 
+@pytest.mark.mutation
 def test_qsgd_option_ranges_and_level_dtype():
     """levels in [1, 2^16 - 1] (65535 is accepted, 65536 and 0 are ValueErrors); every documented
     kernels option and both norms construct; level_dtype is the smallest signed integer type holding
@@ -260,16 +174,7 @@ def test_qsgd_option_ranges_and_level_dtype():
         assert np.iinfo(dt).max >= s and -np.iinfo(dt).max - 1 <= -s
 
 
-def numba_philox_calls(monkeypatch) -> list:
-    """The lengths tgsim.rng.numba_philox.random_words is called with from now on (it still draws)."""
-    from tgsim.rng import numba_philox
-
-    calls = []
-    real = numba_philox.random_words
-    monkeypatch.setattr(numba_philox, "random_words", lambda n, key, *a: (calls.append(n), real(n, key, *a))[1])
-    return calls
-
-
+@pytest.mark.mutation
 def test_qsgd_uniforms_from_2_15_elements_come_from_the_numba_philox(monkeypatch):
     """_uniform: the same 24-bit uniforms as tgsim.rng.uniform at any length, drawn by the Numba Philox
     on the host from 2^15 = 32768 elements on (documented), by the reference below that."""
@@ -285,6 +190,7 @@ def test_qsgd_uniforms_from_2_15_elements_come_from_the_numba_philox(monkeypatch
         assert calls == ([n] if numba else []), n
 
 
+@pytest.mark.mutation
 def test_qsgd_zero_bucket_quantizes_to_zero_without_nan():
     """x_i = 0 where norm_b = 0 (documented): the array quantizer on a layer whose middle bucket is all
     zeros gives levels 0 there with no 0/0 (run under errstate raise) and decodes to exact zeros; the
@@ -300,6 +206,7 @@ def test_qsgd_zero_bucket_quantizes_to_zero_without_nan():
     assert np.all(np.sign(q[[0, 1, 6, 7]]) * np.sign(v[[0, 1, 6, 7]]) >= 0)
 
 
+@pytest.mark.mutation
 def test_qsgd_identity_defaults_and_integer_options():
     """QSGD is registered as "qsgd", declares itself unbiased with its own wire format and a mean
     combine; defaults s = 7 levels, buckets of 512, l2 norms, fixed coding, kernels "auto"; levels and
@@ -325,6 +232,7 @@ def test_qsgd_identity_defaults_and_integer_options():
         m.params = (1, 1, 0, 0)
 
 
+@pytest.mark.mutation
 def test_qsgd_bucket_range_from_config_and_kernel_choice():
     """bucket in [0, 2^32) (a u32 on the wire): 2^32 - 1 is accepted, 2^32 and -1 are ValueErrors.
     from_config takes kernels from the config when it has the field, else "auto". _numba (which
@@ -338,7 +246,7 @@ def test_qsgd_bucket_range_from_config_and_kernel_choice():
     for bad in (2**32, -1):
         with pytest.raises(ValueError, match="bucket"):
             QSGD(bucket=bad)
-    cfg = types.SimpleNamespace(levels=3, bucket=16, norm="max", coding="elias")
+    cfg = types.SimpleNamespace(options=dict(levels=3, bucket=16, norm="max", coding="elias"))
     c = QSGD.from_config(cfg)
     assert (c.levels, c.bucket, c.norm, c.coding, c.kernels) == (3, 16, "max", "elias", "auto")
     assert QSGD.from_config(types.SimpleNamespace(**vars(cfg), kernels="reference")).kernels == "reference"
@@ -346,3 +254,39 @@ def test_qsgd_bucket_range_from_config_and_kernel_choice():
     assert [QSGD(kernels=k)._numba(False) for k in ("auto", "reference", "cuda")] == [False, False, False]
     with pytest.raises(ValueError, match="NumPy arrays"):
         QSGD(kernels="numba")._numba(False)
+
+
+@pytest.mark.mutation
+def test_qsgd_repr_shows_kernels_only_when_not_auto():
+    """repr(QSGD(...)) is the constructor call: kernels appears only when it is not the default "auto"."""
+    assert repr(QSGD(levels=3, bucket=16, norm="max", coding="elias")) == \
+        "QSGD(levels=3, bucket=16, norm='max', coding='elias')"
+    assert repr(QSGD(levels=3, bucket=16, kernels="reference")) == \
+        "QSGD(levels=3, bucket=16, norm='l2', coding='fixed', kernels='reference')"
+
+
+@pytest.mark.mutation
+def test_qsgd_prepare_refuses_a_float64_value_beyond_float32_saying_why():
+    """A float64 gradient of 1e39 (> float32's max 3.4e38) cannot be sent as float32 norms: ValueError
+    naming the layer and worker, ending with the reason "qsgd sends float32 norms"."""
+    g = np.zeros((2, 3), np.float64)
+    g[1, 2] = 1e39
+    with pytest.raises(ValueError, match=r"^layer 'w': .* of worker 1 .*; qsgd sends float32 norms$"):
+        QSGD().prepare_many({"w": g})
+
+
+@pytest.mark.mutation
+def test_qsgd_from_bytes_names_the_qsgd_message():
+    """3 bytes are shorter than any framed message: the PayloadError starts with "qsgd message"."""
+    codec = QSGD()
+    like = codec.encode_many({"w": np.ones((1, 4), np.float32)}, 0, 0, [0])[0]
+    with pytest.raises(PayloadError, match=r"^qsgd message truncated: 3 bytes"):
+        codec.from_bytes(b"abc", like)
+
+
+@pytest.mark.mutation
+def test_unpack_fixed_default_label_is_qsgd_payload():
+    """s = 1: levels in [0, 1] take b = 1 bit plus a sign bit, w = 2; 5 elements need ceil(10/8) = 2
+    bytes, so 1 byte is a PayloadError labelled "qsgd payload" by default."""
+    with pytest.raises(PayloadError, match=r"^qsgd payload: 1 payload bytes, 5 elements of 2 bits need 2$"):
+        unpack_fixed(np.zeros(1, np.uint8), 5, 1)

@@ -1,6 +1,6 @@
-"""Tests that kill mutants `tools/mutation.py` found surviving in analysis/unbiasedness.py (issue 22,
-item 3; second pass, the whole module). Each expected value is worked out by hand in the
-docstring or computed here with plain NumPy/scipy, independently of the module's code."""
+"""analysis/unbiasedness.py (tgsim.analysis.unbiasedness): the exact binomial, z and MSE tests by
+hand, their defaults and validity rules, and the draw accumulation. Expected values are worked out
+by hand or with plain NumPy, never with the module under test. (or with scipy.stats)"""
 
 from __future__ import annotations
 
@@ -14,6 +14,74 @@ from scipy import stats as st
 from tgsim.analysis import unbiasedness as ub
 
 
+@pytest.mark.mutation
+def test_result_reprs_leave_out_the_per_coordinate_arrays():
+    """A test result prints as its summary fields and the few worst rows: the per-coordinate p-values
+    and the full table (one row per coordinate, a million rows for a large layer) stay out of repr."""
+    from tgsim.analysis import unbiasedness as ub
+
+    res = ub.ternary_binomial_test(np.array([0.5, 0.25]), [1, 1], 4, 1.0)
+    text = repr(res)
+    assert text.startswith("BinomialTestResult(test='exact binomial'") and "worst=" in text
+    assert "pvalues=" not in text and "table=" not in text
+    z = repr(ub.mean_z_test([2.0], [2.0], 4, [0.5]))
+    assert z.startswith("ZTestResult(") and "worst=" in z and "table=" not in z
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("k, n, p, want", [
+    (2, 9, 0.5000000049999997, 92 / 512),      # lower tail: P(X <= 2) + P(X >= 7), both ≈ 46/512
+    (4, 5, 0.49999999166666714, 12 / 32),      # upper tail: P(X <= 1) + P(X >= 4), both ≈ 6/32
+])
+def test_binomial_p_value_counts_an_outcome_exactly_at_the_tolerance(k, n, p, want):
+    """The two-sided p-value sums every outcome j with pmf(j) <= pmf(k) · (1 + 1e-7), ties included
+    (scipy.stats.binomtest's definition). At these p, a hair off 1/2 (found by bisection on p), the
+    mirror outcome n - k ties exactly in float64 (checked first, with scipy pinned in
+    constraints.txt), so it is counted: the p-value is the two tails with the mirror, ≈ 2 · 46/512
+    and 2 · 6/32 (p ≈ 1/2), and agrees with binomtest."""
+    from tgsim.analysis import unbiasedness as ub
+    from scipy import stats as st
+
+    assert st.binom.pmf(n - k, n, p) == st.binom.pmf(k, n, p) * (1 + 1e-7)
+    got = ub.binom_two_sided_pvalues(k, n, p).item()
+    assert got == pytest.approx(st.binomtest(k, n, p).pvalue, rel=1e-12)
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("n", [1, 2, 9, 10, 41, 100])
+def test_pvalues_at_exact_ties_match_scipy(n):
+    """p = 1/2 (and p = 1/3 with n + 1 divisible by 3, where pmf(j) = pmf(j+1) at the mode): the
+    outcomes as likely as the observed one, up to scipy's relative 1e-7, count in both tails —
+    a tolerance below 1 drops the mirrored tail (p-value halves), a larger one adds outcomes."""
+    for p in (0.5, 1 / 3):
+        k = np.arange(n + 1)
+        got = ub.binom_two_sided_pvalues(k, n, p)
+        want = [st.binomtest(int(j), n, p).pvalue for j in k]
+        for j in k:
+            assert math.isclose(got[j], want[j], rel_tol=1e-9, abs_tol=1e-300), (j, n, p)
+    # the symmetric case by hand: n = 2, k = 0 -> P(0) + P(2) = 1/2
+    assert ub.binom_two_sided_pvalues(np.array([0]), 2, 0.5)[0] == pytest.approx(0.5, rel=1e-12)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("k", [-1, 6, [0, 6], [-1, 3]])
+def test_counts_outside_0_n_are_rejected(k):
+    """A count below 0 or above n is not a Binomial(n, p) outcome: ValueError, not a p-value."""
+    with pytest.raises(ValueError, match="counts"):
+        ub.binom_two_sided_pvalues(np.array(k), 5, 0.5)
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("p", [-0.1, 1.5, 1.0 + 1e-12, math.nan])
+def test_probabilities_outside_0_1_are_rejected(p):
+    """p must lie in [0, 1] (NaN included in the rejection); p = 0 and p = 1 themselves are fine."""
+    with pytest.raises(ValueError, match="probabilities"):
+        ub.binom_two_sided_pvalues(np.array([1, 2]), 5, np.array([0.5, p]))
+    assert list(ub.binom_two_sided_pvalues(np.array([0, 5]), 5, np.array([0.0, 1.0]))) == [1.0, 1.0]
+
+
+@pytest.mark.mutation
 def test_degenerate_probabilities_give_p_value_one_or_zero():
     """p = 0: the count is certainly 0, so k = 0 has p-value 1 and any k > 0 has p-value 0;
     p = 1: k = n has p-value 1, any k < n has 0 (by hand: P(outcome as unlikely as an impossible
@@ -26,6 +94,7 @@ def test_degenerate_probabilities_give_p_value_one_or_zero():
     assert got[6] == pytest.approx(st.binomtest(3, 7, 0.5).pvalue, rel=1e-12)
 
 
+@pytest.mark.mutation
 def test_ternary_binomial_test_unbiased_hypothesis_by_hand():
     """s = 1, R = 4, targets (0.5, -0.25, 0, 1, 2): p = |t|/s = (1/2, 1/4, 0, 1, infeasible). Counts
     (2, 1, 0, 4, 4) are each the mean (p-value 1) except the infeasible coordinate (p-value 0): one
@@ -52,6 +121,7 @@ def test_ternary_binomial_test_unbiased_hypothesis_by_hand():
         "wrong_sign": 0}
 
 
+@pytest.mark.mutation
 def test_ternary_binomial_test_bonferroni_is_n_times_p():
     """Two coordinates, p = 1/2, R = 10: counts 1 and 5. P-value of k = 1 by hand: P(X <= 1) + P(X >= 9)
     = 2 * 11 / 1024; Bonferroni: 2 * that = 44/1024 (one coordinate alone: 22/1024, no factor). At
@@ -75,6 +145,7 @@ def test_ternary_binomial_test_bonferroni_is_n_times_p():
     assert (empty.n_tests, empty.reject, empty.min_pvalue, empty.min_pvalue_bonferroni) == (0, False, 1.0, 1.0)
 
 
+@pytest.mark.mutation
 def test_ternary_binomial_test_implemented_rule_and_zero_scaler():
     """"implemented": p = min(ceil(2^24 |t| / s), 2^24) / 2^24: exactly 1/2 for t = 0.5, s = 1, and 1 for
     |t| = 2 > s (saturation, not infeasible). s = 0 is a valid scaler (an all-zero layer: p = 0, no
@@ -97,6 +168,7 @@ def test_ternary_binomial_test_implemented_rule_and_zero_scaler():
         ub.ternary_binomial_test(np.zeros(3), [0, 0], 5, 1.0)
 
 
+@pytest.mark.mutation
 def test_results_are_frozen():
     """The module docstring promises "a small frozen result": assigning a field of CodecDraws or of
     any test result raises dataclasses.FrozenInstanceError."""
@@ -111,6 +183,7 @@ def test_results_are_frozen():
             setattr(res, name, 0)
 
 
+@pytest.mark.mutation
 def test_accumulate_draws_by_hand():
     """g = (0.5, -0.5, 0, 2), three draws with scaler 1:
     (1, 0, 0, 1), (1, -1, 1, 0), (-1, -1, -1, 1). By hand: right-sign non-zero counts (2, 2, 0, 2);
@@ -126,6 +199,7 @@ def test_accumulate_draws_by_hand():
     assert d.magnitudes_ok and d.scalers.tolist() == [1.0] * 3 and d.scaler == 1.0
 
 
+@pytest.mark.mutation
 def test_accumulate_draws_without_scalers_and_bad_draws():
     """Plain draws (no scaler): scalers are NaN and the magnitude premise is not checked; a non-zero
     output other than ± its draw's scaler clears magnitudes_ok; draws with different scalers have no
@@ -162,6 +236,7 @@ class _RecordingCodec:
         return {msg.name: msg.values}
 
 
+@pytest.mark.mutation
 def test_codec_draws_keys_shared_scaler_roundtrip_and_input_precision():
     """codec_draws: draw r encodes {name: g} with StreamKey(seed, step=r, worker, layer=0) and
     shared_scalers [s] (None when no s is given), passes each message through `roundtrip` when given,
@@ -185,6 +260,7 @@ def test_codec_draws_keys_shared_scaler_roundtrip_and_input_precision():
     assert d2.scalers.tolist() == [2.0, 2.0] and d2.g.tolist() == [1.0, -2.0, 0.0]
 
 
+@pytest.mark.mutation
 def test_mean_z_test_by_hand():
     """R = 4 draws per coordinate: (1,1,0,0), (1,1,1,1), (2,0,0,0) -> sums (2, 4, 2), sums of squares
     (2, 4, 4), means (1/2, 1, 1/2), sample variances (ddof 1) (1/3, 0, 1). Targets (-1, 1, -1.5):
@@ -224,6 +300,7 @@ def test_mean_z_test_by_hand():
     assert not ub.mean_z_test(s1, s2, 4, t, 0.1, bound=1.0, min_events=4.5).reject
 
 
+@pytest.mark.mutation
 def test_mean_z_test_without_bound_given_variance_and_errors():
     """Without `bound` only a zero variance is invalid (validity_checked False). A given variance
     replaces the sample variance: variance 1 for all, target 0 -> z = mean / (1/2) = (1, 2, 1). A zero
@@ -245,6 +322,7 @@ def test_mean_z_test_without_bound_given_variance_and_errors():
             ub.mean_z_test(a, b, 4, c)
 
 
+@pytest.mark.mutation
 def test_mse_interval_test_by_hand():
     """x = 0..39: mean 19.5, se = sd / sqrt(40) with sd^2 = Σ (x - 19.5)^2 / 39 = 410/3; the interval
     is mean ± z_{1 - alpha/2} se; an expected value on its boundary is inside (no rejection), one float
@@ -276,6 +354,7 @@ def test_mse_interval_test_by_hand():
         ub.mse_interval_test(np.arange(29.0), 1.0)
 
 
+@pytest.mark.mutation
 def test_binomial_test_of_draws_target_scaler_and_magnitudes():
     """binomial_test_of_draws: the target defaults to g; a target of other signs than g is a
     ValueError (the counts are split by sign(g)); a given scaler replaces the draws' own; draws whose
@@ -296,6 +375,7 @@ def test_binomial_test_of_draws_target_scaler_and_magnitudes():
     assert not off.magnitudes_ok and ub.binomial_test_of_draws(off, hypothesis="unbiased").reject
 
 
+@pytest.mark.mutation
 def test_default_alpha_and_number_of_worst_rows():
     """Documented defaults: alpha = 1e-3 for every test, the 10 smallest p-values in `worst`, and
     min_events = 10 for the z-test's validity: with R = 40 draws of variance 1/4 and B = 1, n_eff =
@@ -317,6 +397,7 @@ def test_default_alpha_and_number_of_worst_rows():
     assert r.alpha == 1e-3 and len(r.worst) == 10 and r.hypothesis == "implemented"
 
 
+@pytest.mark.mutation
 def test_a_p_value_equal_to_alpha_does_not_reject():
     """Reject iff the Bonferroni-adjusted p-value is *below* alpha: with alpha set to exactly a
     coordinate's adjusted p-value, that coordinate is not rejected (binomial test: `reject`,
@@ -333,6 +414,7 @@ def test_a_p_value_equal_to_alpha_does_not_reject():
     assert ub.mean_z_test([2.0, 2.0], [4.0, 4.0], 4, [-1.5, 0.5], np.nextafter(za, 1.0)).n_rejected == 1
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("alpha", [1e-3, 1e-6])
 def test_z_test_validity_threshold_is_the_edgeworth_bound(alpha):
     """Validity needs n_eff >= ((z_crit^2 - 1) / 3)^2 (the docstring's Edgeworth condition) when that

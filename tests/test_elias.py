@@ -1,8 +1,4 @@
-"""Tests that kill mutants `tools/mutation.py` found surviving in tgsim/codecs/elias.py (issue 22,
-item 3): the status codes being distinct (BAD_RUN vs BIG_LEVEL), max_run / max_code_bits at their
-edges, and a code cut short inside its value bits being reported as truncated, not as a big level.
-Expected values are Elias-gamma codes worked out by hand in the docstrings, not elias's helpers.
-The survivors no correct test can see are explained in the issue-22 mutation report."""
+"""tgsim/codecs/elias.py: the Elias-gamma coding of QSGD levels and its error reports, by hand."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ from tgsim.codecs import elias
 from tgsim.errors import PayloadError
 
 
+@pytest.mark.mutation
 def test_elias_max_run_and_max_code_bits_by_hand():
     """max_run(s) = floor(log2(s + 1)): s = 0 -> 0, 1 -> 1, 2 -> 1, 3 -> 2, 6 -> 2, 7 -> 3, 15 -> 4.
     max_code_bits(s) = 2 max_run(s) + 2, except 1 for s = 0 (level 0 is the single bit '1'):
@@ -21,6 +18,7 @@ def test_elias_max_run_and_max_code_bits_by_hand():
     assert [elias.max_code_bits(s) for s in (0, 1, 2, 3, 7)] == [1, 4, 4, 6, 8]
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("decode", [elias.decode_array, elias.decode])
 def test_elias_big_level_is_reported_as_big_level_not_bad_run(decode):
     """s = 1 (longest zero run 1). Level 2 = gamma(3) = '011' then sign '0': the 4-bit stream
@@ -31,6 +29,7 @@ def test_elias_big_level_is_reported_as_big_level_not_bad_run(decode):
         decode(buf, 4, 1, 1, "x")
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("decode", [elias.decode_array, elias.decode])
 def test_elias_bad_run_message(decode):
     """s = 1: the stream 00 1 ... starts with 2 zeros > max_run(1) = 1: BAD_RUN, naming 1 zero
@@ -40,6 +39,7 @@ def test_elias_bad_run_message(decode):
         decode(buf, 8, 1, 1, "x")
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("decode", [elias.decode_array, elias.decode])
 def test_elias_stream_ending_inside_value_bits_is_truncated(decode):
     """s = 4 (longest run 2, largest x = 5). The 4-bit stream 0011 (byte 0x30): run 2, then the
@@ -50,6 +50,7 @@ def test_elias_stream_ending_inside_value_bits_is_truncated(decode):
         decode(buf, 4, 1, 4, "x")
 
 
+@pytest.mark.mutation
 def test_elias_encode_array_by_hand():
     """Levels [0, 1, -1, 2, -3]: '1' | '010'+'0' | '010'+'1' | '011'+'0' | '00100'+'1' =
     1 0100 0101 0110 001001: 19 bits, bytes 1010 0010 | 1011 0001 | 001(0 0000) = 0xA2 0xB1 0x20."""
@@ -61,6 +62,7 @@ def test_elias_encode_array_by_hand():
         assert dec(np.array([0xA2, 0xB1, 0x20], np.uint8), 19, 5, 3).tolist() == [0, 1, -1, 2, -3]
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("decode", [elias.decode_array, elias.decode])
 def test_elias_extra_bits_message_is_not_the_truncated_one(decode):
     """Stream '1' '1' (two level-0 codes, 2 bits, byte 0xC0) read as n = 1 element: 1 bit is left

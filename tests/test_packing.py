@@ -1,9 +1,6 @@
-"""Tests that kill mutants `tools/mutation.py` found surviving in tgsim/codecs/packing.py on the
-parameter server's downlink (issue 22, item 3; second pass): the integer packing at widths above 8
-(N >= 128 workers, where the Numba kernels, whose groups of eight values must fit in 64 bits, may
-not run), the array (CuPy) path run on NumPy arrays through a stand-in array module, and the code-sum
-bounds |Σ codes| <= N at exactly N and N + 1. Expected bits come from a plain Python big-integer
-packer written here; expected floats from the documented formula f32(f64(s) * c * (1/N)) in NumPy."""
+"""tgsim/codecs/packing.py: the code tables, pack/unpack, payload checks, code sums of any width and
+weighted_sum. Expected values are worked out by hand or with plain NumPy, never with the module
+under test."""
 
 from __future__ import annotations
 
@@ -14,6 +11,68 @@ import pytest
 
 from tgsim.codecs import _numba_uint, packing
 from tgsim.errors import PayloadError
+
+
+def _codes_of_byte(b: int, fmt: str) -> list[int] | None:
+    """The format's rule written out per byte: 2bit, 4 codes of 2 bits, low bits first, code c stored
+    as c + 1 (0b11 invalid); base3, 5 base-3 digits, least significant first (bytes > 242 invalid)."""
+    if fmt == "2bit":
+        d = [(b >> (2 * i)) & 3 for i in range(4)]
+        return None if 3 in d else [x - 1 for x in d]
+    if b > 242:
+        return None
+    return [(b // 3 ** i) % 3 - 1 for i in range(5)]
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("fmt", ["2bit", "base3"])
+def test_packing_tables_and_reference_pack_are_the_format(fmt):
+    """packing: the decode table, its validity mask, `pack` (reference, NumPy) and `unpack` of every
+    byte equal the format written out per byte; the default format is 2bit."""
+    from tgsim.codecs import packing
+
+    codes, valid = packing.LUT[fmt]
+    for b in range(256):
+        want = _codes_of_byte(b, fmt)
+        assert bool(valid[b]) == (want is not None), b
+        if want is not None:
+            assert codes[b].tolist() == want, b
+            got = packing.pack(np.array(want, np.int8), fmt)
+            assert got.dtype == np.uint8 and got.tolist() == [b], b
+            assert packing.unpack(np.array([b], np.uint8), len(want), fmt).tolist() == want
+        else:
+            with pytest.raises(PayloadError, match="code 0b11" if fmt == "2bit" else "byte > 242"):
+                packing.unpack(np.array([b], np.uint8), packing.CODES_PER_BYTE[fmt], fmt)
+    assert packing.pack(np.array([1, -1, 0], np.int8)).tolist() == packing.pack(np.array([1, -1, 0], np.int8),
+                                                                                    "2bit").tolist()
+
+
+@pytest.mark.mutation
+def test_packing_payload_must_be_1d_uint8_and_pads_zero():
+    """packing.check_payload: a 2-D uint8 payload or a 1-D int8 one is refused, each alone; a pad
+    code other than 0 after the last element is refused."""
+    from tgsim.codecs import packing
+
+    good = packing.pack(np.array([1, 0, -1, 1, 0], np.int8))            # 2 bytes, 3 pad codes
+    for bad in (good.reshape(1, 2), good.astype(np.int8)):
+        with pytest.raises(PayloadError, match="expected a 1-D uint8 payload"):
+            packing.check_payload(bad, 5, "2bit")
+    padded = good.copy()
+    padded[-1] = (padded[-1] & ~np.uint8(0b1100)) | np.uint8(0b10 << 2)  # element 5's code: +1
+    with pytest.raises(PayloadError, match="non-zero pad codes after element 5"):
+        packing.unpack(padded, 5, "2bit")
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("workers, dtype", [(127, np.int8), (128, np.int16), (32767, np.int16), (32768, np.int32)])
+def test_sum_codes_integer_width_follows_the_workers(workers, dtype):
+    """packing.sum_codes: int8 up to 127 workers, int16 up to 32767, int32 beyond, and the sum exact
+    (every worker +1: the sum is the worker count)."""
+    from tgsim.codecs import packing
+
+    one = packing.pack(np.ones(4, np.int8))
+    s = packing.sum_codes(np.repeat(one[None, :], workers, axis=0), 4)
+    assert s.dtype == dtype and s.tolist() == [workers] * 4
 
 
 def _pack_bits(values, width: int) -> np.ndarray:
@@ -46,6 +105,7 @@ def array_path(monkeypatch):
     return fake
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("width", [9, 10, 12])
 def test_pack_uint_above_8_bits_is_the_bit_stream(width):
     """N >= 128 workers need 9+ bits: pack_uint must give the little-endian bit stream (values up to
@@ -59,6 +119,7 @@ def test_pack_uint_above_8_bits_is_the_bit_stream(width):
     assert packing.unpack_uint(want, 19, width).tolist() == v.tolist()
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("n", [128, 200])
 def test_code_sums_of_128_or_more_workers_round_trip(n):
     """Width ceil(log2(2N+1)) = 9 for N = 128 and 200: pack_code_sums(Σ codes) is pack_bits(Σ codes + N)
@@ -84,6 +145,7 @@ def numba_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.mutation
 def test_numpy_arrays_up_to_8_bits_take_the_numba_kernels(numba_calls):
     """Documented dispatch (pack_uint, unpack_uint, pack_code_sums, unpack_code_sums: "NumPy with width
     <= 8: one Numba pass"; decode_code_sums: "NumPy: one Numba pass"): at width 8 (N = 127, the widest
@@ -111,6 +173,7 @@ def test_numpy_arrays_up_to_8_bits_take_the_numba_kernels(numba_calls):
     assert calls == ["decode_codes"]
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("n", [3, 128])
 def test_array_path_packs_and_decodes_code_sums(array_path, numba_calls, n):
     """The CuPy path (here on NumPy arrays via a stand-in module): pack_code_sums is pack_bits(Σ + N),
@@ -134,6 +197,7 @@ def test_array_path_packs_and_decodes_code_sums(array_path, numba_calls, n):
     assert numba_calls == []
 
 
+@pytest.mark.mutation
 @pytest.mark.parametrize("path", ["numpy", "array"])
 @pytest.mark.parametrize("n", [3, 128])
 def test_a_code_sum_beyond_n_is_refused_and_n_itself_is_not(request, path, n):
@@ -154,6 +218,7 @@ def test_a_code_sum_beyond_n_is_refused_and_n_itself_is_not(request, path, n):
             packing.decode_code_sums(np.array([0, v, 1], np.int16), n, 2.0)
 
 
+@pytest.mark.mutation
 def test_weighted_sum_defaults_are_2bit_and_no_division():
     """weighted_sum(payloads, scalers, n) with the defaults (format "2bit", divide_by 1) is Σ_w s_w
     codes_w: codes (1, 0, -1, 1, -1) at s = 0.5 and (1, 1, 0, -1, -1) at s = 2 sum to
@@ -163,3 +228,42 @@ def test_weighted_sum_defaults_are_2bit_and_no_division():
     got = packing.weighted_sum(payloads, [0.5, 2.0], 5)
     assert got.dtype == np.float32 and got.tolist() == [2.5, 2.0, -0.5, -1.5, -2.5]
     assert packing.weighted_sum(payloads, [0.5, 2.0], 5, divide_by=2).tolist() == [1.25, 1.0, -0.25, -0.75, -1.25]
+
+
+@pytest.mark.mutation
+def test_invalid_bytes_decode_to_no_codes():
+    """The lookup tables decode an invalid byte (2bit: a 0b11 pair; base3: a byte > 242) to four or
+    five zero codes, so a sum of codes read without validation never adds a code nobody sent."""
+    codes, valid = packing.LUT["2bit"]
+    assert not valid[0xFF] and codes[0xFF].tolist() == [0, 0, 0, 0]
+    assert not valid[0b00000011] and codes[0b00000011].tolist() == [0, 0, 0, 0]
+    codes3, valid3 = packing.LUT["base3"]
+    assert not valid3[243:].any() and not codes3[243:].any()
+    assert packing.sum_codes(np.array([[0xFF], [0xAA]], np.uint8), 4).tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.mutation
+def test_check_payload_names_the_invalid_code_kind_and_the_default_where():
+    """The error of an invalid byte says which rule it breaks ("code 0b11" for 2bit, "byte > 242" for
+    base3), at which byte, in hex; without `where` the message starts with "payload"."""
+    with pytest.raises(PayloadError, match=r"^payload: invalid code 0b11 at byte 1 \(0xc1\)$"):
+        packing.check_payload(np.array([0x55, 0xC1], np.uint8), 8, "2bit")
+    with pytest.raises(PayloadError, match=r"^payload: invalid byte > 242 at byte 0 \(0xfa\)$"):
+        packing.check_payload(np.array([250], np.uint8), 5, "base3")
+    with pytest.raises(PayloadError, match=r"^payload: expected a 1-D uint8 payload"):
+        packing.check_payload(np.zeros(2, np.int8), 8, "2bit")
+
+
+@pytest.mark.mutation
+def test_unpack_reads_2bit_by_default():
+    """unpack(payload, n) without a format is the 2-bit packing: 0b10_01_00_10 = 0x92 holds the codes
+    +1, -1, 0, +1 (element m in bits 2m..2m+1, value code + 1)."""
+    assert packing.unpack(np.array([0x92], np.uint8), 4).tolist() == [1, -1, 0, 1]
+
+
+@pytest.mark.mutation
+def test_unpack_code_sums_names_an_unnamed_layer_as_empty():
+    """N = 1 worker: width ceil(log2 3) = 2 bits, packed values Σcodes + 1 in [0, 2]; a packed 3
+    (0b11, code sum 2) exceeds N = 1. Without a layer name the error names layer ''."""
+    with pytest.raises(PayloadError, match=r"^layer '': downlink code sum 2 exceeds N = 1$"):
+        packing.unpack_code_sums(np.array([0b11], np.uint8), 1, 2, 1, 1.0)

@@ -1,76 +1,22 @@
-"""Tests that kill the mutants `tools/mutation.py` found surviving in the CUDA wrapper
-tgsim/codecs/terngrad/cuda.py and the kernel choice tgsim/codecs/terngrad/kernels.py (issue 22,
-item 3). Each test checks a documented property against values worked out by hand (worker ids,
-thread counts from terngrad.cu's `tg_*_threads`, error texts in packing.check_payload's format) or
-by the NumPy reference kernels (tgsim.codecs.terngrad.reference), never against what cuda.py returns.
-
-cuda.py runs, as in tests/test_cuda_kernels.py::TestWrapperOnHostHarness, against the stand-in
-`cupy` whose kernels are the nvcc-built host harness (marker nvcc: skipped without nvcc). One
-difference: this stand-in's `empty` fills new arrays with 0xFF bytes (NaN floats, invalid payload
-bytes), since CuPy's `empty` hands back whatever the memory pool held; an output the wrapper
-leaves unwritten then shows. The survivors these tests cannot kill are explained, one row each, in
-docs/MUTATION.md."""
+"""tgsim/codecs/terngrad/cuda.py, the CuPy wrapper of the CUDA kernels, on the host harness: a
+stand-in `cupy` whose kernels are the nvcc-built host library (the `builds`/`h` fixtures of
+tests/conftest.py). Launch grids, argument checks, edge cases of moments, encode and decode.
+Expected values are worked out by hand or with plain NumPy, never with the module under test."""
 
 from __future__ import annotations
 
 import re
 import sys
-import types
 
 import numpy as np
 import pytest
 
-import test_cuda_kernels as tck
-from test_cuda_kernels import builds, h  # noqa: F401  (session fixtures: the harness build)
 from tgsim import backend
 from tgsim.codecs import packing
-from tgsim.codecs.terngrad import cuda as _cuda, kernels, numba_kernels, reference as _reference
+from tgsim.codecs.terngrad import cuda as _cuda, reference as _reference
 from tgsim.rng import StreamKey
 
-
-# -- tgsim/codecs/terngrad/kernels.py (no nvcc needed) --------------------------------------------
-
-def _array_module(name: str = "cupy") -> types.ModuleType:
-    """Any array module other than NumPy: get_kernels only asks `xp is not np`."""
-    return types.ModuleType(name)
-
-
-def test_get_kernels_picks_the_module_for_each_name_and_array_module():
-    """The module docstring's table: "reference" runs on any array module; "numba" is the CPU set
-    (numba_kernels), "cuda" the CuPy one (cuda); "auto" is numba for NumPy arrays and cuda otherwise."""
-    xp = _array_module()
-    kernels.get_kernels.cache_clear()
-    try:
-        assert kernels.KERNEL_NAMES == ("auto", "reference", "numba", "cuda")
-        assert kernels.get_kernels("reference") is _reference
-        assert kernels.get_kernels("reference", np) is _reference
-        assert kernels.get_kernels("reference", xp) is _reference
-        assert kernels.get_kernels("numba", np) is numba_kernels
-        assert kernels.get_kernels("auto", np) is numba_kernels
-        assert kernels.get_kernels("auto") is numba_kernels
-        assert kernels.get_kernels("cuda", xp) is _cuda
-        assert kernels.get_kernels("auto", xp) is _cuda
-    finally:
-        kernels.get_kernels.cache_clear()
-
-
-def test_get_kernels_refuses_the_wrong_pairs():
-    """A Numba set for device arrays, a CUDA set for NumPy arrays and unknown names are ValueErrors
-    that name the way out."""
-    xp = _array_module()
-    with pytest.raises(ValueError, match=r"Numba kernels run on NumPy arrays; use kernels='cuda'"):
-        kernels.get_kernels("numba", xp)
-    with pytest.raises(ValueError, match=r"CUDA kernels run on CuPy arrays; use kernels='numba'"):
-        kernels.get_kernels("cuda", np)
-    with pytest.raises(ValueError, match=r"CUDA kernels run on CuPy arrays"):
-        kernels.get_kernels("cuda")
-    for bad in ("Numba", "gpu", ""):
-        with pytest.raises(ValueError, match=r"unknown kernels"):
-            kernels.get_kernels(bad, np)
-
-
-# -- tgsim/codecs/terngrad/cuda.py on the host harness ----------------------------------------------
-
+import cuda_harness as tck
 
 
 def nvcc(test):
@@ -114,6 +60,7 @@ def _rows(shape, seed=0):
     return (rng.standard_normal(shape) * 1e-2 + 0.25).astype(np.float32)
 
 
+@pytest.mark.mutation
 def test_module_constants_agree_with_the_kernel_source():
     """KERNELS names every extern "C" __global__ of terngrad.cu; ROW_THREADS is its TG_ROW_THREADS
     (tg_moments_rows is written for exactly that many threads a block); FMT_CODE's 2-bit code is
@@ -128,6 +75,7 @@ def test_module_constants_agree_with_the_kernel_source():
     assert _cuda.FMT_CODE["base3"] != two_bit
 
 
+@pytest.mark.mutation
 @nvcc
 def test_sigma_is_computed_by_default(launches):
     """moments, moments_many and moments_layers default to need_sigma=True: σ as the reference's."""
@@ -143,6 +91,7 @@ def test_sigma_is_computed_by_default(launches):
         _same_moments((absmax[w], sigma[w], finite[w]), G[w])
 
 
+@pytest.mark.mutation
 @nvcc
 def test_moments_many_small_shapes_and_nonfinite_rows(launches):
     """moments_many row by row equals the reference's moments of that row: one worker, one-element
@@ -165,6 +114,7 @@ def test_moments_many_small_shapes_and_nonfinite_rows(launches):
     assert a.shape == s.shape == f.shape == (0,)
 
 
+@pytest.mark.mutation
 @nvcc
 def test_rows_of_row_max_elements_take_one_launch_longer_ones_two_kernels(launches):
     """moments_layers' docstring: rows of AT MOST ROW_MAX (2^22) elements take the one-launch
@@ -178,6 +128,7 @@ def test_rows_of_row_max_elements_take_one_launch_longer_ones_two_kernels(launch
         _same_moments((absmax[0], sigma[0], finite[0]), G[0])
 
 
+@pytest.mark.mutation
 @nvcc
 def test_one_worker_and_one_element_layers_are_in_the_one_launch(launches):
     """A step of one worker, with one-element and short layers, is still ONE tg_moments_rows launch
@@ -197,6 +148,7 @@ def test_one_worker_and_one_element_layers_are_in_the_one_launch(launches):
         _same_moments((absmax[w], sigma[w], finite[w]), Gs[0][w])
 
 
+@pytest.mark.mutation
 @nvcc
 def test_a_step_without_workers_launches_nothing(launches):
     """moments_layers of layers with no worker rows: empty (absmax, sigma, finite) per layer, and
@@ -228,6 +180,7 @@ def _check_launch(launches, name, threads):
     assert grid == _grid(threads), (name, grid, threads)
 
 
+@pytest.mark.mutation
 @nvcc
 def test_launch_grids_cover_the_kernels_logical_threads(launches):
     """Each launch's grid is integral and has exactly enough BLOCK-thread blocks for the kernel's
@@ -271,6 +224,7 @@ def test_launch_grids_cover_the_kernels_logical_threads(launches):
     assert launches[0][1] == _grid(65536) and launches[1][1:] == ((1,), (_cuda.TREE_BLOCK,))
 
 
+@pytest.mark.mutation
 @nvcc
 @pytest.mark.parametrize("fmt", packing.FORMATS)
 def test_invalid_byte_far_into_the_payloads_is_found(launches, fmt):
@@ -278,7 +232,7 @@ def test_invalid_byte_far_into_the_payloads_is_found(launches, fmt):
     reported by every decode, in packing.check_payload's words."""
     n = 1001
     p = tck.random_payloads(3, n, fmt, seed=12)
-    tck.TestDecode.corrupt(fmt, p, n, 2, 200, "code")
+    tck.corrupt(fmt, p, n, 2, 200, "code")
     kind = "code 0b11" if fmt == "2bit" else "byte > 242"
     msg = rf"^payload of worker 2: invalid {kind} at byte 200 \(0x{p[2, 200]:02x}\)$"
     s = np.float32([1.0, 0.5, 0.25])
@@ -290,6 +244,7 @@ def test_invalid_byte_far_into_the_payloads_is_found(launches, fmt):
         _cuda.weighted_sum_layers([p], s[:, None], [n], fmt, 1)
 
 
+@pytest.mark.mutation
 @nvcc
 def test_worker_ids_must_be_integers_in_32_bits(launches):
     """encode_many / encode_layers: worker ids are integer counter words in [0, 2^32); a negative,
@@ -307,6 +262,7 @@ def test_worker_ids_must_be_integers_in_32_bits(launches):
         tck.assert_same_bits(got[w], tck.ref_encode(G[w], s[w], cb[w], StreamKey(7, 1, wid, 4), "2bit"))
 
 
+@pytest.mark.mutation
 @nvcc
 def test_every_encode_checks_the_stream_range(launches, monkeypatch):
     """A layer longer than the Philox stream (MAX_ELEMENTS) is refused by encode, encode_many and
@@ -326,6 +282,7 @@ def test_every_encode_checks_the_stream_range(launches, monkeypatch):
     tck.assert_same_bits(_cuda.encode(g40, 0.3, np.inf, key, "base3"), tck.ref_encode(g40, 0.3, np.inf, key, "base3"))
 
 
+@pytest.mark.mutation
 @nvcc
 def test_encode_many_and_encode_layers_check_each_argument(launches):
     """Each of scalers, clip_bounds and workers of the wrong length is a ValueError by itself; so is
@@ -343,6 +300,7 @@ def test_encode_many_and_encode_layers_check_each_argument(launches):
         _cuda.encode_layers([G], S, cb, 1, 1, [0, 1], [0, 1], "2bit")
 
 
+@pytest.mark.mutation
 @nvcc
 def test_malformed_payload_arrays_are_named_as_check_payload_names_them(launches):
     """Not a 2-D uint8 array: "payload of worker 0: expected a 1-D uint8 payload, got <dtype>
@@ -360,6 +318,7 @@ def test_malformed_payload_arrays_are_named_as_check_payload_names_them(launches
                 fn(p, *args)
 
 
+@pytest.mark.mutation
 @nvcc
 def test_no_payloads_sum_to_zeros(launches):
     """No workers (an empty list, or a (0, nbytes) array of any width): the sum over no payloads is
@@ -376,6 +335,7 @@ def test_no_payloads_sum_to_zeros(launches):
     assert outs[1].shape == (0,)
 
 
+@pytest.mark.mutation
 @nvcc
 def test_at_most_2_31_minus_1_payloads(launches):
     """2^31 payloads are refused before anything is copied (a zero-stride view stands for them)."""
@@ -386,6 +346,7 @@ def test_at_most_2_31_minus_1_payloads(launches):
     tck.assert_same_bits(_cuda.sum_codes(p, 4, "2bit"), _reference.sum_codes(p, 4, "2bit"))
 
 
+@pytest.mark.mutation
 @nvcc
 def test_device_scalers_of_another_dtype_must_hold_float32_values(launches):
     """Scalers as a device float64 array: used when every value is a float32 (NaN included), a
@@ -401,6 +362,7 @@ def test_device_scalers_of_another_dtype_must_hold_float32_values(launches):
         _cuda.weighted_sum(p, np.array([0.5, 0.1, 1.0]), n, fmt, 2)
 
 
+@pytest.mark.mutation
 @nvcc
 @pytest.mark.parametrize("fmt", packing.FORMATS)
 def test_weighted_sum_layers_one_worker_one_layer_two_layers(launches, fmt):
@@ -416,6 +378,7 @@ def test_weighted_sum_layers_one_worker_one_layer_two_layers(launches, fmt):
     assert _cuda.weighted_sum_layers([], np.zeros((2, 0), np.float32), [], fmt, 1) == []
 
 
+@pytest.mark.mutation
 @nvcc
 def test_sum_codes_defaults_to_2bit_and_the_narrowest_dtype(launches):
     """sum_codes(payloads, n): 2-bit packing by default; int8 up to 127 workers, int16 up to 32767,
