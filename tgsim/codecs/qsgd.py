@@ -37,7 +37,8 @@ this exactly from the draws' support and the uniform's grid. The error is E||v̂
 Gradients of any float dtype are quantized from their float64 values (float16/float32 exactly).
 Array code, NumPy or CuPy (`array_module`; the CuPy path is written but untested here); on the host
 the uniforms of layers from 2^15 elements come from the Numba Philox (the same words), and the
-Elias-gamma coder is Numba (tgsim.codecs.elias says why). Messages hold host (NumPy) arrays.
+Elias-gamma and paper coders are Numba (tgsim.codecs.elias says why). Messages hold host (NumPy)
+arrays.
 
 Kernels ([codec] kernels): "auto" and "numba" encode NumPy gradients and decode-sum the messages
 with the fused Numba kernels of tgsim.codecs.numba_qsgd (norms, Philox words, levels and packed
@@ -50,18 +51,23 @@ always do; "numba" refuses them).
 Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
 (magic b"TGQ1", version 1), then, little-endian:
 
-    levels u32 | bucket u32 | norm u8 (0 "l2", 1 "max") | coding u8 (0 "fixed", 1 "elias")
+    levels u32 | bucket u32 | norm u8 (0 "l2", 1 "max") | coding u8 (0 "fixed", 1 "elias", 2 "paper")
     per layer, in order:
-        nbits u64                         "elias" only: the layer's payload length in bits
+        nbits u64                         "elias" and "paper" only: the layer's payload length in bits
         ceil(n / B) float32               the bucket norms (none for an empty layer)
         ceil(nbits / 8) bytes             the payload, bits most significant first, zero-padded
     "fixed": per element the w = 1 + b bit word (sign << b) | l_i, b = ceil(log2(s + 1)), sign = 1
              for v_i < 0 with l_i > 0 (0 otherwise): nbits = n w
     "elias": per element Elias-gamma(l_i + 1) then, for l_i > 0, the sign bit (tgsim.codecs.elias)
+    "paper" (the default): Alistarh et al.'s §3.2 coding (tgsim.codecs.qsgd_paper_coding): per
+             nonzero level, in index order, the Elias omega code of its gap from the previous
+             nonzero (of its index + 1 for the first), its sign bit, the Elias omega code of |l_i|;
+             zeros cost nothing but longer gaps
 
 from_bytes refuses (PayloadError naming the layer): other parameters than the receiver's, a norm
 that is not a finite non-negative float32 (-0 included), a level above s, a sign bit on level 0, a
-non-zero level in a bucket of norm 0, bad Elias-gamma codes, wrong lengths, non-zero padding.
+non-zero level in a bucket of norm 0, bad Elias-gamma or Elias omega codes (a gap beyond the layer,
+a level above s), wrong lengths, non-zero padding.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
-from tgsim.codecs import elias
+from tgsim.codecs import elias, options, qsgd_paper_coding as paper
 from tgsim.codecs.base import CodecProperties
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
@@ -86,7 +92,8 @@ _MAGIC, _VERSION = b"TGQ1", 1
 PARAMS = struct.Struct("<IIBB")
 _NBITS = struct.Struct("<Q")
 NORMS = ("l2", "max")
-CODINGS = ("fixed", "elias")
+CODINGS = ("fixed", "elias", "paper")       # the wire's coding id is the index
+DEFAULT_CODING = "paper"
 MAX_LEVELS = 2**16 - 1
 KERNELS = ("auto", "reference", "numba", "cuda")
 F32_MAX = float(np.finfo(np.float32).max)
@@ -253,9 +260,9 @@ class QSGDMessage:
 
     def to_bytes(self) -> bytes:
         parts = [PARAMS.pack(*self.params)]
-        elias_coded = self.params[3] == 1
+        counted = self.params[3] != 0                  # "elias" and "paper" send their bit length
         for k in self.shapes:
-            if elias_coded:
+            if counted:
                 parts.append(_NBITS.pack(self.nbits[k]))
             parts.append(np.ascontiguousarray(self.norms[k], dtype="<f4").tobytes())
             parts.append(np.ascontiguousarray(self.payload[k], dtype=np.uint8).tobytes())
@@ -263,7 +270,7 @@ class QSGDMessage:
 
     @property
     def wire_bytes(self) -> int:
-        per_layer = _NBITS.size if self.params[3] == 1 else 0
+        per_layer = _NBITS.size if self.params[3] != 0 else 0
         return HEADER.size + PARAMS.size + sum(per_layer + 4 * int(self.norms[k].size) + int(self.payload[k].size)
                                                for k in self.shapes)
 
@@ -274,7 +281,20 @@ class QSGD:
     name = "qsgd"
     properties = CodecProperties(unbiased=True, wire="own", combine="mean")
 
-    def __init__(self, levels: int = 7, bucket: int = 512, norm: str = "l2", coding: str = "fixed",
+    @dataclass(frozen=True)
+    class Options:
+        """The [codec] keys of qsgd (defaults: s = 7 levels, buckets of 512, the l2 norm)."""
+
+        levels: int = options.option(7, "s: quantization levels of |v|/norm per bucket", min=1, max=MAX_LEVELS,
+                                     sweep=(1, 3, 7, 31, 255))
+        bucket: int = options.option(512, "elements per bucket, one norm each (0: the whole layer)", min=0,
+                                     max=2**32 - 1, sweep=(0, 8192, 2048, 512, 128))
+        norm: str = options.option("l2", "the bucket norm: l2 (Alistarh et al.) or max (max-norm variant)",
+                                   choices=NORMS)
+        coding: str = options.option(DEFAULT_CODING, "how the levels are written on the wire", choices=CODINGS,
+                                     sweep=CODINGS)
+
+    def __init__(self, levels: int = 7, bucket: int = 512, norm: str = "l2", coding: str = DEFAULT_CODING,
                  kernels: str = "auto"):
         def integer(v):
             return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -295,7 +315,9 @@ class QSGD:
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(levels=cfg.levels, bucket=cfg.bucket, norm=cfg.norm, coding=cfg.coding,
+        """The codec of a [codec] section: its Options (tgsim.codecs.options.parse) and `kernels`."""
+        o = options.parse(cls, cfg)
+        return cls(levels=o.levels, bucket=o.bucket, norm=o.norm, coding=o.coding,
                    kernels=getattr(cfg, "kernels", "auto"))
 
     def __repr__(self) -> str:
@@ -325,6 +347,8 @@ class QSGD:
         return None
 
     def _pack(self, q):
+        if self.coding == "paper":
+            return paper.encode(q)
         return elias.encode(q) if self.coding == "elias" else pack_fixed(q, self.levels)
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
@@ -372,14 +396,15 @@ class QSGD:
             n = int(np.prod(shape, dtype=np.int64))
             nb = bucket_count(n, B)
             what = f"qsgd message, layer {k!r}"
-            if self.coding == "elias":
+            if self.coding != "fixed":
                 if off + _NBITS.size > len(body):
                     raise PayloadError(f"{what}: truncated before its bit length")
                 bits = _NBITS.unpack_from(body, off)[0]
                 off += _NBITS.size
-                if bits > n * elias.max_code_bits(s):
+                most = n * elias.max_code_bits(s) if self.coding == "elias" else paper.max_bits(n, s)
+                if bits > most:
                     raise PayloadError(f"{what}: {bits} payload bits, more than {n} elements can take "
-                                       f"({elias.max_code_bits(s)} bits each at most)")
+                                       f"({most} bits at most)")
             else:
                 bits = n * (level_bits(s) + 1)
             need = 4 * nb + -(-bits // 8)
@@ -393,7 +418,10 @@ class QSGD:
                 raise PayloadError(f"{what}: bucket {j} has norm {float(nrm[j])!r}, not a finite non-negative float32")
             pay = np.frombuffer(body, dtype=np.uint8, count=need - 4 * nb, offset=off).copy()
             off += need - 4 * nb
-            q = elias.decode(pay, bits, n, s, what) if self.coding == "elias" else unpack_fixed(pay, n, s, what)
+            if self.coding == "paper":
+                q = paper.decode(pay, bits, n, s, what)
+            else:
+                q = elias.decode(pay, bits, n, s, what) if self.coding == "elias" else unpack_fixed(pay, n, s, what)
             q = q.astype(level_dtype(s), copy=False)
             if n and not nrm.all():
                 stray = (np.repeat(nrm, B or n)[:n] == 0) & (q != 0)
@@ -434,7 +462,12 @@ class QSGD:
         E L <= s ||v||_1 / ||v||_2 <= s sqrt(B), the bits Σ (2 floor(log2(l_i+1)) + 1 + [l_i > 0])
         <= B + min(B, L) + 2 B log2(1 + L / B) (Jensen), whose expectation is at most
         B + min(B, s sqrt(B)) + 2 B log2(1 + s / sqrt(B)); plus 7 bits of padding. For "max" norms
-        the same argument with E L <= s B gives min(up_max, ...)."""
+        the same argument with E L <= s B gives min(up_max, ...).
+        "paper": "up_max" every element nonzero at the longest codes (qsgd_paper_coding.max_bits);
+        "up" bounds the expected count: 8 (HEADER + PARAMS + 8 + 4 ceil(n/B)) + 7 +
+        qsgd_paper_coding.expected_stream_bits(n, L), L = Σ_b s sqrt(B_b) for "l2" (as above) and
+        s n for "max". (For one l2 bucket, Alistarh et al.'s Theorem 3.2 states a tighter bound of
+        the stream plus the norm: qsgd_paper_coding.theorem_3_2_bits.)"""
         if n == 0:
             return {"up": 0.0, "up_max": 0.0, "down": 32}
         s, B = self.levels, self.bucket or n
@@ -444,8 +477,13 @@ class QSGD:
             exact = 8 * (over + -(-n * (level_bits(s) + 1) // 8)) / n
             return {"up": exact, "up_max": exact, "down": 32}
         over += _NBITS.size
-        up_max = 8 * (over + -(-n * elias.max_code_bits(s) // 8)) / n
         sizes = [B] * (n // B) + ([n % B] if n % B else [])
+        if self.coding == "paper":
+            up_max = 8 * (over + -(-paper.max_bits(n, s) // 8)) / n
+            mean_sum = sum(s * math.sqrt(size) if self.norm == "l2" else s * size for size in sizes)
+            up = (8 * over + 7 + paper.expected_stream_bits(n, mean_sum)) / n
+            return {"up": min(up, up_max), "up_max": up_max, "down": 32}
+        up_max = 8 * (over + -(-n * elias.max_code_bits(s) // 8)) / n
         expected = 0.0
         for size in sizes:
             mean_l = s * math.sqrt(size) if self.norm == "l2" else s * size    # bound on E Σ l_i
