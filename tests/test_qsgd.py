@@ -80,7 +80,7 @@ def test_qsgd_from_bytes_refuses_a_level_in_any_zero_bucket():
     from tgsim.codecs.qsgd import QSGD
     from tgsim.errors import PayloadError
 
-    codec = QSGD(levels=5, bucket=8)
+    codec = QSGD(levels=5, bucket=8, coding="fixed")
     v = np.linspace(1.0, 2.0, 20)
     v[8:16] = 0.0
     m = _qsgd_msg(codec, {"g": v})
@@ -95,19 +95,19 @@ def test_qsgd_from_bytes_refuses_a_level_in_any_zero_bucket():
 
 @pytest.mark.mutation
 def test_qsgd_unknown_norm_or_coding_ids_are_payload_errors():
-    """A message whose parameter bytes carry a norm or coding id this codec does not know (2) is a
+    """A message whose parameter bytes carry a norm or coding id this codec does not know (2, 3) is a
     PayloadError that shows the raw id, not an IndexError from looking the id up."""
     import dataclasses
 
     from tgsim.codecs.qsgd import QSGD
     from tgsim.errors import PayloadError
 
-    codec = QSGD(levels=5, bucket=8)
+    codec = QSGD(levels=5, bucket=8, coding="fixed")
     m = _qsgd_msg(codec, {"g": np.ones(4)})
     with pytest.raises(PayloadError, match="norm=2"):
         codec.from_bytes(dataclasses.replace(m, params=(5, 8, 2, 0)).to_bytes(), m)
-    with pytest.raises(PayloadError, match="coding=2"):
-        codec.from_bytes(dataclasses.replace(m, params=(5, 8, 0, 2)).to_bytes(), m)
+    with pytest.raises(PayloadError, match="coding=3"):
+        codec.from_bytes(dataclasses.replace(m, params=(5, 8, 0, 3)).to_bytes(), m)
 
 
 @pytest.mark.mutation
@@ -150,8 +150,9 @@ def test_qsgd_fixed_bits_per_element_dict():
     empty layer costs 0."""
     from tgsim.codecs.qsgd import QSGD
 
-    assert QSGD(levels=7, bucket=30).bits_per_element(100, 4) == {"up": 7.76, "up_max": 7.76, "down": 32}
-    assert QSGD().bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    assert QSGD(levels=7, bucket=30, coding="fixed").bits_per_element(100, 4) == {"up": 7.76, "up_max": 7.76,
+                                                                                 "down": 32}
+    assert QSGD(coding="fixed").bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
 
 
 @pytest.mark.mutation
@@ -209,7 +210,7 @@ def test_qsgd_zero_bucket_quantizes_to_zero_without_nan():
 @pytest.mark.mutation
 def test_qsgd_identity_defaults_and_integer_options():
     """QSGD is registered as "qsgd", declares itself unbiased with its own wire format and a mean
-    combine; defaults s = 7 levels, buckets of 512, l2 norms, fixed coding, kernels "auto"; levels and
+    combine; defaults s = 7 levels, buckets of 512, l2 norms, paper coding, kernels "auto"; levels and
     bucket must be integers (NumPy integers too), not bools or floats, levels >= 1 (1 itself is fine);
     its messages are frozen."""
     import dataclasses
@@ -219,7 +220,7 @@ def test_qsgd_identity_defaults_and_integer_options():
     assert QSGD.name == "qsgd" and QSGD().name == "qsgd"
     assert QSGD.properties == CodecProperties(unbiased=True, wire="own", combine="mean")
     c = QSGD()
-    assert (c.levels, c.bucket, c.norm, c.coding, c.kernels) == (7, 512, "l2", "fixed", "auto")
+    assert (c.levels, c.bucket, c.norm, c.coding, c.kernels) == (7, 512, "l2", "paper", "auto")
     assert QSGD(levels=1).levels == 1 and QSGD(levels=np.int64(3), bucket=np.int32(0)).bucket == 0
     for bad in (True, 7.0, 2.5):
         with pytest.raises(ValueError, match="levels"):
@@ -262,7 +263,7 @@ def test_qsgd_repr_shows_kernels_only_when_not_auto():
     assert repr(QSGD(levels=3, bucket=16, norm="max", coding="elias")) == \
         "QSGD(levels=3, bucket=16, norm='max', coding='elias')"
     assert repr(QSGD(levels=3, bucket=16, kernels="reference")) == \
-        "QSGD(levels=3, bucket=16, norm='l2', coding='fixed', kernels='reference')"
+        "QSGD(levels=3, bucket=16, norm='l2', coding='paper', kernels='reference')"
 
 
 @pytest.mark.mutation
