@@ -8,7 +8,8 @@
 * `_aggregate_on_ranks`: one aggregate call on N fake ranks, with the in-process exchange's result.
 * Codec inputs used by several files: `_terngrad`, `_messages` (TernGrad messages of N workers),
   `_header`, `_kernel_choice`, `_aggregate_of_three_workers`, `same_bits`; `header_length` (the
-  length of a TGM1 header).
+  length of a TGM1 header); `KINDS` and `grad(kind, n, seed)`: float32 test layers (normal, wide
+  dynamic range with denormals, zeros of both signs, all zero).
 """
 
 from __future__ import annotations
@@ -399,3 +400,30 @@ def header_length(buf: bytes) -> int:
         ndim = buf[off + 1]
         off += 2 + 8 * ndim
     return off + 4
+
+
+# float32 test layers of the Numba kernel tests (tests/test_numba_kernels.py, test_batched_step.py)
+KINDS = ["normal", "wide", "zeros", "allzero"]
+
+
+def grad(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    """float32 test layers: normal; huge dynamic range with denormals; mixed exact/negative zeros."""
+    rng = np.random.default_rng(seed * 1000 + n)
+    if kind == "normal":
+        return rng.standard_normal(n, dtype=np.float32)
+    if kind == "wide":      # |g| from 1e-45 (denormal) to 1e38, both signs
+        mag = 10.0 ** rng.uniform(-45.0, 38.0, n)
+        return (np.where(rng.random(n) < 0.5, -mag, mag)).astype(np.float32)
+    if kind == "zeros":     # exact zeros, negative zeros, denormals and normals
+        g = rng.standard_normal(n).astype(np.float32)
+        pick = rng.integers(0, 4, n)
+        g[pick == 0] = 0.0
+        g[pick == 1] = -0.0
+        g[pick == 2] = (rng.integers(1, 2**23, (pick == 2).sum()).astype(np.uint32)
+                        | np.uint32(rng.integers(0, 2) << 31)).view(np.float32)
+        return g
+    if kind == "allzero":
+        g = np.zeros(n, dtype=np.float32)
+        g[::3] = -0.0
+        return g
+    raise ValueError(kind)

@@ -16,7 +16,7 @@ from tgsim.codecs.terngrad import TernGrad
 from tgsim.data import shard
 from tgsim.data.batching import batch_indices, batch_indices_many, worker_batch_indices
 
-from test_numba_kernels import KINDS, grad
+from fakes import KINDS, grad
 
 FOLD_SIZES = [2047, 2048, 2049, 2560, 4095, 4097, 10240, 10241, 12289, 16383, 16384, 16385, 32767,
               40000, 57345, 65535, 65536]

