@@ -20,8 +20,9 @@ from tgsim.train import loop as loop_mod
 from tgsim.train.config import CodecConfig, from_dict
 from tgsim.train.loop import build, local_batch, run, train_step
 
-WRAPPABLE = [n for n in registry.names()
-             if registry.make_codec(dataclasses.replace(CodecConfig(), name=n)).properties.combine == "mean"]
+WRAPPABLE = [n for n in registry.names()          # error feedback wraps the stateless codecs combined by the mean
+             if (props := registry.make_codec(dataclasses.replace(CodecConfig(), name=n)).properties).combine == "mean"
+             and not props.stateful]
 
 
 def ef_codec(name: str, **options):

@@ -88,7 +88,8 @@ def test_registry_names_classes_and_describe():
     from tgsim.codecs import registry
     from tgsim.train.config import CodecConfig
 
-    want = ("fp32", "terngrad", "fp16", "bf16", "sign", "scaled_sign", "qsgd", "suresh", "topk", "randomk")
+    want = ("fp32", "terngrad", "fp16", "bf16", "sign", "scaled_sign", "qsgd", "suresh", "topk", "randomk",
+            "powersgd")
     assert registry.names() == want
     assert registry.DEFAULT == "terngrad" == CodecConfig().name
     assert registry.CODECS == {
@@ -96,7 +97,8 @@ def test_registry_names_classes_and_describe():
         "fp16": "tgsim.codecs.fp16:Float16", "bf16": "tgsim.codecs.bf16:BFloat16",
         "sign": "tgsim.codecs.sign:SignSGD", "scaled_sign": "tgsim.codecs.sign:ScaledSign",
         "qsgd": "tgsim.codecs.qsgd:QSGD", "suresh": "tgsim.codecs.suresh:Suresh",
-        "topk": "tgsim.codecs.sparse:TopK", "randomk": "tgsim.codecs.sparse:RandomK"}
+        "topk": "tgsim.codecs.sparse:TopK", "randomk": "tgsim.codecs.sparse:RandomK",
+        "powersgd": "tgsim.codecs.powersgd:PowerSGD"}
     for name in want:
         assert registry.codec_class(name).name == name
     rows = registry.describe(CodecConfig())

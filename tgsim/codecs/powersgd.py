@@ -49,7 +49,7 @@ Driver (tgsim.codecs.base.MultiRound; `properties.rounds` = 2):
 
 Bytes per worker and step (`bits_per_element`, both rounds): Σ_compressed 4 r_l (n + m) +
 Σ_float32 4 n_l; each round's messages are raw float32 (no header), combined by the exchange's
-ordered fp32 mean (`properties.wire` = "float32").
+ordered fp32 mean (`properties.float_mean`).
 
 One-step view (`encode_many`, `decode`, `aggregate`, for the codec contract and the comparisons,
 which exchange one message per worker): one step of the algorithm above from the zero state
@@ -201,14 +201,6 @@ class Rounds:
     q_local: dict = field(default_factory=dict)
 
 
-def _properties(**kw) -> CodecProperties:
-    """CodecProperties of `kw`, keeping the keys this version of tgsim.codecs.base declares."""
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(CodecProperties)}
-    return CodecProperties(**{k: v for k, v in kw.items() if k in known})
-
-
 class PowerSGD:
     """PowerSGD, rank r, error feedback and warm start (module docstring); stateful, two rounds."""
 
@@ -222,7 +214,7 @@ class PowerSGD:
             2.0, "a layer (n x m) is compressed only where rate · r (n + m) < n m, else sent as float32", min=1.0)
         warm_start: bool = options.option(True, "start each step's power iteration from the previous step's Q")
 
-    properties = _properties(unbiased=False, wire="float32", float_mean=True, stateful=True, rounds=2)
+    properties = CodecProperties(unbiased=False, float_mean=True, stateful=True, rounds=2)
 
     def __init__(self, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True):
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:

@@ -43,6 +43,7 @@ CODECS = {
     "suresh": "tgsim.codecs.suresh:Suresh",
     "topk": "tgsim.codecs.sparse:TopK",
     "randomk": "tgsim.codecs.sparse:RandomK",
+    "powersgd": "tgsim.codecs.powersgd:PowerSGD",
 }
 ENTRY_POINT_GROUP = "tgsim.codecs"
 
