@@ -1,28 +1,30 @@
 """PowerSGD: rank-r compression by one step of power iteration, with error feedback and warm start.
 
 Vogels, Karimireddy, Jaggi (NeurIPS 2019), "PowerSGD: Practical Low-Rank Gradient Compression for
-Distributed Optimization", Algorithm 1 (rank r, error feedback, the previous step's Q as the start
-of this step's power iteration); the compressor of PyTorch DDP's `powerSGD_hook`.
+Distributed Optimization": the rank-r compression and aggregation of their Algorithm 1, the previous
+step's Q as the start of this step's power iteration (warm start), inside the error feedback of
+their Algorithm 2; the compressor of PyTorch DDP's `powerSGD_hook`.
 
 Each layer of shape (s_0, s_1, ...) is the matrix M_w of n = s_0 rows and m = s_1 s_2 ... columns
 (C order). It is compressed at rank r_l = min(rank, n, m) where it has two or more dimensions and
 
     min_compression_rate · r_l (n + m) < n m                        (the `compressed_rank` rule)
 
-(what r_l (n + m) floats save over n m; a vector, or a matrix too small to gain, is sent as float32
-and averaged, as the paper's implementation does). Per step, per compressed layer, worker w:
+(what r_l (n + m) floats save over n m). A vector is sent as float32 and averaged, as the paper's
+Algorithm 1 aggregates biases uncompressed; so is a matrix too small to gain, as PyTorch's hook does
+with its min_compression_rate. Per step, per compressed layer, worker w:
 
-    Δ_w  = M_w + e_w                     error feedback (e_w = 0 at step 0)       Alg. 1, line 3
-    P_w  = Δ_w Q ;  P = mean_w P_w        round 1: the ordered fp32 mean          lines 4-5
-    P̂    = orthogonalize(P)             Gram-Schmidt (`orthogonalize`)           line 6
-    Q_w  = Δ_wᵀ P̂ ;  Q = mean_w Q_w      round 2: the ordered fp32 mean          lines 7-8
+    Δ_w  = M_w + e_w                     error feedback (e_w = 0 at step 0)
+    P_w  = Δ_w Q ;  P = mean_w P_w        round 1: the ordered fp32 mean
+    P̂    = orthogonalize(P)             Gram-Schmidt (`orthogonalize`)
+    Q_w  = Δ_wᵀ P̂ ;  Q = mean_w Q_w      round 2: the ordered fp32 mean
     aggregate = P̂ Qᵀ                     the step's update direction, the same on every worker
-    e_w' = Δ_w - P̂ Q_wᵀ                  what worker w's share did not carry    line 10
-    warm start: the next step's Q is this Q                                      line 2
+    e_w' = Δ_w - P̂ Q_wᵀ                  what worker w's share did not carry
+    warm start: the next step's Q is this Q
 
 Float32 layers (float32 copies of the gradients) are sent as they are in round 1 next to the P_w
 and averaged there. Invariant (per worker, per compressed layer): P̂ Q_wᵀ + e_w' == Δ_w up to the one
-float32 rounding of e_w' (|P̂ Q_wᵀ + e_w' - Δ_w| <= 2^-24 |e_w'| per element).
+float32 rounding of e_w' = fl(Δ_w - P̂ Q_wᵀ) (at most 2^-24 |Δ_w - P̂ Q_wᵀ| per element).
 
 Q's start: a column of the warm-start Q that is exactly zero (every column at step 0, where the
 state holds zeros; every column at every step with warm_start = false; a column zeroed by
@@ -51,8 +53,8 @@ Bytes per worker and step (`bits_per_element`, both rounds): Σ_compressed 4 r_l
 Σ_float32 4 n_l; each round's messages are raw float32 (no header), combined by the exchange's
 ordered fp32 mean (`properties.float_mean`).
 
-One-step view (`encode_many`, `decode`, `aggregate`, for the codec contract and the comparisons,
-which exchange one message per worker): one step of the algorithm above from the zero state
+One-step view (`encode_many`, `decode`, `aggregate`, for the codec contract and `tgsim analyze
+unbiasedness`, which take one message per worker): one step of the algorithm above from the zero state
 (e_w = 0, Q drawn from the key) among the workers given, the two rounds averaged in process (the
 ordered fp32 mean over those workers). Worker w's message is {"p/<l>": P̂, "q/<l>": Q_w, "<l>":
 f32(g_w)}, as many float32 values as it sends in its two rounds; decode gives P̂ Q_wᵀ per
@@ -71,7 +73,7 @@ import numpy as np
 from tgsim.backend import array_module
 from tgsim.codecs import options
 from tgsim.codecs.base import CodecProperties
-from tgsim.codecs.fp32 import Float32Message, _as_float32, first_beyond_float32, first_nonfinite
+from tgsim.codecs.fp32 import Float32Message, first_beyond_float32, first_nonfinite
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
 from tgsim.rng import StreamKey, uniform
@@ -82,6 +84,11 @@ DEPENDENT = 2.0**-16           # a column of P whose part orthogonal to the earl
 
 
 # -- the math, one worker at a time -----------------------------------------------------------------
+
+def _f32(a):
+    """`a` as a float32 array of its own module (no copy when it is one already)."""
+    return array_module(a).asarray(a, dtype=array_module(a).float32)
+
 
 def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
     """(n, m) = (s_0, s_1 s_2 ...) of a layer of shape (s_0, s_1, ...): its matrix M (C order)."""
@@ -158,7 +165,7 @@ def low_rank(p_hat, q):
 
 def orthogonalize(p):
     """P̂: the columns of P (n, r) made orthonormal by modified Gram-Schmidt in float64, left to
-    right, rounded once to float32 (Alg. 1, line 6): v = p_j - Σ_{i<j} <p̂_i, v> p̂_i (v updated after
+    right, rounded once to float32 (Algorithm 1's ORTHOGONALIZE): v = p_j - Σ_{i<j} <p̂_i, v> p̂_i (v updated after
     each i), p̂_j = v / ||v||, or 0 where ||v|| <= DEPENDENT ||p_j|| (p_j is, to rounding, in the span
     of the earlier columns: a rank-deficient P). Deterministic: the same P gives the same bits."""
     xp = array_module(p)
@@ -292,7 +299,7 @@ class PowerSGD:
                 raise ValueError(f"powersgd: layer {k!r} holds {g.shape[0]} workers' gradients, {n_local} workers given")
             if not r:
                 for w in range(n_local):
-                    msgs[w][k] = _as_float32(g[w])
+                    msgs[w][k] = _f32(g[w])
                 continue
             n, m = matrix_shape(shape)
             e = xp.asarray(state[f"residual/{k}"], dtype=xp.float32)
@@ -362,7 +369,7 @@ class PowerSGD:
                     out[w][f"p/{k}"] = ctx.p_hat[k]
                     out[w][f"q/{k}"] = ctx.q_local[k][w]
                 else:
-                    out[w][k] = _as_float32(layers[k][w])
+                    out[w][k] = _f32(layers[k][w])
         return out
 
     def from_bytes(self, buf, like: PowerSGDMessage) -> PowerSGDMessage:
@@ -389,7 +396,7 @@ class PowerSGD:
             if f"p/{k}" in message:
                 out[k] = low_rank(message[f"p/{k}"], message[f"q/{k}"]).reshape(shape)
             else:
-                out[k] = _as_float32(message[k]).reshape(shape)
+                out[k] = _f32(message[k]).reshape(shape)
         return out
 
     def aggregate(self, messages: Sequence[PowerSGDMessage], divide_by: int | None = None) -> dict:
