@@ -5,10 +5,13 @@ tests/cuda_harness.py).
   module source (tgsim.codecs.terngrad.cuda.source()) into PTX, with the options CuPy applies;
   skipped without nvcc.
 * `h` (session): the built harness, loaded (cuda_harness.Harness).
+* `batched_builds` (module): nvcc builds tgsim/cuda/batched_harness.cu and the PTX of batched.cu;
+  `fake_cp`: tgsim.models.cuda_ops on the stand-in cuda_harness.FakeCupy over that harness.
 """
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import types
 
@@ -16,8 +19,9 @@ import pytest
 
 import cupy_api
 from tgsim.codecs.terngrad import cuda as _cuda
+from tgsim.models import cuda_ops
 
-from cuda_harness import CUDA_DIR, HARNESS_FLAGS, NVCC, Harness
+from cuda_harness import CUDA_DIR, HARNESS_FLAGS, NVCC, FakeCupy, Harness
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +47,30 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="session")
 def h(builds):
     return Harness(builds.so)
+
+
+@pytest.fixture(scope="module")
+def batched_builds(tmp_path_factory):
+    """libtgb_host.so (tgsim/cuda/batched_harness.cu) and the PTX of batched.cu, built by nvcc."""
+    d = tmp_path_factory.mktemp("tgb_cuda")
+    so, ptx = d / "libtgb_host.so", d / "batched.ptx"
+    cmds = [[NVCC, *HARNESS_FLAGS, "-o", str(so), str(CUDA_DIR / "batched_harness.cu")],
+            [NVCC, "--ptx", *cupy_api.effective_options(cuda_ops.NVRTC_OPTIONS), "-o", str(ptx),
+             str(CUDA_DIR / "batched.cu")]]
+    for c in cmds:
+        r = subprocess.run(c, capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            raise RuntimeError(f"build failed: {' '.join(c)}\n{r.stdout}\n{r.stderr}")
+    return types.SimpleNamespace(lib=ctypes.CDLL(str(so)), ptx=ptx.read_text())
+
+
+@pytest.fixture
+def fake_cp(batched_builds, monkeypatch):
+    """tgsim.models.cuda_ops on a stand-in `cupy` (cuda_harness.FakeCupy) whose kernels run on the
+    batched harness; the launches are recorded in `fake_cp._launches`."""
+    launches: list = []
+    cp = FakeCupy(batched_builds.lib, launches)
+    cuda_ops._reset_cache()
+    monkeypatch.setattr(cuda_ops, "_cp", lambda: cp)
+    yield cp
+    cuda_ops._reset_cache()

@@ -1,7 +1,8 @@
 """The CUDA kernels on the CPU: the nvcc-built host harness and a stand-in `cupy` that runs on it.
 
-A plain module shared by tests/test_cuda_kernels.py, tests/test_terngrad_cuda.py and
-tests/test_cupy_api.py (`import cuda_harness`); the session fixtures `builds` (nvcc builds
+A plain module shared by tests/test_cuda_kernels.py, tests/test_terngrad_cuda.py,
+tests/test_cupy_api.py and tests/test_cuda_batched.py (`import cuda_harness`); the session fixtures
+`builds` (nvcc builds
 tgsim/cuda/host_harness.cu into libtg_host.so, and the PTX of the wrapper's module source) and `h`
 (the loaded `Harness`) are in tests/conftest.py.
 
@@ -11,6 +12,11 @@ tgsim/cuda/host_harness.cu into libtg_host.so, and the PTX of the wrapper's modu
 * `fake_cupy(harness, launches)`: a `cupy` whose arrays are NumPy arrays, whose functions refuse the
   keywords CuPy refuses (tests/cupy_api.py) and whose RawModule kernels run on the harness, each
   launch recorded in `launches`.
+* The batch-invariant model kernels (tgsim/cuda/batched.cu, tgsim/models/cuda_ops.py):
+  `KERNEL_SIGS`/`HOST_SIGS` (parsed C signatures), `call_host` (a kernel's body for every logical
+  thread, each argument checked), `FakeCupy` (a stand-in `cupy` whose kernels run on the batched
+  harness; fixtures `batched_builds` and `fake_cp` in tests/conftest.py), and the formulas as NumPy
+  loops (`loop_bmm`, `loop_sum_middle`, `same_bits`).
 * Test data and front ends: `make_layer`, `random_payloads`, `corrupt` (an invalid byte or pad
   code), `assert_same_bits`, `same_float`, `ref_encode`, `ref_lanes`, `h_moments`, `h_encode`,
   `h_weighted_sum`, `h_sum_codes`.
@@ -32,6 +38,7 @@ import cupy_api
 from tgsim import backend
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import cuda as _cuda, moments as stats, quantizer as ternary
+from tgsim.models import cuda_ops
 from tgsim.rng import StreamKey
 
 CUDA_DIR = Path(_cuda.__file__).resolve().parents[2] / "cuda"
@@ -326,3 +333,110 @@ def fake_cupy(harness: Harness, launches: list) -> types.ModuleType:
 
     cp.RawModule = RawModule
     return cp
+
+
+# ------------------------------------------------------------------------------------------------
+# the batch-invariant model kernels (tgsim/cuda/batched.cu): signatures and ctypes
+# ------------------------------------------------------------------------------------------------
+def _signatures(path: Path, prefix: str) -> dict[str, list[str]]:
+    """name -> C parameter types of every `prefix...(` function defined by the macros in `path`,
+    expanded for both suffixes (the sources define each body once, for float and double)."""
+    src = path.read_text()
+    out = {}
+    for name, params in re.findall(rf"(?:void|__global__ void) ({prefix}\w+)##SUF\(([^)]*)\)", src.replace("\\\n", " ")):
+        for suf, t in (("f32", "float"), ("f64", "double")):
+            out[name + suf] = [" ".join(p.replace("T*", t + "*").split()[:-1]).replace("const ", "")
+                               for p in params.split(",")]
+    return out
+
+
+KERNEL_SIGS = _signatures(CUDA_DIR / "batched.cu", "tgb_")
+HOST_SIGS = _signatures(CUDA_DIR / "batched_harness.cu", "tgb_host_")
+_PTR = {"float*": np.float32, "double*": np.float64}
+
+
+def call_host(lib, kernel: str, args) -> None:
+    """Run kernel `kernel`'s body for every logical thread (tgb_host_<...>), checking every argument
+    against the kernel's C signature: arrays of the pointer's element type, numpy.int64 scalars."""
+    sig = KERNEL_SIGS[kernel]
+    assert HOST_SIGS["tgb_host_" + kernel[4:]] == sig
+    assert len(args) == len(sig), (kernel, len(args), len(sig))
+    conv = []
+    for i, (a, t) in enumerate(zip(args, sig)):
+        if t in _PTR:
+            assert isinstance(a, np.ndarray) and a.dtype == _PTR[t], (kernel, i, type(a), getattr(a, "dtype", None))
+            conv.append(ctypes.c_void_p(a.ctypes.data))     # the view's first element, as a.data.ptr in CuPy
+        else:
+            assert t == "long long" and type(a) is np.int64, (kernel, i, t, type(a))
+            conv.append(ctypes.c_longlong(int(a)))
+    getattr(lib, "tgb_host_" + kernel[4:])(*conv)
+
+
+# ------------------------------------------------------------------------------------------------
+# the formula, written with NumPy elementwise operations (one rounding per product and per sum)
+# ------------------------------------------------------------------------------------------------
+def loop_bmm(a, b):
+    n, m, k = a.shape
+    bb = np.broadcast_to(b, (n,) + b.shape[-2:])
+    acc = np.zeros((n, m, b.shape[-1]), a.dtype)
+    for j in range(k):
+        acc = acc + a[:, :, j:j + 1] * bb[:, j:j + 1, :]
+    return acc
+
+
+def loop_sum_middle(x):
+    o, r, p = x.shape
+    if r == 0:
+        return np.zeros((o, p), x.dtype)
+    acc = x[:, 0, :].copy()
+    for j in range(1, r):
+        acc = acc + x[:, j, :]
+    return acc
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+# ------------------------------------------------------------------------------------------------
+# a stand-in CuPy: NumPy arrays, CuPy's accepted keywords, kernels on the harness
+# ------------------------------------------------------------------------------------------------
+class FakeCupy(types.ModuleType):
+    """`cupy` for the CPU: attributes of NumPy, each function wrapped by cupy_api.strict (a name or
+    keyword CuPy lacks raises, as CuPy would), and a RawModule whose kernels run on the harness."""
+
+    DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+              "uint32", "uint64", "bool_", "ndarray"}
+
+    def __init__(self, lib, launches: list):
+        super().__init__("cupy")
+        self._lib, self._launches = lib, launches
+        outer = self
+
+        class RawModule:
+            def __init__(self, code=None, options=(), **kwargs):
+                assert not set(kwargs) - set(cupy_api.API["RawModule"])
+                assert code == cuda_ops.CUDA_FILE.read_text() and "-fmad=false" in options
+                self.kernels = set(KERNEL_SIGS)
+
+            def get_function(self, name):
+                assert name in self.kernels, name
+
+                def launch(grid, block, args, **kw):
+                    assert isinstance(grid, tuple) and isinstance(block, tuple) and isinstance(args, tuple)
+                    assert 1 <= grid[0] <= cuda_ops.MAX_GRID and block == (cuda_ops.BLOCK,)
+                    outer._launches.append(name)
+                    call_host(outer._lib, name, args)
+                return launch
+
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(      # what the trainer's manifest asks of the device
+            Device=lambda device=None: types.SimpleNamespace(id=0, synchronize=lambda: None),
+            runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"stand-in (harness)"}))
+
+    def __getattr__(self, name):
+        if name in self.DTYPES:
+            return getattr(np, name)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return cupy_api.strict(getattr(np, name), name)

@@ -17,22 +17,14 @@ compile and launch, and FTZ on float32 denormals (the harness computes without i
 
 from __future__ import annotations
 
-import ctypes
 import re
-import shutil
-import subprocess
-import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import cupy_api
 from tgsim.models import base as model_base, cuda_ops, make_model
 
-CUDA_DIR = Path(cuda_ops.__file__).resolve().parents[1] / "cuda"
-NVCC = shutil.which("nvcc")
-HARNESS_FLAGS = ["-O2", "-shared", "-Xcompiler", "-fPIC,-ffp-contract=off", "--fmad=false"]
+from cuda_harness import HOST_SIGS, KERNEL_SIGS, NVCC, loop_bmm, loop_sum_middle, same_bits
 DTYPES = [np.float32, np.float64]
 
 pytestmark = [
@@ -43,145 +35,14 @@ pytestmark = [
 
 
 # ------------------------------------------------------------------------------------------------
-# build and ctypes
-# ------------------------------------------------------------------------------------------------
-def _signatures(path: Path, prefix: str) -> dict[str, list[str]]:
-    """name -> C parameter types of every `prefix...(` function defined by the macros in `path`,
-    expanded for both suffixes (the sources define each body once, for float and double)."""
-    src = path.read_text()
-    out = {}
-    for name, params in re.findall(rf"(?:void|__global__ void) ({prefix}\w+)##SUF\(([^)]*)\)", src.replace("\\\n", " ")):
-        for suf, t in (("f32", "float"), ("f64", "double")):
-            out[name + suf] = [" ".join(p.replace("T*", t + "*").split()[:-1]).replace("const ", "")
-                               for p in params.split(",")]
-    return out
-
-
-KERNEL_SIGS = _signatures(CUDA_DIR / "batched.cu", "tgb_")
-HOST_SIGS = _signatures(CUDA_DIR / "batched_harness.cu", "tgb_host_")
-_PTR = {"float*": np.float32, "double*": np.float64}
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tgb_cuda")
-    so, ptx = d / "libtgb_host.so", d / "batched.ptx"
-    cmds = [[NVCC, *HARNESS_FLAGS, "-o", str(so), str(CUDA_DIR / "batched_harness.cu")],
-            [NVCC, "--ptx", *cupy_api.effective_options(cuda_ops.NVRTC_OPTIONS), "-o", str(ptx),
-             str(CUDA_DIR / "batched.cu")]]
-    for c in cmds:
-        r = subprocess.run(c, capture_output=True, text=True, timeout=600)
-        if r.returncode:
-            raise RuntimeError(f"build failed: {' '.join(c)}\n{r.stdout}\n{r.stderr}")
-    return types.SimpleNamespace(lib=ctypes.CDLL(str(so)), ptx=ptx.read_text())
-
-
-def call_host(lib, kernel: str, args) -> None:
-    """Run kernel `kernel`'s body for every logical thread (tgb_host_<...>), checking every argument
-    against the kernel's C signature: arrays of the pointer's element type, numpy.int64 scalars."""
-    sig = KERNEL_SIGS[kernel]
-    assert HOST_SIGS["tgb_host_" + kernel[4:]] == sig
-    assert len(args) == len(sig), (kernel, len(args), len(sig))
-    conv = []
-    for i, (a, t) in enumerate(zip(args, sig)):
-        if t in _PTR:
-            assert isinstance(a, np.ndarray) and a.dtype == _PTR[t], (kernel, i, type(a), getattr(a, "dtype", None))
-            conv.append(ctypes.c_void_p(a.ctypes.data))     # the view's first element, as a.data.ptr in CuPy
-        else:
-            assert t == "long long" and type(a) is np.int64, (kernel, i, t, type(a))
-            conv.append(ctypes.c_longlong(int(a)))
-    getattr(lib, "tgb_host_" + kernel[4:])(*conv)
-
-
-# ------------------------------------------------------------------------------------------------
-# the formula, written with NumPy elementwise operations (one rounding per product and per sum)
-# ------------------------------------------------------------------------------------------------
-def loop_bmm(a, b):
-    n, m, k = a.shape
-    bb = np.broadcast_to(b, (n,) + b.shape[-2:])
-    acc = np.zeros((n, m, b.shape[-1]), a.dtype)
-    for j in range(k):
-        acc = acc + a[:, :, j:j + 1] * bb[:, j:j + 1, :]
-    return acc
-
-
-def loop_sum_middle(x):
-    o, r, p = x.shape
-    if r == 0:
-        return np.zeros((o, p), x.dtype)
-    acc = x[:, 0, :].copy()
-    for j in range(1, r):
-        acc = acc + x[:, j, :]
-    return acc
-
-
-def same_bits(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-
-
-# ------------------------------------------------------------------------------------------------
-# a stand-in CuPy: NumPy arrays, CuPy's accepted keywords, kernels on the harness
-# ------------------------------------------------------------------------------------------------
-class FakeCupy(types.ModuleType):
-    """`cupy` for the CPU: attributes of NumPy, each function wrapped by cupy_api.strict (a name or
-    keyword CuPy lacks raises, as CuPy would), and a RawModule whose kernels run on the harness."""
-
-    DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool_", "ndarray"}
-
-    def __init__(self, lib, launches: list):
-        super().__init__("cupy")
-        self._lib, self._launches = lib, launches
-        outer = self
-
-        class RawModule:
-            def __init__(self, code=None, options=(), **kwargs):
-                assert not set(kwargs) - set(cupy_api.API["RawModule"])
-                assert code == cuda_ops.CUDA_FILE.read_text() and "-fmad=false" in options
-                self.kernels = set(KERNEL_SIGS)
-
-            def get_function(self, name):
-                assert name in self.kernels, name
-
-                def launch(grid, block, args, **kw):
-                    assert isinstance(grid, tuple) and isinstance(block, tuple) and isinstance(args, tuple)
-                    assert 1 <= grid[0] <= cuda_ops.MAX_GRID and block == (cuda_ops.BLOCK,)
-                    outer._launches.append(name)
-                    call_host(outer._lib, name, args)
-                return launch
-
-        self.RawModule = RawModule
-        self.cuda = types.SimpleNamespace(      # what the trainer's manifest asks of the device
-            Device=lambda device=None: types.SimpleNamespace(id=0, synchronize=lambda: None),
-            runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"stand-in (harness)"}))
-
-    def __getattr__(self, name):
-        if name in self.DTYPES:
-            return getattr(np, name)
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return cupy_api.strict(getattr(np, name), name)
-
-
-@pytest.fixture
-def fake_cp(builds, monkeypatch):
-    launches: list = []
-    cp = FakeCupy(builds.lib, launches)
-    cuda_ops._reset_cache()
-    monkeypatch.setattr(cuda_ops, "_cp", lambda: cp)
-    yield cp
-    cuda_ops._reset_cache()
-
-
-# ------------------------------------------------------------------------------------------------
 # the kernels' bodies
 # ------------------------------------------------------------------------------------------------
-def test_every_kernel_has_a_host_loop_and_compiles_without_fma(builds):
+def test_every_kernel_has_a_host_loop_and_compiles_without_fma(batched_builds):
     assert set(KERNEL_SIGS) == set(cuda_ops.KERNELS)
     assert {"tgb_host_" + k[4:] for k in KERNEL_SIGS} == set(HOST_SIGS)
-    entries = set(re.findall(r"\.entry (\w+)\(", builds.ptx))
+    entries = set(re.findall(r"\.entry (\w+)\(", batched_builds.ptx))
     assert entries == set(cuda_ops.KERNELS)
-    assert not re.search(r"\bfma\.", builds.ptx), "a product and a sum were fused: the order of rounding changed"
+    assert not re.search(r"\bfma\.", batched_builds.ptx), "a product and a sum were fused: the order of rounding changed"
 
 
 def _operands(rng, dtype, n, m, k, p, kind):
@@ -199,7 +60,7 @@ def _operands(rng, dtype, n, m, k, p, kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["shared", "per_worker", "a_view", "b_view"])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 8, 40, 17), (2, 5, 0, 3), (4, 320, 7, 9)])
-def test_bmm_body_is_the_ordered_loop(builds, fake_cp, dtype, kind, shape):
+def test_bmm_body_is_the_ordered_loop(batched_builds, fake_cp, dtype, kind, shape):
     rng = np.random.default_rng([7, *shape])
     a, b = _operands(rng, dtype, *shape, kind)
     got = cuda_ops.bmm(a, b)
@@ -212,14 +73,14 @@ def test_bmm_body_is_the_ordered_loop(builds, fake_cp, dtype, kind, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 8, 17), (5, 0, 4), (2, 320, 1), (6, 1, 3)])
-def test_sum_middle_body_is_the_ordered_loop(builds, fake_cp, dtype, shape):
+def test_sum_middle_body_is_the_ordered_loop(batched_builds, fake_cp, dtype, shape):
     x = np.random.default_rng([8, *shape]).standard_normal(shape).astype(dtype)
     x[0, ..., 0] = -0.0                       # a lone -0.0 stays -0.0 (R = 1), and sums as the loop does
     got = cuda_ops.sum_middle(x)
     assert same_bits(got, loop_sum_middle(x))
 
 
-def test_sum_axis_moves_the_axis(builds, fake_cp):
+def test_sum_axis_moves_the_axis(batched_builds, fake_cp):
     x = np.random.default_rng(9).standard_normal((3, 4, 5, 6)).astype(np.float32)
     for axis in (0, 1, 2, 3, -1):
         want = np.moveaxis(x, axis, 1)
@@ -228,7 +89,7 @@ def test_sum_axis_moves_the_axis(builds, fake_cp):
         assert same_bits(cuda_ops.sum_axis(x, axis), want), axis
 
 
-def test_one_worker_in_any_batch_has_its_own_bits(builds, fake_cp):
+def test_one_worker_in_any_batch_has_its_own_bits(batched_builds, fake_cp):
     """The claim itself, on the kernels: rows of worker i are the same for N = 1, 3, 8."""
     rng = np.random.default_rng(10)
     a = rng.standard_normal((8, 8, 256)).astype(np.float32)
@@ -240,7 +101,7 @@ def test_one_worker_in_any_batch_has_its_own_bits(builds, fake_cp):
             assert same_bits(cuda_ops.sum_middle(a[i:i + n]), full_sum[i:i + n])
 
 
-def test_argument_errors(builds, fake_cp):
+def test_argument_errors(batched_builds, fake_cp):
     f32 = np.zeros((2, 3, 4), np.float32)
     with pytest.raises(TypeError, match="float32 or float64"):
         cuda_ops.bmm(f32, np.zeros((4, 5), np.float64))
@@ -256,7 +117,7 @@ def test_argument_errors(builds, fake_cp):
         cuda_ops.sum_middle(f32[0])
 
 
-def test_negative_strides_are_copied_first(builds, fake_cp):
+def test_negative_strides_are_copied_first(batched_builds, fake_cp):
     rng = np.random.default_rng(11)
     a = rng.standard_normal((2, 3, 4)).astype(np.float32)[:, ::-1, :]
     b = rng.standard_normal((4, 5)).astype(np.float32)[:, ::-1]
@@ -310,7 +171,7 @@ def test_models_on_the_cupy_route_are_batch_invariant(cupy_route, key):
 
 
 @pytest.mark.parametrize("key", list(MODELS))
-def test_models_on_the_cupy_route_agree_with_numpy(builds, fake_cp, monkeypatch, key):
+def test_models_on_the_cupy_route_agree_with_numpy(batched_builds, fake_cp, monkeypatch, key):
     name, opts = MODELS[key]
     model = make_model(name, **opts)
     params = model.init(5)

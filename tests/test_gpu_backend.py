@@ -17,7 +17,6 @@ import json
 import numpy as np
 import pytest
 
-from test_cuda_batched import builds, fake_cp  # noqa: F401  (fixtures)
 from tgsim import backend
 from tgsim.models import base as model_base
 from tgsim.train import checkpoint
@@ -91,7 +90,7 @@ def test_cupy_backend_without_a_gpu_says_what_to_install():
 # the trainer's CuPy lines through the stand-in
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture
-def stand_in(fake_cp, monkeypatch):   # noqa: F811
+def stand_in(fake_cp, monkeypatch):
     monkeypatch.setattr(train_loop, "get_xp", lambda name: fake_cp if name == "cupy" else np)
     monkeypatch.setattr(model_base, "array_module", lambda x: fake_cp)
     return fake_cp
@@ -116,7 +115,7 @@ def test_run_on_the_stand_in_is_deterministic_and_resumes_bitwise(stand_in, tmp_
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("first, second", [("cupy", "numpy"), ("numpy", "cupy")])
-def test_a_checkpoint_resumes_on_the_other_backend(fake_cp, monkeypatch, tmp_path, first, second):  # noqa: F811
+def test_a_checkpoint_resumes_on_the_other_backend(fake_cp, monkeypatch, tmp_path, first, second):
     """Each phase on its own route: "numpy" is the plain NumPy trainer, "cupy" the stand-in."""
     out = tmp_path / "run"
     for phase, (name, steps) in enumerate([(first, 10), (second, 30)]):
