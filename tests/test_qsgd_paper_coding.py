@@ -23,6 +23,7 @@ import re
 
 import numpy as np
 import pytest
+from numba import njit
 
 from tgsim.codecs import qsgd_paper_coding as paper
 from tgsim.codecs.qsgd import CODINGS, QSGD, QSGDMessage
@@ -78,6 +79,35 @@ def test_omega_length_bound_holds_at_every_power_of_two():
     for j in range(63):
         assert paper.omega_bits(2**j) == paper.omega_bits(2 ** (j + 1) - 1)
         assert paper.omega_bits_bound(2.0**j) >= paper.omega_bits(2**j), j
+
+
+def omega_string(k: int) -> str:
+    """omega(k) as a 0/1 string, from its definition (module docstring of qsgd_paper_coding)."""
+    code = "0"
+    while k > 1:
+        code = format(k, "b") + code
+        k = k.bit_length() - 1
+    return code
+
+
+@njit
+def _numba_omega(k):
+    out = np.zeros(16, np.uint8)
+    acc, nacc, pos = paper._push_omega(out, np.uint64(0), 0, 0, k, np.empty(8, np.int64))
+    if nacc > 0:
+        out[pos] = np.uint8((acc << np.uint64(8 - nacc)) & np.uint64(0xFF))
+    return out, 8 * pos + nacc
+
+
+def test_numba_omega_of_values_beyond_32_bits():
+    """The Numba encoder writes groups wider than 32 bits in two pieces: omega(k) for k from 2^31
+    to 2^63 - 1 (gaps of layers beyond 2^32 elements, which no test can allocate) equals the
+    definition, and every k of 1..4096 too."""
+    for k in list(range(1, 4097)) + [2**31, 2**32 - 1, 2**32, 2**32 + 5, 2**40 + 3, 2**62 + 1, 2**63 - 1]:
+        want = omega_string(k)
+        buf, nbits = _numba_omega(np.int64(k))
+        assert nbits == len(want) == paper.omega_bits(k), k
+        assert "".join(map(str, np.unpackbits(buf)[:nbits])) == want, k
 
 
 EDGE = [

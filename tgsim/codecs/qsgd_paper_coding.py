@@ -224,7 +224,7 @@ def decode_array(buf, nbits: int, n: int, s: int, what: str = "QSGD paper-coded 
 
 # -- Numba (host) ----------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(inline="always")
 def _omega_len(k):
     bits = 1
     while k > 1:
@@ -250,60 +250,72 @@ def _total_bits(q):
     return t
 
 
-@njit(cache=True)
-def _put(out, p, value, width):
-    """Writes the `width` low bits of value at bit p of out (zeroed), most significant first."""
-    for j in range(width):
-        if (value >> (width - 1 - j)) & 1:
-            out[(p + j) >> 3] |= np.uint8(1 << (7 - ((p + j) & 7)))
-    return p + width
+@njit(inline="always")
+def _bit_length(k):
+    L = 0
+    while k > 0:
+        L += 1
+        k >>= 1
+    return L
 
 
-@njit(cache=True)
-def _put_omega(out, p, k, groups):
-    """omega(k) at bit p; groups: scratch (_GROUPS,) int64."""
+@njit(inline="always")
+def _push(out, acc, nacc, pos, value, width):
+    """Appends the `width` (<= 32) low bits of value to the bit accumulator acc (nacc < 8 bits
+    pending) and writes its whole bytes to out from byte pos: (acc, nacc, pos)."""
+    acc = (acc << np.uint64(width)) | np.uint64(value)
+    nacc += width
+    while nacc >= 8:
+        nacc -= 8
+        out[pos] = np.uint8((acc >> np.uint64(nacc)) & np.uint64(0xFF))
+        pos += 1
+    acc &= (np.uint64(1) << np.uint64(nacc)) - np.uint64(1)
+    return acc, nacc, pos
+
+
+@njit(inline="always")
+def _push_omega(out, acc, nacc, pos, k, groups):
+    """Appends omega(k); groups: scratch (_GROUPS,) int64 for the groups, written last first."""
     g = 0
     while k > 1:
         groups[g] = k
-        L = 0
-        t = k
-        while t > 0:
-            L += 1
-            t >>= 1
         g += 1
-        k = L - 1
+        k = _bit_length(k) - 1
     for j in range(g - 1, -1, -1):
         v = groups[j]
-        L = 0
-        t = v
-        while t > 0:
-            L += 1
-            t >>= 1
-        p = _put(out, p, v, L)
-    return p + 1                                   # the closing 0 bit (out is zeroed)
+        L = _bit_length(v)
+        if L > 32:
+            acc, nacc, pos = _push(out, acc, nacc, pos, v >> 32, L - 32)
+            v &= 0xFFFFFFFF
+            L = 32
+        acc, nacc, pos = _push(out, acc, nacc, pos, v, L)
+    return _push(out, acc, nacc, pos, 0, 1)          # the closing 0 bit
 
 
 @njit(cache=True)
 def _encode_kernel(q, out):
     groups = np.empty(_GROUPS, dtype=np.int64)
+    acc = np.uint64(0)
+    nacc = 0
+    pos = 0
     prev = -1
-    p = 0
     for i in range(q.size):
         v = np.int64(q[i])
         if v != 0:
-            p = _put_omega(out, p, i - prev, groups)
-            p = _put(out, p, 1 if v < 0 else 0, 1)
-            p = _put_omega(out, p, abs(v), groups)
+            acc, nacc, pos = _push_omega(out, acc, nacc, pos, np.int64(i - prev), groups)
+            acc, nacc, pos = _push(out, acc, nacc, pos, 1 if v < 0 else 0, 1)
+            acc, nacc, pos = _push_omega(out, acc, nacc, pos, abs(v), groups)
             prev = i
-    return p
+    if nacc > 0:
+        out[pos] = np.uint8((acc << np.uint64(8 - nacc)) & np.uint64(0xFF))
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _get(buf, p):
     return (buf[p >> 3] >> (7 - (p & 7))) & 1
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _read_omega(buf, p, nbits, maxval):
     """(value, end, status) of the omega code at bit p: status OK, TRUNCATED or 1 (above maxval)."""
     N = np.int64(1)
