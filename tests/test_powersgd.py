@@ -276,3 +276,18 @@ class TestPowerSGDContract(CodecContract):
         m = codec.encode_many(gradients(2, 0), 1, 0, np.arange(2))[0]
         assert m.to_bytes() == b"".join(np.asarray(v, "<f4").tobytes() for v in m.values())
         assert codec.properties.float_mean
+
+
+def test_listed_by_tgsim_codecs_with_its_options(capsys):
+    """`tgsim codecs`: a row for powersgd (biased, stateful, 2 rounds, float32 means) and its options."""
+    from tgsim import cli
+
+    assert cli.main(["codecs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[0].split()
+    row = dict(zip(head, next(line for line in lines if line.startswith("powersgd ")).split()))
+    assert (row["unbiased"], row["stateful"], row["rounds"], row["float_mean"]) == ("False", "True", "2", "True")
+    assert row["class"] == "tgsim.codecs.powersgd:PowerSGD"
+    opts = lines[lines.index("powersgd:") + 1:lines.index("powersgd:") + 4]
+    assert [o.split()[:3] for o in opts] == [["rank", "=", "2"], ["min_compression_rate", "=", "2.0"],
+                                            ["warm_start", "=", "True"]]
