@@ -12,6 +12,8 @@ and give it a `codec` fixture; pytest then runs every check below on that codec:
 
 Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a positive control):
 - properties: a CodecProperties instance, a `name`;
+- capabilities: every declared capability (float_mean, sums_exactly, defers_encode,
+  server_reencodes, stateful, rounds) is implemented (`capability_errors`);
 - round trip: encode_many -> to_bytes -> from_bytes -> decode gives the bits of the in-memory decode;
   the same keys give the same bytes; `wire_bytes` is the length of `to_bytes()`;
 - malformed bytes (truncated, extended, first byte flipped) raise PayloadError;
@@ -109,6 +111,78 @@ def unbiasedness_rejects(codec, g: np.ndarray, R: int = 400, seed: int = 99, sca
     return bool(np.any(z > norm.ppf(1 - ALPHA / 4)))
 
 
+def capability_errors(codec, layers: dict | None = None) -> list[str]:
+    """What a codec's declared capabilities (tgsim.codecs.base.CodecProperties) promise and it does
+    not implement, one line each ([] when all hold), checked on `layers` (default `contract_layers()`):
+
+    float_mean:       each message is its worker's float32 layers (a mapping the exchange averages
+                      with `mean_fp32`), bit for bit the decoded message;
+    sums_exactly:     `SummableCodes` (a `packing` string, `kernels_for(numpy)` with `sum_codes` and
+                      `weighted_sum`), messages with a layout, `parts` and `scalers`;
+    defers_encode:    `encode_many(..., deferred=True)` is accepted and decodes to the same bits;
+    server_reencodes: `Reencodes`: `downlink_codec()` is a `SingleMessageCodec` whose `encode(mean,
+                      key)` / `decode` give every layer back in its shape;
+    stateful:         `init_state` (arrays with the local-worker axis first), and `MultiRound` where
+                      rounds > 1, else `Stateful`.
+    """
+    from tgsim.codecs.base import MultiRound, Reencodes, SingleMessageCodec, Stateful, SummableCodes
+    from tgsim.rng import StreamKey
+
+    props = codec.properties
+    layers = contract_layers() if layers is None else layers
+    shapes = {k: tuple(v.shape[1:]) for k, v in layers.items()}
+    errors = []
+    if props.stateful:
+        if not callable(getattr(codec, "init_state", None)):
+            errors.append("stateful: no init_state(shapes, n_local)")
+        else:
+            state = codec.init_state(shapes, WORKERS)
+            bad = [k for k, v in state.items() if np.shape(v)[:1] != (WORKERS,) or np.asarray(v).dtype != np.float32]
+            if bad:
+                errors.append(f"stateful: init_state arrays {bad} lack the float32 (n_local, ...) layout")
+        proto = MultiRound if props.rounds > 1 else Stateful
+        if not isinstance(codec, proto):
+            errors.append(f"stateful with rounds = {props.rounds}: not a {proto.__name__}")
+    if props.rounds > 1:
+        return errors                     # its messages come from start_rounds, not encode_many
+    msgs = encode(codec, layers)
+    if props.float_mean:
+        for w, m in enumerate(msgs):
+            if not hasattr(m, "items") or not _same_bits(dict(m.items()), codec.decode(m)):
+                errors.append(f"float_mean: worker {w}'s message is not its float32 layers")
+                break
+    if props.sums_exactly:
+        if not isinstance(codec, SummableCodes) or not isinstance(getattr(codec, "packing", None), str):
+            errors.append("sums_exactly: not a SummableCodes (packing, kernels_for)")
+        else:
+            kern = codec.kernels_for(np)
+            missing = [f for f in ("sum_codes", "weighted_sum") if not callable(getattr(kern, f, None))]
+            if missing:
+                errors.append(f"sums_exactly: kernels_for(numpy) lacks {missing}")
+        if not all(hasattr(msgs[0], a) for a in ("layout", "parts", "scalers")):
+            errors.append("sums_exactly: the messages lack layout/parts/scalers (tgsim.codecs.message.Message)")
+    if props.defers_encode:
+        try:
+            stats = codec.prepare_many(layers)
+            shared = codec.local_scalers_many(stats, WORKERS).max(axis=0) if props.shared_stats == "max" else None
+            deferred = codec.encode_many(layers, 2024, 0, np.arange(WORKERS), shared, stats, deferred=True)
+        except TypeError as e:
+            errors.append(f"defers_encode: encode_many(..., deferred=True) fails: {e}")
+        else:
+            if not all(_same_bits(codec.decode(d), codec.decode(m)) for d, m in zip(deferred, msgs)):
+                errors.append("defers_encode: deferred messages decode to other bits")
+    if props.server_reencodes:
+        down = codec.downlink_codec() if isinstance(codec, Reencodes) else None
+        if not isinstance(down, SingleMessageCodec):
+            errors.append("server_reencodes: no downlink_codec() with encode(layers, key) / decode(message)")
+        else:
+            mean = ordered_mean([codec.decode(m) for m in msgs], WORKERS)
+            back = down.decode(down.encode(mean, StreamKey(2024, 0, WORKERS, 0)))
+            if {k: np.shape(v) for k, v in back.items()} != shapes:
+                errors.append("server_reencodes: the downlink codec does not give the layers back")
+    return errors
+
+
 class CodecContract:
     """Generic checks of the codec protocol (tgsim.codecs.base), run on the `codec` fixture."""
 
@@ -119,6 +193,11 @@ class CodecContract:
     def test_declares_its_properties(self, codec):
         assert isinstance(codec.properties, CodecProperties)
         assert isinstance(codec.name, str) and codec.name
+
+    def test_declared_capabilities_are_implemented(self, codec):
+        """`capability_errors` finds nothing: each declared capability has its methods, and they work
+        on the contract's layers."""
+        assert capability_errors(codec) == []
 
     def test_round_trip_through_bytes(self, codec):
         layers = contract_layers()
@@ -144,7 +223,7 @@ class CodecContract:
             buf += b"\0"
         else:
             buf[0] ^= 0xFF
-        if damage == "first byte" and codec.properties.wire == "float32":
+        if damage == "first byte" and codec.properties.float_mean:
             pytest.skip("raw float32 bytes have no header: any first byte is a valid value")
         with pytest.raises(PayloadError):
             codec.from_bytes(bytes(buf), m)

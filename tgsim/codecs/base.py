@@ -37,18 +37,22 @@ class CodecProperties:
     """What a codec promises; the exchange picks its strategy from these, never from the codec's name.
 
     unbiased:         E[decode(encode(g))] == g for every g (checked by the contract's exact test)
-    wire:             "float32": the messages are the float32 layers (the exchange's ordered fp32
-                      mean); "tgm1": tgsim's packed-code message format (tgsim.codecs.message: codes
-                      the exchange can sum from the bytes, pipelined over MPI); "own": the codec's
-                      own bytes, exchanged whole and combined by `codec.aggregate`
-    sums_exactly:     codes of workers that share statistics sum exactly (integer all-reduce: sum
-                      the codes, decode once with the number of summands)
+    float_mean:       the messages are the float32 layers themselves: the exchange takes their
+                      ordered fp32 mean (`exchange.mean_fp32`) and never calls `aggregate`
+    sums_exactly:     integer codes that sum: the messages are tgsim's packed-code messages
+                      (tgsim.codecs.message.Message) and the codec implements `SummableCodes`
+                      (`kernels_for(xp)`, `packing`); codes of workers that share statistics sum
+                      exactly (integer all-reduce: sum the codes, decode once with the number of
+                      summands)
+    defers_encode:    `encode_many(..., deferred=True)` is accepted: it returns messages whose codes
+                      are encoded piece by piece as the pipelined MPI exchange sends them (same bits)
     shared_stats:     "max" | "mean": per-layer statistics MAX-reduced, or averaged (f32 of the float64
                       sum in worker order / N), over workers before encoding (scaler sharing) when the
                       exchange asks for it; None: none
     server_reencodes: the parameter server can encode the downlink again (exchange option
-                      reternarize_downlink)
-    stateful:         the codec keeps per-worker state across steps (checkpointed with the run)
+                      reternarize_downlink): the codec implements `Reencodes`
+    stateful:         the codec keeps per-worker state across steps, passed in and out (`Stateful`;
+                      the trainer checkpoints it)
     combine:          how `aggregate` combines the workers' decoded messages: "mean", f32(Σ_w f64(
                       decode_w) · (1/N)) in worker order; "majority", the majority vote sign(Σ_w
                       decode_w) (0 on a tie), as signSGD's server does (Bernstein et al. 2019)
@@ -57,10 +61,14 @@ class CodecProperties:
     rounds:           communication rounds per step: 1, or R > 1 for a codec of the `MultiRound`
                       sub-protocol (its messages are float32 layers averaged by the exchange each
                       round; such a codec is stateful)
+    wire:             derived, for display only (nothing in the exchange or trainer branches on it):
+                      "float32" where float_mean, "tgm1" where sums_exactly, else "own" (the codec's
+                      own bytes, exchanged whole and combined by `codec.aggregate`). A codec may still
+                      pass it; it must then agree with float_mean and sums_exactly.
     """
 
     unbiased: bool
-    wire: str = "own"
+    wire: str | None = None
     sums_exactly: bool = False
     shared_stats: str | None = None
     server_reencodes: bool = False
@@ -68,10 +76,23 @@ class CodecProperties:
     combine: str = "mean"
     backends: tuple[str, ...] = ("numpy",)
     rounds: int = 1
+    float_mean: bool | None = None
+    defers_encode: bool = False
 
     def __post_init__(self):
-        if self.wire not in WIRES:
+        if self.wire is not None and self.wire not in WIRES:
             raise ValueError(f"wire must be one of {WIRES}, got {self.wire!r}")
+        float_mean = self.wire == "float32" if self.float_mean is None else bool(self.float_mean)
+        derived = "float32" if float_mean else "tgm1" if self.sums_exactly else "own"
+        if self.wire is not None and self.wire != derived:
+            raise ValueError(f"wire {self.wire!r} contradicts float_mean={float_mean}, sums_exactly="
+                             f"{self.sums_exactly} (which give {derived!r})")
+        if float_mean and self.sums_exactly:
+            raise ValueError("float_mean and sums_exactly exclude each other (float32 layers or integer codes)")
+        if self.defers_encode and not self.sums_exactly:
+            raise ValueError("defers_encode needs sums_exactly (deferred messages are packed-code messages)")
+        object.__setattr__(self, "float_mean", float_mean)
+        object.__setattr__(self, "wire", derived)
         if self.shared_stats not in (None, "max", "mean"):
             raise ValueError(f"shared_stats must be None, 'max' or 'mean', got {self.shared_stats!r}")
         if self.combine not in COMBINES:
@@ -163,3 +184,38 @@ class MultiRound(Protocol):
     def next_round(self, ctx, mean: Mapping) -> tuple[list, object]: ...
 
     def finish_rounds(self, ctx, mean: Mapping) -> tuple[dict, dict]: ...
+
+
+@runtime_checkable
+class SummableCodes(Protocol):
+    """`properties.sums_exactly`: the messages are tgsim.codecs.message.Message (a layout, per-layer
+    payloads `parts` and `scalers`), whose integer codes the exchange sums without decoding.
+
+    packing:         the payloads' code packing ("2bit", ...; tgsim.codecs.packing)
+    kernels_for(xp): the kernels for arrays of `xp`: `sum_codes(payloads (W, bytes), size, packing,
+                     dtype)` -> Σ_w codes (int8/int16), `weighted_sum(payloads, scalers, size,
+                     packing, n)` -> f32 Σ_w s_w codes_w / n, and optionally `scaled_code_sum`
+    """
+
+    packing: str
+
+    def kernels_for(self, xp): ...
+
+
+@runtime_checkable
+class SingleMessageCodec(Protocol):
+    """One message for one set of layers (a parameter server's downlink): `encode(layers, key)` with
+    layers {name: array} and key a tgsim.rng.StreamKey -> a message (`wire_bytes`, `to_bytes()`);
+    `decode(message)` -> {name: float32 array}."""
+
+    def encode(self, layers: Mapping, key): ...
+
+    def decode(self, message) -> dict: ...
+
+
+@runtime_checkable
+class Reencodes(Protocol):
+    """`properties.server_reencodes`: `downlink_codec()` is the `SingleMessageCodec` the parameter
+    server encodes the mean with again (exchange option reternarize_downlink)."""
+
+    def downlink_codec(self) -> SingleMessageCodec: ...

@@ -22,7 +22,7 @@ Both operations are elementwise float32 per worker, so a worker's residual has t
 simulator (W workers batched) and on its MPI rank (W = 1). `compensate` and `new_residual` are the
 math; `ErrorFeedback` wraps a codec (the protocol of tgsim.codecs.base, delegated to the inner codec)
 and declares the property rule `ef_properties`: stateful, and biased unless the inner codec is
-lossless (wire "float32": D(C(p)) = p, the residual stays 0 and EF is the identity). Given a worker's
+lossless (float_mean: D(C(p)) = p, the residual stays 0 and EF is the identity). Given a worker's
 residual e, E[D(C(g + e))] = g + e for an unbiased inner codec: the message is biased for every
 e != 0, which `tgsim analyze unbiasedness --codec all` shows on the rows "NAME+ef".
 
@@ -53,7 +53,7 @@ PREFIX = "residual/"           # the state key of a layer's residuals: "residual
 
 def lossless(props: CodecProperties) -> bool:
     """The codec sends the float32 layers as they are (D(C(p)) = p), so its residual is always 0."""
-    return props.wire == "float32"
+    return props.float_mean
 
 
 def ef_properties(inner: CodecProperties) -> CodecProperties:

@@ -5,7 +5,7 @@ and never knows which implementation it has. Every implementation returns, on ev
 same aggregate bits for the same inputs; only the transport differs.
 
 Modes (docs/THEORY.md §1, "Exchange in the paper"):
-  allreduce  fp32: ring all-reduce of the float gradients. Packed codes (wire "tgm1"): shared scaler,
+  allreduce  fp32: ring all-reduce of the float gradients. Packed codes (sums_exactly): shared scaler,
              ring all-reduce of the integer codes (int8 for N <= 127, else int16), decoded s/N · Σ codes.
   ps         parameter server with parameter localization: workers push packed codes, the server
              sums them and sends back Σ codes bit-packed at ceil(log2(2N+1)) bits (shared scaler) or
@@ -84,8 +84,8 @@ class Exchange(Protocol):
 
     def aggregate(self, codec, local_messages: Sequence, mode: str, shared: bool,
                   reternarize_key=None) -> tuple[dict, CommBytes]:
-        """Mean over all workers of the decoded messages, by the strategy the codec's declared wire
-        and `mode` select (tgsim.codecs.base.CodecProperties)."""
+        """Mean over all workers of the decoded messages, by the strategy the codec's declared
+        capabilities (float_mean, sums_exactly) and `mode` select (tgsim.codecs.base.CodecProperties)."""
 
     def any_true(self, flag: bool) -> bool:
         """True on every worker if `flag` is true on any worker (e.g. a non-finite gradient)."""

@@ -1,8 +1,8 @@
 """In-process exchange for N virtual workers: every worker is local, the wire is counted, not sent.
 
-`aggregate` picks the strategy from the codec's declared wire (tgsim.codecs.base.CodecProperties):
-the ordered fp32 mean for "float32", the packed-code sums for "tgm1", and for "own" the codec's
-messages exchanged whole and combined by `codec.aggregate`.
+`aggregate` picks the strategy from the codec's declared capabilities (tgsim.codecs.base.CodecProperties):
+the ordered fp32 mean where `float_mean`, the packed-code sums where `sums_exactly` (the codec's
+`SummableCodes`), and otherwise the codec's messages exchanged whole and combined by `codec.aggregate`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _CHUNK = 1 << 16
 
 def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                   reternarize_key=None) -> tuple[dict, dict]:
-    """The aggregate of all N packed-code ("tgm1") messages in `mode`, and the downlink payload sizes.
+    """The aggregate of all N packed-code messages (a `SummableCodes` codec) in `mode`, and the downlink payload sizes.
 
     Returns (mean per layer, info) where info holds the real downlink payload sizes in bytes.
     """
@@ -115,10 +115,10 @@ class InProcessExchange:
 
     def aggregate(self, codec, local_messages, mode, shared, reternarize_key=None):
         """The mean over all workers of their messages, and the bytes one worker sent and received."""
-        wire = codec.properties.wire
-        if wire == "float32":
+        props = codec.properties
+        if props.float_mean:
             return self.mean_fp32(local_messages)
-        if wire == "own":
+        if not props.sums_exactly:
             mean = codec.aggregate(local_messages, divide_by=self.n_workers)
             sizes = [m.wire_bytes for m in local_messages]      # equal, except for variable-size codecs
             wire = sizes[0] if len(set(sizes)) == 1 else sum(sizes) / len(sizes)   # then: the mean worker

@@ -278,16 +278,17 @@ class MPIExchange(PipelinedModes):
     # -- codecs ------------------------------------------------------------------------------------------
     def aggregate(self, codec, local_messages: Sequence, mode: str, shared: bool,
                   reternarize_key=None) -> tuple[dict, CommBytes]:
-        """The mean over all ranks of their messages, by the strategy the codec's declared wire
-        selects (tgsim.codecs.base.CodecProperties), with the simulator's bits."""
+        """The mean over all ranks of their messages, by the strategy the codec's declared capabilities
+        select (tgsim.codecs.base.CodecProperties: float_mean, sums_exactly, else the codec's own
+        messages), with the simulator's bits."""
         if len(local_messages) != 1:
             raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_messages)} local messages")
         if mode not in ("allreduce", "ps", "allgather"):
             raise ValueError(f"unknown exchange mode {mode!r}")
-        wire = codec.properties.wire
-        if wire == "float32":
+        props = codec.properties
+        if props.float_mean:
             return self.mean_fp32(local_messages)
-        if wire == "own":
+        if not props.sums_exactly:
             mean, nbytes = self._own_messages(codec, local_messages[0], mode)
         else:
             mean, nbytes = self._packed_codes(codec, local_messages[0], mode, shared, reternarize_key)

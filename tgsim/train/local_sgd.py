@@ -221,7 +221,7 @@ class LocalSteps:
             return None
         share, shared = shared_scalers(self.setup, stats)
         defers = getattr(ex, "defers_encode", None)
-        deferred = bool(codec.properties.wire == "tgm1" and defers and
+        deferred = bool(codec.properties.defers_encode and defers and
                         defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
         msgs = codec.encode_many(acc, cfg.run.seed, step, np.asarray(local, dtype=np.int64), shared, stats,
                                  **({"deferred": True} if deferred else {}))

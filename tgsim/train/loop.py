@@ -253,7 +253,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     if not with_stats:
         inputs = None               # (error feedback: encode_stateful forms p again, one float32 add)
     defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
-    deferred = bool(props.wire == "tgm1" and defers and codec_state is None and   # a stateful codec decodes them
+    deferred = bool(props.defers_encode and defers and codec_state is None and   # a stateful codec decodes them
                     defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
     if codec_state is not None:
         msgs, new_state = codec.encode_stateful(grads, cfg.run.seed, step, workers, codec_state, shared, stats)

@@ -231,7 +231,7 @@ class TernGrad:
 
     @property
     def properties(self) -> CodecProperties:
-        return CodecProperties(unbiased=self.unbiased, wire="tgm1", sums_exactly=True,
+        return CodecProperties(unbiased=self.unbiased, sums_exactly=True, defers_encode=True,
                                shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True,
                                backends=("numpy", "cupy"))
 
