@@ -39,20 +39,126 @@ _SHAPE_TAG = {"gaussian": 11, "student_t3": 12, "lognormal": 13, "sparse": 14}
 # ---------------------------------------------------------------------------------------------
 # gradient shapes
 # ---------------------------------------------------------------------------------------------
-def method_sections(method: str, table: dict) -> tuple[dict, dict]:
-    """(codec section, exchange section) of a comparison's method: table[method], else any other codec
-    name (a plugin or "package.module:Class", "+ef" for error feedback) at its default options,
-    synchronous. ValueError naming the table's methods for a name that is neither."""
-    if method in table:
-        return table[method]
-    from tgsim.codecs import error_feedback, registry
+# ---------------------------------------------------------------------------------------------
+# comparison labels: every registered codec, its options and its declared knobs (tgsim.codecs.registry)
+# ---------------------------------------------------------------------------------------------
+LOCAL_VARIANTS = {"pqasgd": {"local": "pqasgd", "every": 4}}   # "+pqasgd": the model difference every 4 steps
+EF_SUFFIX = "+ef"
 
-    name, ef = error_feedback.split_name(method)
+
+def split_label(label: str) -> tuple[str, dict, bool, str | None]:
+    """(codec name, its options, error feedback, local variant) of a comparison label
+
+        NAME[key=value;key=value][+ef][+pqasgd]
+
+    NAME a registered codec (built-in or plugin) or "package.module:Class"; the bracket its [codec]
+    options (values read as TOML; "," also separates them); "+ef" wraps it in error feedback;
+    "+pqasgd" sends the model difference through it every 4 steps (LOCAL_VARIANTS). ValueError for a
+    malformed label."""
+    import tomllib
+
+    rest, local = label, None
+    for variant in LOCAL_VARIANTS:
+        if rest.endswith("+" + variant):
+            rest, local = rest[:-len(variant) - 1], variant
+    ef = rest.endswith(EF_SUFFIX)
+    if ef:
+        rest = rest[:-len(EF_SUFFIX)]
+    opts: dict = {}
+    if rest.endswith("]"):
+        if "[" not in rest:
+            raise ValueError(f"method {label!r}: ']' without '['")
+        rest, _, body = rest[:-1].partition("[")
+        for item in body.replace(";", ",").split(","):
+            if not item.strip():
+                continue
+            key, sep, raw = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"method {label!r}: option {item!r} must read key=value")
+            try:
+                value = tomllib.loads(f"v = {raw.strip()}")["v"]
+            except tomllib.TOMLDecodeError:
+                value = raw.strip()         # a bare string
+            opts[key.strip()] = value
+    if not rest:
+        raise ValueError(f"method {label!r}: no codec name")
+    return rest, opts, ef, local
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of labels; commas inside a label's [options] do not split it."""
+    out, depth, cur = [], 0, ""
+    for ch in str(text):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return tuple(x.strip() for x in out if x.strip())
+
+
+def method_sections(method: str) -> tuple[dict, dict]:
+    """(flat [codec] section, [exchange] additions) of a comparison label (`split_label`), its codec
+    looked up in the registry and its options checked against the codec's Options (ValueError naming
+    the registered codecs, or the codec and its keys)."""
+    from tgsim.codecs import options, registry
+
+    name, opts, ef, local = split_label(method)
     try:
-        registry.codec_class(name)
+        cls = registry.codec_class(name)
+        options.parse(cls, registry.default_config(name, **opts))
     except ValueError as e:
-        raise ValueError(f"unknown method {method!r}: not one of {', '.join(table)}, and {e}") from e
-    return ({"name": name, **({"error_feedback": True} if ef else {})}, {})
+        raise ValueError(f"method {method!r}: {e}") from e
+    section = {"name": name, **opts, **({"error_feedback": True} if ef else {})}
+    return section, dict(LOCAL_VARIANTS[local]) if local else {}
+
+
+def codec_config(method: str):
+    """The CodecConfig (tgsim.train.config) of a comparison label."""
+    from tgsim.train.config import codec_section
+
+    return codec_section(method_sections(method)[0])
+
+
+def baseline() -> str:
+    """The registered codec every comparison is relative to: the first whose messages are the float32
+    layers themselves (properties: float_mean, or wire "float32"), unbiased and stateless: fp32."""
+    from tgsim.codecs import registry
+
+    for name in registry.names():
+        props = registry.make(name).properties
+        if getattr(props, "float_mean", getattr(props, "wire", None) == "float32") and props.unbiased \
+                and not props.stateful:
+            return name
+    raise ValueError("no registered codec sends float32 layers (the comparisons' baseline)")
+
+
+def default_methods(with_error_feedback: bool = True) -> tuple[str, ...]:
+    """Every registered codec (built-ins, then plugins) at its default options, the baseline first;
+    "+ef" appended where the codec declares `Options.compare_with_error_feedback`."""
+    from tgsim.codecs import registry
+
+    base = baseline()
+    out = [base]
+    for name in registry.names():
+        if name == base:
+            continue
+        info = registry.info(name)
+        out.append(name + (EF_SUFFIX if with_error_feedback and info["error_feedback"] else ""))
+    return tuple(out)
+
+
+def quick_methods() -> tuple[str, ...]:
+    """--quick's three methods: the baseline, the default codec (registry.DEFAULT) and one registered
+    codec run with error feedback: the first with a sweep knob (a tunable compressor), else the first."""
+    from tgsim.codecs import registry
+
+    ef = [m for m in default_methods() if m.endswith(EF_SUFFIX)]
+    tunable = [m for m in ef if registry.info(m[:-len(EF_SUFFIX)])["sweep"] is not None]
+    pick = (tunable or ef)[:1]
+    return tuple(dict.fromkeys([baseline(), registry.DEFAULT, *pick]))
 
 
 def synthetic_gradient(kind: str, n: int = 3000, seed: int = 0) -> np.ndarray:
@@ -72,6 +178,14 @@ def synthetic_gradient(kind: str, n: int = 3000, seed: int = 0) -> np.ndarray:
     return (1e-2 * g).astype(np.float32)
 
 
+def clip_section(codec: str, clip: str) -> dict:
+    """The [codec] table of `codec` with its `clip` option where it declares one (TernGrad's)."""
+    from tgsim.codecs import options, registry
+
+    has = "clip" in options.keys(registry.codec_class(codec))
+    return {"name": codec, **({"clip": clip} if has else {})}
+
+
 def mlp_digits_config(seed: int = 0, *, codec: str = "fp32", clip: str = "none", steps: int = 100,
                       hidden=(64,), workers: int = 4, batch: int = 16, lr: float = 0.1,
                       optimizer: str = "sgd", sharding: str = "iid", alpha: float = 0.5):
@@ -83,7 +197,7 @@ def mlp_digits_config(seed: int = 0, *, codec: str = "fp32", clip: str = "none",
         "data": {"name": "digits", "sharding": sharding, "alpha": alpha},
         "model": {"name": "mlp", "options": {"hidden": list(hidden)}},
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
-        "codec": {"name": codec, "clip": clip},
+        "codec": clip_section(codec, clip),
         "exchange": {"mode": "allreduce" if codec == "fp32" else "ps"},
         "optimizer": {"name": optimizer},
         "schedule": {"name": "constant", "lr": lr},
@@ -102,7 +216,7 @@ def least_squares_config(seed: int = 0, *, codec: str = "fp32", clip: str = "non
         "data": {"name": "least_squares", "options": {"n": n, "dim": dim, "noise": noise, "cond": cond}},
         "model": {"name": "least_squares"},
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
-        "codec": {"name": codec, "clip": clip},
+        "codec": clip_section(codec, clip),
         "exchange": {"mode": "allreduce" if (codec == "fp32" or share_scalers) else "allgather",
                      "share_scalers": share_scalers},
         "optimizer": {"name": "sgd"},
@@ -138,13 +252,14 @@ def trajectory(cfg, steps: int | None = None, on_step: Callable | None = None, s
 
 
 def fresh_run(cfg, setup=None):
-    """(setup, params, optimizer state, error-feedback residual, step function) of a run at step 0:
-    what `tgsim.train.loop.run` starts from, for loops that stop on their own condition."""
-    from tgsim.train.loop import build, start_residual, step_function
+    """(setup, params, optimizer state, codec state, step function) of a run at step 0: what
+    `tgsim.train.loop.run` starts from, for loops that stop on their own condition (the codec state,
+    None for a stateless codec, is passed as `codec_state=` and updated in place by each step)."""
+    from tgsim.train.loop import build, start_codec_state, step_function
 
     setup = setup or build(cfg)
     params = setup.model.init(cfg.run.seed)
-    return setup, params, setup.optimizer.init(params), start_residual(setup, {}), step_function(setup)
+    return setup, params, setup.optimizer.init(params), start_codec_state(setup, {}), step_function(setup)
 
 
 def write_tables(out, tables: dict, figure: Callable[[Path], None] | None = None) -> Path | None:

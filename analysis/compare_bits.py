@@ -4,7 +4,10 @@ threshold, and the test accuracy then, per method (issue 19, item 2).
 Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "softmax", 10 classes,
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882
 parameters). Both: 8 workers, total batch 64 (8 per worker), momentum 0.9, constant learning rate.
-The sign-type codec runs only with error feedback (scaled_sign+ef); the plain sign is not compared.
+Methods (`methods`): labels of registered codecs (tgsim.analysis.common.split_label: NAME[key=value],
+"+ef", "+pqasgd"); by default every registered codec, plugins included, at its default options,
+with error feedback where its Options ask for it (common.default_methods); the baseline (the
+float32 codec, common.baseline) is always run.
 
 Learning rates: two rules, side by side (column "rule"), both tuned on a validation split (20 % of
 the training rows held out, stratified: `data.options.validation`; the test set is not seen), from
@@ -59,28 +62,21 @@ VALIDATION = 0.2           # fraction of the training rows held out for tuning
 TUNE_SEED = 100            # the tuning runs' seed (not one of the reported seeds)
 RULES = ("fp32-lr", "own-lr")
 
-# method -> (codec section, exchange section)
-METHODS = {
-    "fp32": ({"name": "fp32"}, {}),
-    "fp16": ({"name": "fp16"}, {}),
-    "bf16": ({"name": "bf16"}, {}),
-    "terngrad": ({"name": "terngrad", "sharing": "mean"}, {}),
-    "terngrad-max": ({"name": "terngrad", "sharing": "max"}, {}),
-    "qsgd": ({"name": "qsgd", "levels": 3, "bucket": 512}, {}),
-    "scaled_sign+ef": ({"name": "scaled_sign", "error_feedback": True}, {}),
-    "topk+ef": ({"name": "topk", "density": 0.01, "error_feedback": True}, {}),
-    "randomk": ({"name": "randomk", "density": 0.1}, {}),
-    "suresh": ({"name": "suresh"}, {}),
-    "pqasgd": ({"name": "terngrad", "sharing": "mean"}, {"local": "pqasgd", "every": 4}),
-}
 
+
+def default_methods() -> tuple[str, ...]:
+    """Every registered codec, plugins included (tgsim.analysis.common.default_methods)."""
+    from tgsim.analysis.common import default_methods as methods
+
+    return methods()
 
 
 def method_sections(method: str) -> tuple[dict, dict]:
-    """(codec section, exchange section) of a method: METHODS, or a plugin codec (common.method_sections)."""
+    """(codec section, exchange section) of a method label: a registered codec with its options,
+    "+ef", "+pqasgd" (tgsim.analysis.common.split_label)."""
     from tgsim.analysis.common import method_sections as sections
 
-    return sections(method, METHODS)
+    return sections(method)
 
 
 RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
@@ -137,7 +133,7 @@ def train(cfg, window: int, threshold: float | None) -> dict:
     from tgsim.errors import NonFiniteGradientError
 
     t0 = time.perf_counter()
-    setup, params, opt, residual, step_fn = fresh_run(cfg)
+    setup, params, opt, state, step_fn = fresh_run(cfg)
     n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
     losses = np.full(cfg.run.steps, np.nan)
     up = down = 0.0
@@ -145,7 +141,7 @@ def train(cfg, window: int, threshold: float | None) -> dict:
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(cfg.run.steps):
             try:
-                params, opt, info = step_fn(setup, params, opt, t, False, residual=residual)
+                params, opt, info = step_fn(setup, params, opt, t, False, codec_state=state)
             except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
                 status = f"diverged ({type(e).__name__})"
                 break
@@ -206,7 +202,9 @@ def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame,
                               val_loss=r["eval_loss"], val_accuracy=r["accuracy"], seconds=r["seconds"])
                          for r in rows])
     own = choose(grid)
-    fp = {p.name: own[(p.name, "fp32")] for p in problems}
+    from tgsim.analysis.common import baseline
+
+    fp = {p.name: own[(p.name, baseline())] for p in problems}
     grid["chosen_fp32_lr"] = [lr == fp[p] for p, lr in zip(grid.problem, grid.lr)]
     grid["chosen_own_lr"] = [lr == own[(p, m)] for p, m, lr in zip(grid.problem, grid.method, grid.lr)]
     return grid[GRID_COLUMNS], own
@@ -277,7 +275,7 @@ def _figure(runs: pd.DataFrame, path: Path, quick: bool = False) -> None:
     plt.close(fig)
 
 
-def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(METHODS), seeds=(0, 1, 2),
+def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, seeds=(0, 1, 2),
         window: int = 50, cap_factor: float = 2.0, lr_grid=LR_GRID, jobs: int = 1,
         quiet: bool = False, quick: bool = False) -> dict[str, pd.DataFrame]:
     """Phase 0: the learning-rate grid on the validation split (`tune`; lr_grid=(): no tuning, every
@@ -289,9 +287,12 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     from tgsim.analysis.common import write_tables
     from tgsim.analysis.compare_speedup import _map
 
-    methods = tuple(methods)
-    if "fp32" not in methods:
-        methods = ("fp32", *methods)        # every ratio is relative to fp32's bits
+    from tgsim.analysis.common import baseline, default_methods
+
+    base = baseline()
+    methods = default_methods() if methods is None else tuple(methods)
+    if base not in methods:
+        methods = (base, *methods)          # every ratio is relative to the baseline's (fp32's) bits
     problems, lr_grid = tuple(problems), tuple(float(x) for x in lr_grid)
     win = {p.name: max(1, min(window, p.steps // 5)) for p in problems}
     t0 = time.perf_counter()
@@ -302,10 +303,10 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
             grid, own = tune(problems, methods, lr_grid, jobs, bar)
         else:
             grid, own = pd.DataFrame(columns=GRID_COLUMNS), {(p.name, m): p.lr for p in problems for m in methods}
-        lr = {(p.name, "fp32-lr", m): own[(p.name, "fp32")] for p in problems for m in methods}
+        lr = {(p.name, "fp32-lr", m): own[(p.name, base)] for p in problems for m in methods}
         if lr_grid:
             lr.update({(p.name, "own-lr", m): own[(p.name, m)] for p in problems for m in methods})
-        first = [(p, "fp32", s, win[p.name], None, p.steps, own[(p.name, "fp32")], 0.0) for p in problems for s in seeds]
+        first = [(p, base, s, win[p.name], None, p.steps, own[(p.name, base)], 0.0) for p in problems for s in seeds]
         phase1 = _map(_job, first, jobs, bar)
         thr = {p.name: FACTOR * float(np.mean([r["loss_smoothed"] for r in phase1 if r["problem"] == p.name]))
                for p in problems}
@@ -318,7 +319,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
     rows = [dict(done[(p.name, m, lr[(p.name, rule, m)], s)], rule=rule) for p in problems
             for rule in (RULES if lr_grid else RULES[:1]) for m in methods for s in seeds]
     runs = pd.DataFrame(rows)
-    ref = runs[(runs.method == "fp32") & (runs.rule == RULES[0])].set_index(["problem", "seed"]).bits_total
+    ref = runs[(runs.method == base) & (runs.rule == RULES[0])].set_index(["problem", "seed"]).bits_total
     fp = runs.apply(lambda r: ref.get((r.problem, r.seed), float("nan")), axis=1)
     runs["ratio"] = np.where(runs.K.notna() & np.isfinite(fp), runs.bits_total / fp, np.nan)
     runs[QUICK_COLUMN] = bool(quick)
@@ -333,12 +334,14 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=tuple(MET
 
 
 def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, cap_factor: float, lr_grid) -> None:
+    from tgsim.analysis.common import baseline
+
     table = res["bits"]
     if table[QUICK_COLUMN].any():
         print("QUICK: --quick run (a smoke test, numbers not for reporting)")
     for p in problems:
         t = table[table.problem == p.name]
-        fp_lr = float(t[(t.method == "fp32")].lr.iloc[0])
+        fp_lr = float(t[(t.method == baseline())].lr.iloc[0])
         print(f"\n{p.name} ({p.data} / {p.model}, {p.workers} workers, batch {p.batch}, momentum {p.momentum}, "
               f"fp32 {p.steps} steps at lr {fp_lr:g}, cap {int(cap_factor * p.steps)}, seeds {list(seeds)}): "
               f"threshold {t.threshold.iloc[0]:.4f} (smoothed training loss, {FACTOR} x fp32's minimum); "

@@ -26,14 +26,14 @@ import sys
 VARIANCE = {"R": (30, 10), "n": (1 << 15, 1 << 14), "seed": (0, 0), "recorded_steps": (50, 3),
             "kinds": ("gaussian,student_t2,lognormal,sparse,mnist1d", "gaussian,mnist1d"), "codecs": ("", "")}
 SPEEDUP = {"seeds": (3, 3), "workers": ("1,2,4,8,16,32,64", "1,2,4,8"),
-           "methods": ("fp32,terngrad,qsgd,scaled_sign+ef,topk+ef,randomk,pqasgd", "fp32,terngrad,topk+ef"),
+           "methods": ("", "quick"),
            "fixed_m": (16, 4), "lr_grid": ("0.0625,0.125,0.25,0.5", "0.25,0.5"), "tune_steps": (300, 100),
            "jobs": (0, 1)}
 # --quick's problem and sweep (tgsim.analysis.compare_speedup.Problem keywords; K M b <= n holds)
 SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
-SPEEDUP_QUICK_SWEEPS = {"qsgd": ("levels", (1, 7))}
+# --quick sweeps the first registered codec with a numeric knob at two of its values: the first and the middle one
 BITS = {"seeds": (3, 1), "steps": (0, 0), "problems": ("logistic,convnet", "logistic,convnet"),
-        "methods": ("", "fp32,terngrad,topk+ef"), "lr_grid": ("0.025,0.05,0.1,0.2", "0.05,0.1"), "jobs": (0, 1)}
+        "methods": ("", "quick"), "lr_grid": ("0.025,0.05,0.1,0.2", "0.05,0.1"), "jobs": (0, 1)}
 BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30}     # --quick's steps per problem (0: the problem's own)
 
 
@@ -54,12 +54,33 @@ def _list(text: str, cast=str) -> tuple:
     return tuple(cast(x.strip()) for x in str(text).split(",") if x.strip())
 
 
+def _methods(text: str) -> tuple | None:
+    """Method labels (tgsim.analysis.common.split_label) from a comma-separated list; "" -> None (every
+    registered codec: common.default_methods); "quick" -> common.quick_methods()."""
+    from tgsim.analysis.common import quick_methods, split_list
+
+    if text == "quick":
+        return quick_methods()
+    return split_list(text) or None
+
+
+def _quick_sweeps() -> dict:
+    """--quick's compression sweep: the first registered codec with a numeric sweep knob, at its first
+    and middle values (tgsim.analysis.compare_speedup.default_sweeps)."""
+    from tgsim.analysis.compare_speedup import default_sweeps
+    from tgsim.codecs import registry
+
+    for method, (key, values) in default_sweeps(registry.names()).items():
+        return {method: (key, tuple(dict.fromkeys((values[0], values[len(values) // 2]))))}
+    return {}
+
+
 def _variance(args) -> int:
     from tgsim.analysis import compare_variance as cv
 
     _resolve(args, VARIANCE)
-    codecs = _list(args.codecs) or cv.CODECS
-    for c in codecs:                # SPECS, or a plugin / "package.module:Class" at its default config
+    codecs = _methods(args.codecs) or cv.default_codecs()
+    for c in codecs:                # registered codecs (plugins included) and their options
         try:
             cv.spec(c)
         except ValueError as e:
@@ -73,13 +94,13 @@ def _speedup(args) -> int:
     from tgsim.analysis import compare_speedup as cs
 
     _resolve(args, SPEEDUP)
-    methods = _list(args.methods)
-    for m in methods:               # METHODS, or a plugin / "package.module:Class" ("+ef": error feedback)
+    methods = _methods(args.methods) or cs.default_methods()
+    for m in methods:               # registered codecs, plugins included ("+ef": error feedback)
         try:
             cs.method_sections(m)
         except ValueError as e:
             raise SystemExit(f"tgsim compare speedup: {e}") from None
-    extra = dict(problem=cs.Problem(**SPEEDUP_QUICK_PROBLEM), sweeps=SPEEDUP_QUICK_SWEEPS) if args.quick else {}
+    extra = dict(problem=cs.Problem(**SPEEDUP_QUICK_PROBLEM), sweeps=_quick_sweeps()) if args.quick else {}
     cs.run(args.out, workers=_list(args.workers, int), methods=methods, seeds=tuple(range(args.seeds)),
            fixed_M=args.fixed_m or None, lr_grid=_list(args.lr_grid, float), tune_steps=args.tune_steps,
            jobs=_jobs(args.jobs), **extra)
@@ -92,9 +113,9 @@ def _bits(args) -> int:
     from tgsim.analysis import compare_bits as cb
 
     _resolve(args, BITS)
-    methods = _list(args.methods) or tuple(cb.METHODS)
+    methods = _methods(args.methods) or cb.default_methods()
     names = _list(args.problems)
-    for m in methods:               # METHODS, or a plugin / "package.module:Class" ("+ef": error feedback)
+    for m in methods:               # registered codecs, plugins included ("+ef": error feedback)
         try:
             cb.method_sections(m)
         except ValueError as e:
@@ -133,7 +154,7 @@ def _time(args) -> int:
 
 def _help(table: dict, dest: str) -> str:
     full, quick = table[dest]
-    return f"(default {full or 'all'}; --quick {quick or 'all'})"
+    return f"(default {full or 'all'}; --quick {quick or 'all'})".replace("all", "all registered")
 
 
 def register(sub) -> None:
@@ -150,7 +171,8 @@ def register(sub) -> None:
     v.add_argument("--R", type=int, default=None, help="rounds of 32 workers' encodings " + _help(VARIANCE, "R"))
     v.add_argument("--n", type=int, default=None, help="synthetic vector size " + _help(VARIANCE, "n"))
     v.add_argument("--kinds", default=None, help="comma-separated vector kinds " + _help(VARIANCE, "kinds"))
-    v.add_argument("--codecs", default=None, help="comma-separated codec labels (default all but suresh-rot)")
+    v.add_argument("--codecs", default=None, help="comma-separated codec labels NAME[key=value;...] "
+                   "(default: every registered codec at its defaults, its declared knobs searched)")
     v.add_argument("--recorded-steps", type=int, default=None,
                    help="fp32 steps of the MNIST-1D convnet before its gradients are taken " +
                         _help(VARIANCE, "recorded_steps"))

@@ -79,29 +79,36 @@ RULES = ("fp32-lr", "own-lr")
 GRID_COLUMNS = ["method", "lr", "workers", "seed", "steps", "status", "val_loss", "chosen_fp32_lr", "chosen_own_lr",
                 "seconds"]
 
-# method -> (codec section, exchange section); the problem's other sections come from `config`
-METHODS = {
-    "fp32": ({"name": "fp32"}, {}),
-    "terngrad": ({"name": "terngrad", "clip": "none"}, {}),
-    "qsgd": ({"name": "qsgd", "levels": 7, "bucket": 512}, {}),
-    "scaled_sign+ef": ({"name": "scaled_sign", "error_feedback": True}, {}),
-    "topk+ef": ({"name": "topk", "density": 0.1, "error_feedback": True}, {}),
-    "randomk": ({"name": "randomk", "density": 0.25}, {}),
-    "pqasgd": ({"name": "qsgd", "levels": 7, "bucket": 512}, {"local": "pqasgd", "every": 4}),
-}
-# compression sweep at fixed M: method -> (codec key, values)
-SWEEPS = {
-    "topk+ef": ("density", (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)),
-    "randomk": ("density", (0.1, 0.25, 0.5, 1.0)),
-    "qsgd": ("levels", (1, 3, 7, 31, 255)),
-}
+def default_methods() -> tuple[str, ...]:
+    """Every registered codec, plugins included (tgsim.analysis.common.default_methods)."""
+    from tgsim.analysis.common import default_methods as methods
+
+    return methods()
 
 
 def method_sections(method: str) -> tuple[dict, dict]:
-    """(codec section, exchange section) of a method: METHODS, or a plugin codec (common.method_sections)."""
+    """(codec section, exchange section) of a method label: a registered codec with its options,
+    "+ef", "+pqasgd" (tgsim.analysis.common.split_label)."""
     from tgsim.analysis.common import method_sections as sections
 
-    return sections(method, METHODS)
+    return sections(method)
+
+
+def default_sweeps(methods) -> dict[str, tuple[str, tuple]]:
+    """The compression sweep at fixed M: method -> (option, values) for every method whose codec
+    declares a numeric option with "sweep" metadata (its first; tgsim.codecs.options), from the
+    registry, plugins included."""
+    from tgsim.analysis.common import split_label
+    from tgsim.codecs import registry
+
+    out = {}
+    for m in methods:
+        name, opts, _, _ = split_label(m)
+        for key, values in registry.info(name)["sweeps"].items():
+            if key not in opts and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                out[m] = (key, tuple(values))
+                break
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +131,7 @@ def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_o
     that fraction of the training rows out (evaluate then sees it)."""
     from tgsim.train.config import from_dict
 
-    codec, exchange = method_sections(method)          # METHODS, or a plugin codec at its defaults
+    codec, exchange = method_sections(method)          # a registered codec and its options
     codec = {**codec, **(codec_over or {})}
     return from_dict({
         "run": {"name": f"speedup-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
@@ -192,7 +199,7 @@ def hitting_time(cfg, eps: float, setups=None) -> dict:
     setup = (setups or _Setups())(cfg)
     sizes: list[int] = []
     _count_bytes(setup.codec, sizes)
-    setup, params, opt, residual, step_fn = fresh_run(cfg, setup)
+    setup, params, opt, state, step_fn = fresh_run(cfg, setup)
     keys = list(setup.optimum)
     w_star = np.concatenate([np.asarray(setup.optimum[k], np.float64).ravel() for k in keys])
     norm = float(np.linalg.norm(w_star))
@@ -200,7 +207,7 @@ def hitting_time(cfg, eps: float, setups=None) -> dict:
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(cfg.run.steps):
             try:
-                params, opt, _ = step_fn(setup, params, opt, t, False, residual=residual)
+                params, opt, _ = step_fn(setup, params, opt, t, False, codec_state=state)
             except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
                 status = f"diverged ({type(e).__name__})"
                 break
@@ -257,11 +264,13 @@ def fit_slope(M, K, seed) -> dict:
 
 def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(speedup.csv, speedup_fit.csv) from the per-run rows."""
+    from tgsim.analysis.common import baseline
+
     rows = []
     keys = ["sweep", "rule", "method", "knob", "knob_value"]
     for key, g in runs.groupby(keys, sort=False, dropna=False):
         prev = None
-        base = runs[(runs.method == "fp32") & (runs.workers == runs.workers.min()) & (runs.sweep == "workers")
+        base = runs[(runs.method == baseline()) & (runs.workers == runs.workers.min()) & (runs.sweep == "workers")
                     & (runs.rule == RULES[0])]
         k1 = t_interval(np.log(base.K))[0] if len(base) else float("nan")
         for M, gm in g.groupby("workers"):
@@ -292,6 +301,8 @@ def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _figure(table: pd.DataFrame, path: Path, fixed_M: int | None, fp32_K: dict) -> None:
+    from tgsim.analysis.common import baseline
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -307,7 +318,7 @@ def _figure(table: pd.DataFrame, path: Path, fixed_M: int | None, fp32_K: dict) 
                  marker="o", ax=ax, errorbar=None)
     for _, g in w[w.rule == RULES[0]].groupby("method", sort=False):
         ax.fill_between(g.workers, g.K_lo, g.K_hi, alpha=0.12)
-    fp = w[(w.method == "fp32") & (w.rule == RULES[0])].sort_values("workers")
+    fp = w[(w.method == baseline()) & (w.rule == RULES[0])].sort_values("workers")
     if len(fp) and math.isfinite(fp.K_gmean.iloc[0]):
         ms = np.array(sorted(w.workers.unique()), dtype=float)
         ax.plot(ms, fp.K_gmean.iloc[0] * ms[0] / ms, "k:", label="ideal 1/M (fp32)")
@@ -323,7 +334,7 @@ def _figure(table: pd.DataFrame, path: Path, fixed_M: int | None, fp32_K: dict) 
         sns.lineplot(data=sweep, x="compression", y="K_gmean", hue="method", marker="o", ax=ax, errorbar=None)
         ref = t_interval([math.log(k) for (M, _), k in fp32_K.items() if M == fixed_M and k > 0])[0]
         if math.isfinite(ref):
-            ax.axhline(ref, color="k", ls=":", label=f"fp32, M = {fixed_M}")
+            ax.axhline(ref, color="k", ls=":", label=f"{baseline()}, M = {fixed_M}")
         ax.set(xscale="log", yscale="log", xlabel="compression ratio 32 / (uplink bits per element)",
                ylabel="iterations K", title=f"M = {fixed_M}")
         ax.legend(fontsize=7)
@@ -355,12 +366,12 @@ def validation_loss(cfg) -> dict:
     from tgsim.errors import NonFiniteGradientError
 
     t0 = time.perf_counter()
-    setup, params, opt, residual, step_fn = fresh_run(cfg)
+    setup, params, opt, state, step_fn = fresh_run(cfg)
     status, loss = "ok", float("inf")
     with np.errstate(over="ignore", invalid="ignore"):
         try:
             for t in range(cfg.run.steps):
-                params, opt, _ = step_fn(setup, params, opt, t, False, residual=residual)
+                params, opt, _ = step_fn(setup, params, opt, t, False, codec_state=state)
             loss = float(setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test)[0])
         except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
             status = f"diverged ({type(e).__name__})"
@@ -383,13 +394,15 @@ def _tune_job(args) -> dict:
 def tune(problem: Problem, methods, lr_grid, M: int, steps: int, jobs: int, bar) -> tuple[pd.DataFrame, dict]:
     """The γ0 grid of every method on the validation split: (speedup_lr_grid table, {method: best γ0});
     ties and an all-diverged method go to the smallest γ0."""
+    from tgsim.analysis.common import baseline
+
     rows = _map(_tune_job, [(m, float(lr), M, steps, problem) for m in methods for lr in lr_grid], jobs, bar)
     grid = pd.DataFrame(rows)
     own = {}
     for m, g in grid.groupby("method", sort=False):
         order = np.lexsort((g.lr.to_numpy(), g.val_loss.to_numpy()))
         own[m] = float(g.lr.to_numpy()[order[0]])
-    grid["chosen_fp32_lr"] = grid.lr == own["fp32"]
+    grid["chosen_fp32_lr"] = grid.lr == own[baseline()]
     grid["chosen_own_lr"] = [lr == own[m] for m, lr in zip(grid.method, grid.lr)]
     return grid[GRID_COLUMNS], own
 
@@ -417,7 +430,7 @@ RUN_COLUMNS = ["sweep", "rule", "method", "lr", "knob", "knob_value", "workers",
                "steps", "dist_final", "bits_up", "seconds", "compression"]
 
 
-def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METHODS), seeds=(0, 1, 2),
+def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=None, seeds=(0, 1, 2),
         problem: Problem = Problem(), fixed_M: int | None = 16, sweeps=None, cap_factor: float = 8.0,
         min_cap: int = 400, fp32_cap: int = 40000, lr_grid=LR_GRID, tune_steps: int = 300, jobs: int = 1,
         quiet: bool = False) -> dict[str, pd.DataFrame]:
@@ -428,12 +441,13 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
     `out` (None: nothing written). See the module docstring."""
     from tqdm import tqdm
 
-    from tgsim.analysis.common import write_tables
+    from tgsim.analysis.common import baseline, default_methods, write_tables
 
-    sweeps = SWEEPS if sweeps is None else sweeps
-    methods = tuple(methods)
-    if "fp32" not in methods:
-        methods = ("fp32", *methods)       # every cap is relative to fp32's K
+    base = baseline()
+    methods = default_methods() if methods is None else tuple(methods)
+    if base not in methods:
+        methods = (base, *methods)         # every cap is relative to the baseline's (fp32's) K
+    sweeps = default_sweeps(methods) if sweeps is None else sweeps
     lr_grid = tuple(float(x) for x in lr_grid)
     rules = RULES if lr_grid else RULES[:1]
     Ms = sorted(set(workers) | ({fixed_M} if fixed_M is not None else set()))
@@ -444,20 +458,20 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
             grid, own = tune(problem, methods, lr_grid, fixed_M or 8, tune_steps, jobs, bar)
         else:
             grid, own = pd.DataFrame(columns=GRID_COLUMNS), {m: problem.lr for m in methods}
-        lr = {(rule, m): own["fp32"] if rule == "fp32-lr" else own[m] for rule in rules for m in methods}
+        lr = {(rule, m): own[base] if rule == "fp32-lr" else own[m] for rule in rules for m in methods}
         at = {r: dataclasses.replace(problem, lr=r) for r in set(lr.values())}
-        first = [("workers", "fp32", None, None, M, s) for s in seeds for M in Ms]
-        rows = _map(_job, [(j, at[own["fp32"]], fp32_cap) for j in first], jobs, bar)
+        first = [("workers", base, None, None, M, s) for s in seeds for M in Ms]
+        rows = _map(_job, [(j, at[own[base]], fp32_cap) for j in first], jobs, bar)
         fp32_K = {(r["workers"], r["seed"]): r["K"] for r in rows}
 
         def cap(M, seed):
             ref = fp32_K[(M, seed)]
             return max(min_cap, int(cap_factor * ref)) if math.isfinite(ref) else fp32_cap
 
-        distinct = list(dict.fromkeys((m, lr[(rule, m)]) for rule in rules for m in methods if m != "fp32"))
+        distinct = list(dict.fromkeys((m, lr[(rule, m)]) for rule in rules for m in methods if m != base))
         rest = [(("workers", m, None, None, M, s), r) for m, r in distinct for s in seeds for M in workers]
         if fixed_M is not None:
-            rest += [(("compression", m, key, v, fixed_M, s), own["fp32"]) for s in seeds
+            rest += [(("compression", m, key, v, fixed_M, s), own[base]) for s in seeds
                      for m, (key, values) in sweeps.items() for v in values]
         bar.total = bar.n + len(rest)
         bar.refresh()
@@ -466,7 +480,7 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=tuple(METH
             if (r["sweep"] == "workers" and lr[(rule, r["method"])] == r["lr"])
             or (r["sweep"] == "compression" and rule == RULES[0])]
     runs = pd.DataFrame(rows)
-    runs = runs[(runs.method != "fp32") | runs.workers.isin(workers)].reset_index(drop=True)
+    runs = runs[(runs.method != base) | runs.workers.isin(workers)].reset_index(drop=True)
     runs["compression"] = 32.0 / runs.bits_up
     runs = runs[RUN_COLUMNS]
     table, fits = summarize(runs)

@@ -58,6 +58,7 @@ and the figure's title say QUICK.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -65,11 +66,32 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tgsim.analysis.common import baseline
 from tgsim.errors import ConfigError
 
 DEFAULT_OUT = "results/compare-time"
 GPU_TERNGRAD_ENCODE = 0.6e-3 / (64 * 2 ** 20)   # s per element: H100, CUDA codec, 64M-element layer
-FLOATS = {"fp32": 4, "fp16": 2, "bf16": 2}      # ring all-reduce bytes per element
+@functools.lru_cache(maxsize=None)
+def floats() -> dict[str, int]:
+    """The registered float formats, which may travel as a ring all-reduce of their bytes per element
+    (NCCL reduces fp32, fp16 and bf16 natively): codecs without options of their own that combine by
+    the mean, encode the same bytes for every seed and send 16 or 32 bits per element (measured on a
+    2^12-element layer, the frame header aside). {name: bytes per element}, the baseline first."""
+    from tgsim.analysis.compare_variance import payload_bits, spec
+    from tgsim.codecs import options, registry
+
+    out = {baseline(): 4}
+    g = {"g": np.linspace(-1.0, 1.0, 1 << 12, dtype=np.float32)[None]}
+    for name in registry.names():
+        if name in out or options.keys(registry.codec_class(name)):
+            continue
+        sp = spec(name)
+        if sp.na or not sp.deterministic:
+            continue
+        bits = payload_bits(registry.make(name), g)
+        if round(bits) in (16, 32) and abs(bits - round(bits)) < 0.1:
+            out[name] = round(bits) // 8
+    return out
 NETS = ("alexnet", "vgg_a", "googlenet", "resnet50")
 WORKERS = (8, 16, 32, 64, 128, 256, 512)
 LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
@@ -119,7 +141,7 @@ def _encode(codec, layers: dict, ids):
 
 
 def patterns(codec) -> tuple[str, ...]:
-    return ("ps", "allgather", "allreduce") if codec.properties.wire == "tgm1" else ("ps", "allgather")
+    return ("ps", "allgather", "allreduce") if codec.properties.sums_exactly else ("ps", "allgather")
 
 
 def _bar(items, desc: str, quiet: bool):
@@ -141,10 +163,10 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quie
         g = (common + rng.standard_normal((N, n)).astype(np.float32)) / np.float32(math.sqrt(2.0))
         ids = np.arange(N)
         for method in methods:
-            if method in FLOATS:
+            if method in floats():
                 rows.append(dict(method=method, workers=N, pattern="ring", up=0.0, down=0.0,
-                                 reduce=float(FLOATS[method]), sent=2 * (N - 1) / N * FLOATS[method]))
-            if method == "fp32":      # the float32 wire is counted as a ring by the exchange; its ps: 4 B each way
+                                 reduce=float(floats()[method]), sent=2 * (N - 1) / N * floats()[method]))
+            if method == baseline():      # the float32 wire is counted as a ring by the exchange; its ps: 4 B each way
                 rows.append(dict(method=method, workers=N, pattern="ps", up=4.0, down=4.0, reduce=0.0, sent=4.0))
                 continue
             cfg, _ = _config(method)
@@ -177,7 +199,7 @@ def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int
     rows = []
     with single_thread():
         for method in _bar(methods, "codec seconds", quiet):
-            if method == "fp32":
+            if method == baseline():
                 rows.append(dict(method=method, encode_host=0.0, decode_host=0.0))
                 continue
             cfg, _ = _config(method)
@@ -215,7 +237,7 @@ def _seed_speedups(df: pd.DataFrame, steps: pd.DataFrame) -> tuple[list, list, l
         ratios = []
         for seed, k in ks[(r.rule, r.method)].items():
             best = min(ks[(r.rule, f)].get(seed, math.nan) * t_of[(r.rule, r.net, r.link_gbps, r.workers, f)]
-                       for f in FLOATS if (r.rule, f) in ks)
+                       for f in floats() if (r.rule, f) in ks)
             ratios.append(best / (k * r.t_step))
         m, a, b = t_interval(ratios) if np.isfinite(ratios).all() else (math.nan,) * 3
         mean.append(m)
@@ -229,7 +251,9 @@ def cost_scale(cost: pd.DataFrame, codec_cost: str) -> float:
     without a TernGrad row), host = 1, none = 0."""
     if codec_cost != "gpu":
         return {"host": 1.0, "none": 0.0}[codec_cost]
-    host_tern = float(cost.set_index("method").encode_host.get("terngrad", float("nan")))
+    from tgsim.codecs import registry
+
+    host_tern = float(cost.set_index("method").encode_host.get(registry.DEFAULT, float("nan")))
     return GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan")
 
 
@@ -279,9 +303,9 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
                                      time_to_target=r.K * t, codec_cost=codec_cost))
     df = pd.DataFrame(rows)
     key = ["rule", "net", "link_gbps", "workers"]
-    ref = df[df.method == "fp32"].set_index(key).time_to_target
-    floats = df[df.method.isin(list(FLOATS))]
-    best_f = floats.loc[floats.groupby(key).time_to_target.idxmin().dropna()].set_index(key)
+    ref = df[df.method == baseline()].set_index(key).time_to_target
+    floats_ = df[df.method.isin(list(floats()))]
+    best_f = floats_.loc[floats_.groupby(key).time_to_target.idxmin().dropna()].set_index(key)
     idx = pd.MultiIndex.from_frame(df[key])
     df["speedup_fp32"] = ref.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
     df["speedup_best"], df["speedup_best_lo"], df["speedup_best_hi"] = _seed_speedups(df, steps)
@@ -309,7 +333,7 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
 
     sns.set_theme(style="whitegrid", context="paper")
     rule = "own-lr" if "own-lr" in set(df.rule) else "fp32-lr"
-    d = df[(df.rule == rule) & ~df.method.isin(list(FLOATS)) & df.speedup_best.notna()]
+    d = df[(df.rule == rule) & ~df.method.isin(list(floats())) & df.speedup_best.notna()]
     order = list(dict.fromkeys(d.method))
     nets, links = list(dict.fromkeys(df.net)), list(dict.fromkeys(df.link_gbps))
     fig, axes = plt.subplots(len(nets), len(links), figsize=(3.6 * len(links), 2.8 * len(nets)), squeeze=False,
@@ -360,7 +384,10 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
 
         kw = {}
         if bits_quick:
-            kw = dict(methods=("fp32", "fp16", "terngrad", "topk+ef"), seeds=(0,), lr_grid=(0.05, 0.1),
+            from tgsim.analysis.common import quick_methods
+
+            kw = dict(methods=tuple(dict.fromkeys([*list(floats())[:2], *quick_methods()])), seeds=(0,),
+                      lr_grid=(0.05, 0.1),
                       problems=tuple(dataclasses.replace(p, steps=BITS_QUICK_STEPS[p.name]) for p in cb.PROBLEMS.values()
                                      if p.name == problem))
         if not quiet:
@@ -400,7 +427,7 @@ def _print_summary(res: dict, seconds: float, out) -> None:
         piv = d.pivot_table(index=["net", "link_gbps", "workers"], columns="method", values="speedup_best",
                             dropna=False, sort=False)
         print(piv.to_string(float_format=lambda v: f"{v:.2f}"))
-        wins = d[(d.speedup_best > 1) & ~d.method.isin(list(FLOATS))]
+        wins = d[(d.speedup_best > 1) & ~d.method.isin(list(floats()))]
         print(f"{mark}{rule}: a codec beats every float baseline in {wins[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} "
               f"of {d[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} (net, link, N) settings")
     if out is not None:

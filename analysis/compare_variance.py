@@ -5,18 +5,27 @@ Budgets B in {1, 1.6, 2, 4, 8, 16} bits per element. A codec meets B when its RE
 len(message.to_bytes()) / n (frame header, per-layer scalars, norms, indices and padding included),
 is at most B (1 + TOL), TOL = 5 %, for every codec: the framing (header, per-layer scalars, padding)
 costs 0.5-1 % on a 2^15-element vector and 3-4 % on the convnet's 8 layers (terngrad 2.06 bits, base3
-1.66, suresh's 1-bit levels 1.03). Knobs are searched on that measured size (worker 0's message):
-qsgd over (levels, bucket, coding fixed/elias), suresh over levels 2^b, topk/randomk over density
-(bisection to the largest density whose payload is <= B (1 + TOL)); among the candidates that meet
-B the one with the least exact error is taken (randomk: the search uses its mean payload, at k_n
-kept elements per layer, within B (1 + TOL/2), so that the mean of the random sizes stays within
-B (1 + TOL); the rows report the measured mean and maximum over all draws). Fixed-rate codecs
-(fp32 32, fp16/bf16 16, terngrad 2 (2bit) or 1.6 (base3), scaled_sign 1
-(2 for a vector with zeros: it then also sends a nonzero plane)) appear at the smallest budget they
-meet, fp32 at its own 32; every other (codec, budget) is a row with status "n/a: ...", as is signSGD
-(±1 without a magnitude: its majority vote estimates no mean, so an MSE against v says nothing).
-A codec whose best knob under B is that of a lower budget (suresh's whole bits at 1.6) is listed
-with it again; the figure draws it once.
+1.66, suresh's 1-bit levels 1.03).
+
+Codecs: every registered codec (tgsim.codecs.registry: built-ins and plugins) at its default
+options, or labels NAME[key=value;...] that fix some options (`--codecs`, e.g. a figure's
+selection). Knobs are the codec's options with "sweep" metadata (its `Options`,
+tgsim.codecs.options) that the label leaves free, searched on the measured size (worker 0's
+message): every combination of the discrete knobs' values (e.g. qsgd's levels x bucket x coding,
+suresh's levels, terngrad's packing); a knob of fractions (topk/randomk's density) by bisection to
+the largest value whose payload is <= B (1 + TOL). Among the candidates that meet B the one with the
+least exact error is taken (a codec without an exact formula here, a plugin: the least mean error
+over 4 seeds). A codec whose bytes differ between seeds and whose size is random (randomk) is
+searched on its mean payload within B (1 + TOL/2), so that the mean of the random sizes stays within
+B (1 + TOL); the rows report the measured mean and maximum over all draws. Codecs without knobs
+(fp32 32, fp16/bf16 16, scaled_sign 1; 2 for a vector with zeros: it then also sends a nonzero
+plane) appear at the smallest budget they meet, fp32 at its own 32; every other (codec, budget) is a
+row with status "n/a: ...", as is a codec whose server takes a majority vote (properties.combine,
+signSGD: ±1 without a magnitude estimates no mean, so an MSE against v says nothing) or that keeps
+state between steps (properties.stateful or rounds > 1: one step's error depends on it). A codec whose
+best knob under B is that of a lower budget is listed with it again (measured once); the figure
+draws it once. `deterministic` (one round instead of R) is measured: two seeds encode the same
+bytes.
 
 Vectors (`kind`): synthetic float32 vectors of n = 2^15 (gaussian, student_t2: Student-t with 2
 degrees of freedom, infinite variance; lognormal: log-normal magnitudes (σ = 2) with random signs;
@@ -57,6 +66,7 @@ codec, panels N x kind; fp32's MSE of 0 cannot be drawn and is listed in the CSV
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -77,56 +87,62 @@ COLUMNS = ["kind", "codec", "budget", "workers", "status", "knob", "bits_per_ele
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    name: str                  # registered codec
-    fixed: dict                # its [codec] options
-    knob: str | None           # "qsgd" (levels, bucket, coding) | "levels" | "density" | None (fixed rate)
-    deterministic: bool
-    unbiased: bool
+    name: str                  # registered codec (built-in, plugin or "package.module:Class")
+    fixed: dict                # the [codec] options its label fixes (NAME[key=value;...])
+    knobs: dict                # {option: values} searched: the codec's "sweep" options not fixed by the label
+    deterministic: bool        # two seeds encode the same bytes (measured once, at the fixed options)
+    unbiased: bool             # properties.unbiased of the codec at its fixed options
     na: str = ""               # why it is never compared
 
 
-SPECS = {
-    "fp32": Spec("fp32", {}, None, True, True),
-    "fp16": Spec("fp16", {}, None, True, False),
-    "bf16": Spec("bf16", {}, None, True, False),
-    "terngrad": Spec("terngrad", {"clip": "none", "packing": "2bit", "sharing": "max"}, None, False, True),
-    "terngrad-base3": Spec("terngrad", {"clip": "none", "packing": "base3", "sharing": "max"}, None, False, True),
-    "terngrad-clip": Spec("terngrad", {"clip": "explicit", "clip_factor": 2.5, "sharing": "max"}, None, False, False),
-    "scaled_sign": Spec("scaled_sign", {}, None, True, False),
-    "sign": Spec("sign", {}, None, True, False, na="n/a: signSGD sends ±1 without a magnitude (its majority vote "
-                 "estimates no mean)"),
-    "qsgd": Spec("qsgd", {"norm": "l2"}, "qsgd", False, True),
-    "suresh": Spec("suresh", {"rotate": False}, "levels", False, True),
-    "suresh-rot": Spec("suresh", {"rotate": True}, "levels", False, True),
-    "topk": Spec("topk", {"k": 0}, "density", True, False),
-    "randomk": Spec("randomk", {"k": 0}, "density", False, True),
-}
-CODECS = tuple(k for k in SPECS if k != "suresh-rot")   # the default set (suresh-rot: a Hadamard transform
-#                                                          per worker and round for the formula, ~4x the cost)
-
-
-def spec(label: str) -> Spec:
-    """SPECS[label]; any other codec name (a plugin, "package.module:Class") at its default config and
-    fixed rate, its unbiasedness as declared, drawn R times (no exact formula: exact_mse is nan).
-    ValueError naming the known labels for a name that is neither."""
-    if label in SPECS:
-        return SPECS[label]
+def default_codecs() -> tuple[str, ...]:
+    """Every registered codec (built-ins, then plugins) at its default options, its knobs searched."""
     from tgsim.codecs import registry
-    from tgsim.train.config import CodecConfig
 
+    return tuple(registry.names())
+
+
+def _deterministic(codec) -> bool:
+    """Whether two seeds encode a fixed 64-element vector to the same bytes."""
+    v = {"g": np.linspace(-1.0, 1.0, 64, dtype=np.float32)[None] * np.float32(1e-2)}
+    stats = codec.prepare_many(v)
+    shared = codec.local_scalers_many(stats, 1).max(axis=0) if codec.properties.shared_stats else None
+    one = [codec.encode_many(v, seed, 0, np.array([0]), shared, stats)[0].to_bytes() for seed in (0, 1)]
+    return one[0] == one[1]
+
+
+@functools.lru_cache(maxsize=None)
+def spec(label: str) -> Spec:
+    """The Spec of a codec label NAME[key=value;...] (tgsim.analysis.common.split_label): from the
+    registry, its unbiasedness as declared, its knobs the "sweep" options of its Options that the
+    label leaves free; a codec whose server takes a majority vote (properties.combine) estimates no
+    mean and is n/a, as is a stateful or multi-round codec (properties.stateful, rounds). ValueError naming the registered codecs (or the codec's keys) otherwise."""
+    from tgsim.analysis.common import split_label
+    from tgsim.codecs import options, registry
+
+    name, fixed, ef, local = split_label(label)
+    if ef or local:
+        raise ValueError(f"codec {label!r}: compare variance encodes single steps; '+ef'/'+pqasgd' do not apply")
     try:
-        codec = registry.make_codec(dataclasses.replace(CodecConfig(), name=label))
+        cls = registry.codec_class(name)
+        codec = registry.make(name, **fixed)
     except ValueError as e:
-        raise ValueError(f"unknown codec {label!r}: not one of {', '.join(SPECS)}, and {e}") from e
-    return Spec(label, {}, None, False, bool(codec.properties.unbiased))
+        raise ValueError(f"unknown codec {label!r}: {e}") from e
+    knobs = {k: v for k, v in options.sweeps(cls).items() if k not in fixed}
+    props = codec.properties
+    na = "" if props.combine == "mean" else (f"n/a: combine {props.combine!r} (the server's vote) estimates no mean, "
+                                             "so an MSE against v says nothing")
+    if not na and (props.stateful or getattr(props, "rounds", 1) > 1):
+        na = ("n/a: a stateful or multi-round codec: one step's encoding depends on the state it carries "
+              "between steps, so a single step's MSE is not its error")
+    return Spec(name, fixed, knobs, _deterministic(codec) if not na else True, bool(props.unbiased), na=na)
 
 
 def make_codec(label: str, knob: dict | None = None):
     from tgsim.codecs import registry
-    from tgsim.train.config import CodecConfig
 
     spec_ = spec(label)
-    return registry.make_codec(CodecConfig(name=spec_.name, options={**spec_.fixed, **(knob or {})}))
+    return registry.make(spec_.name, **{**spec_.fixed, **(knob or {})})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,13 +160,13 @@ def synthetic(kind: str, n: int, seed: int) -> np.ndarray:
 
 def mnist1d_gradients(workers: int, steps: int, seed: int) -> dict:
     """{layer: (workers, *shape) float32}: the convnet's per-worker gradients before step `steps`."""
-    from tgsim.analysis.common import trajectory
+    from tgsim.analysis.common import baseline, trajectory
     from tgsim.train.config import from_dict
 
     cfg = from_dict({"run": {"name": "compare-variance", "seed": seed, "steps": steps},
                      "data": {"name": "mnist1d"}, "model": {"name": "convnet1d"},
                      "workers": {"n": workers, "batch": 32, "batch_mode": "per_worker"},
-                     "codec": {"name": "fp32"}, "exchange": {"mode": "allreduce"},
+                     "codec": {"name": baseline()}, "exchange": {"mode": "allreduce"},
                      "optimizer": {"name": "momentum", "momentum": 0.9}, "schedule": {"name": "constant", "lr": 0.05}})
     out = {}
 
@@ -187,53 +203,70 @@ def _bf16(v32: np.ndarray) -> np.ndarray:
     return b.view(np.float32)
 
 
+def formula(codec) -> str | None:
+    """Which exact formula of the module docstring applies to `codec`, by its class (None: none; a
+    plugin is measured without one): "exact" (float32), "half", "bfloat16", "ternary", "mean_sign",
+    "top", "random_sparse", "buckets" (QSGD) or "levels" (Suresh et al.)."""
+    from tgsim.codecs import bf16, fp16, fp32, qsgd, sign, sparse, suresh
+    from tgsim.codecs.terngrad import TernGrad
+
+    for cls, kind in ((fp32.Float32, "exact"), (fp16.Float16, "half"), (bf16.BFloat16, "bfloat16"),
+                      (TernGrad, "ternary"), (sign.ScaledSign, "mean_sign"), (sparse.TopK, "top"),
+                      (sparse.RandomK, "random_sparse"), (qsgd.QSGD, "buckets"), (suresh.Suresh, "levels")):
+        if type(codec) is cls:
+            return kind
+    return None
+
+
 def exact_terms(label: str, codec, layers: dict, w: int, shared=None, key=None) -> tuple[np.ndarray, float]:
     """(b_w flat float64, σ_w^2) of worker w's encoding (module docstring). shared: (L,) float32 scalers
     of its group (terngrad); key: (seed, step) for the rotation of suresh-rot."""
     from tgsim.codecs import qsgd as q_mod, sign as s_mod, sparse as k_mod, suresh as r_mod
     from tgsim.rng import StreamKey
 
+    kind = formula(codec)
+    if kind is None:
+        raise ValueError(f"codec {label!r} ({type(codec).__name__}) has no exact formula here")
     bias, var = [], 0.0
-    stats = codec.prepare_many({k: v[w:w + 1] for k, v in layers.items()}) if SPECS[label].name == "terngrad" else None
+    stats = codec.prepare_many({k: v[w:w + 1] for k, v in layers.items()}) if kind == "ternary" else None
     for li, (name, g) in enumerate(layers.items()):
         v32 = np.ascontiguousarray(g[w], dtype=np.float32).reshape(-1)
         v = v32.astype(np.float64)
         a = np.abs(v)
         b = np.zeros_like(v)
-        kind = SPECS[label].name
-        if kind == "fp16":
+        if kind == "half":
             b = v32.astype(np.float16).astype(np.float64) - v
-        elif kind == "bf16":
+        elif kind == "bfloat16":
             b = _bf16(v32).astype(np.float64) - v
-        elif kind == "terngrad":
+        elif kind == "ternary":
             sc = stats[li]
             s = float(np.float32(shared[li])) if shared is not None else float(sc.scaler[0])
             if s > 0:
                 p = np.minimum(np.minimum(a, float(sc.clip_bound[0])) / s, 1.0)
                 b = np.sign(v) * s * p - v
                 var += s * s * float(np.sum(p * (1 - p)))
-        elif kind == "scaled_sign":
+        elif kind == "mean_sign":
             c = float(np.float32(s_mod.l1_norm(v32) / v.size)) if v.size else 0.0
             b = c * np.sign(v) - v
-        elif kind == "topk":
+        elif kind == "top":
             kept = np.zeros(v.size, bool)
             kept[k_mod.top_k_indices(np.abs(v32), codec.kept(v.size))] = True
             b = np.where(kept, 0.0, -v)
-        elif kind == "randomk":
+        elif kind == "random_sparse":
             p = codec.probabilities(v32)
             x = p < 1
             if x.any():
                 pt = np.minimum(np.ceil(p[x] * k_mod.GRID), k_mod.GRID) / k_mod.GRID
                 nz = pt > 0
                 var += float(np.sum(v[x][nz] ** 2 * (1 / pt[nz] - 1)))
-        elif kind == "qsgd":
+        elif kind == "buckets":
             s, B = codec.levels, codec.bucket or v.size
             norms = q_mod.bucket_norms(a, codec.bucket, codec.norm).astype(np.float64)
             nb = np.repeat(norms, B)[:v.size]
             r = np.where(nb > 0, s * a / np.where(nb > 0, nb, 1.0), 0.0)
             f = r - np.floor(r)
             var += float(np.sum((nb / s) ** 2 * f * (1 - f)))
-        elif kind == "suresh":
+        elif kind == "levels":
             k = codec.levels
             y = r_mod.rotate(v, StreamKey(key[0], key[1], w, li)) if codec.rotate else v
             lo, hi = r_mod.outward_range(y)
@@ -249,49 +282,59 @@ def exact_terms(label: str, codec, layers: dict, w: int, shared=None, key=None) 
 # ---------------------------------------------------------------------------------------------
 # payload size and the knob search
 # ---------------------------------------------------------------------------------------------
-def payload_bits(codec, layers: dict, w: int = 0) -> float:
-    """8 len(message.to_bytes()) / n of worker w's message (step 0)."""
+def payload_bits(codec, layers: dict, w: int = 0, seed: int = 0) -> float:
+    """8 len(message.to_bytes()) / n of worker w's message (step 0, `seed`)."""
     one = {k: np.ascontiguousarray(v[w:w + 1]) for k, v in layers.items()}
     stats = codec.prepare_many(one)
     shared = codec.local_scalers_many(stats, 1).max(axis=0) if codec.properties.shared_stats else None
-    msg = codec.encode_many(one, 0, 0, np.array([w]), shared, stats)[0]
+    msg = codec.encode_many(one, seed, 0, np.array([w]), shared, stats)[0]
     return 8 * len(msg.to_bytes()) / sum(int(np.prod(v.shape[1:])) for v in layers.values())
 
 
+def _float_knob(spec: Spec) -> str | None:
+    """The knob searched by bisection: an option whose sweep values are fractions (floats), or None."""
+    for key, values in spec.knobs.items():
+        if all(isinstance(v, float) for v in values):
+            return key
+    return None
+
+
 def _candidates(spec: Spec) -> list[dict]:
-    if spec.knob == "qsgd":
-        out = [dict(levels=2**b - 1, bucket=B, coding="fixed") for b in range(1, 16) for B in (0, 8192, 2048, 512, 128)]
-        return out + [dict(levels=s, bucket=B, coding="elias") for s in (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256,
-                                                                         1024, 4096, 16384, 65535)
-                      for B in (0, 8192, 2048, 512)]
-    if spec.knob == "levels":
-        return [dict(levels=2**b) for b in range(1, 17)]
-    return []
+    """Every combination of the discrete knobs' sweep values (the float knob is bisected instead)."""
+    import itertools
+
+    fl = _float_knob(spec)
+    keys = [k for k in spec.knobs if k != fl]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(spec.knobs[k] for k in keys))]
 
 
-def _sparse_bits(label: str, layers: dict, density: float) -> float:
-    """topk: the real payload of worker 0; randomk: its mean, 8 message_bytes(k_n per layer) / n (the
-    count of kept elements is random with mean k_n; one draw's size would make the search noisy)."""
-    codec = make_codec(label, dict(density=density))
-    if label == "topk":
+def _mean_bits(label: str, layers: dict, knob: dict) -> float:
+    """The payload of worker 0 for a codec that draws the same bytes for every seed; else its mean size:
+    random sparsification, 8 message_bytes(k_n per layer) / n (the count of kept elements is random
+    with mean k_n); another stochastic codec, the mean over seeds 0..3."""
+    from tgsim.codecs.sparse import RandomK, message_bytes
+
+    codec = make_codec(label, knob)
+    if spec(label).deterministic:
         return payload_bits(codec, layers)
-    from tgsim.codecs.sparse import message_bytes
-
     sizes = [int(np.prod(v.shape[1:])) for v in layers.values()]
-    return 8 * message_bytes([codec.kept(n) for n in sizes], sizes) / sum(sizes)
+    if type(codec) is RandomK:
+        return 8 * message_bytes([codec.kept(n) for n in sizes], sizes) / sum(sizes)
+    return float(np.mean([payload_bits(codec, layers, seed=s) for s in range(4)]))
 
 
-def _density_for(label: str, layers: dict, budget: float) -> tuple[dict | None, float]:
-    """The largest density whose payload is <= budget (1 + TOL) (bisection on the size), or None;
-    randomk's mean payload <= budget (1 + TOL/2), so that the random sizes' mean stays within B (1 + TOL)."""
+def _bisect(label: str, layers: dict, budget: float, key: str, fixed: dict) -> tuple[dict | None, float]:
+    """The largest value of the fraction knob `key` whose payload is <= budget (1 + TOL) (bisection on
+    the size), or None; a codec with random sizes: its mean payload <= budget (1 + TOL/2), so that the
+    random sizes' mean stays within B (1 + TOL)."""
     lo, hi = 1e-6, 1.0
-    bits = lambda d: _sparse_bits(label, layers, d)   # noqa: E731
-    limit = budget * (1 + (TOL / 2 if label == "randomk" else TOL))
+    bits = lambda d: _mean_bits(label, layers, {**fixed, key: d})   # noqa: E731
+    limit = budget * (1 + (TOL if spec(label).deterministic else TOL / 2))
     b_lo = bits(lo)
     if b_lo > limit:
         return None, b_lo
     if bits(hi) <= limit:
-        return dict(density=hi), bits(hi)
+        return {**fixed, key: hi}, bits(hi)
     for _ in range(30):
         mid = math.sqrt(lo * hi)
         if bits(mid) <= limit:
@@ -300,25 +343,34 @@ def _density_for(label: str, layers: dict, budget: float) -> tuple[dict | None, 
             hi = mid
         if hi / lo < 1.0005:
             break
-    return dict(density=lo), bits(lo)
+    return {**fixed, key: lo}, bits(lo)
 
 
 def choose(label: str, layers: dict, budgets=BUDGETS) -> dict:
-    """{budget: (knob dict, bits) or (None, why)} for one codec on one kind of vector (worker 0's)."""
+    """{budget: (knob dict, bits) or (None, why)} for one codec on one kind of vector (worker 0's):
+    a codec without knobs at the smallest budget its fixed rate meets; with knobs, per budget the
+    candidate of least exact error among those that meet it (a fraction knob: the largest value that
+    meets it, per combination of the other knobs; a codec without a formula: the least mean error
+    over 4 seeds, `_error`)."""
     spec_ = spec(label)
     if spec_.na:
         return {B: (None, spec_.na) for B in budgets}
-    if spec_.knob is None:
+    if not spec_.knobs:
         bits = payload_bits(make_codec(label), layers)
         own = next((B for B in budgets if bits <= B * (1 + TOL)), None)
         out = {B: (None, f"n/a: fixed rate {bits:.3g} bits/element") for B in budgets}
         out[own if own is not None else float(round(bits))] = ({}, bits)
         return out
-    if spec_.knob == "density":
+    fl = _float_knob(spec_)
+    if fl is not None:
         out = {}
         for B in budgets:
-            knob, bits = _density_for(label, layers, B)
-            out[B] = (knob, bits) if knob is not None else (None, f"n/a: one element per layer takes {bits:.3g} bits")
+            found = [_bisect(label, layers, B, fl, base) for base in _candidates(spec_)]
+            ok = [f for f in found if f[0] is not None]
+            if not ok:
+                out[B] = (None, f"n/a: one element per layer takes {min(f[1] for f in found):.3g} bits")
+            else:
+                out[B] = min(ok, key=lambda f: _error(label, f[0], layers)) if len(ok) > 1 else ok[0]
         return out
     cands = []
     for knob in _candidates(spec_):
@@ -327,14 +379,31 @@ def choose(label: str, layers: dict, budgets=BUDGETS) -> dict:
         except ValueError:
             continue
         bits = payload_bits(codec, layers)
-        b, var = exact_terms(label, codec, layers, 0, key=(0, 0))
-        cands.append((knob, bits, float(b @ b) + var))
+        cands.append((knob, bits, _error(label, knob, layers, codec)))
     out = {}
     for B in budgets:
         ok = [c for c in cands if c[1] <= B * (1 + TOL)]
         out[B] = (min(ok, key=lambda c: c[2])[:2] if ok else
                   (None, f"n/a: the smallest payload is {min(c[1] for c in cands):.3g} bits/element"))
     return out
+
+
+def _error(label: str, knob: dict, layers: dict, codec=None, draws: int = 4) -> float:
+    """||b||^2 + σ^2 of worker 0's encoding (exact_terms); a codec without a formula here: the mean of
+    ||decode(encode(v)) - v||^2 over seeds 0..draws-1 (its expectation is the same quantity)."""
+    codec = codec or make_codec(label, knob)
+    if formula(codec) is not None:
+        b, var = exact_terms(label, codec, layers, 0, key=(0, 0))
+        return float(b @ b) + var
+    one = {k: np.ascontiguousarray(v[:1]) for k, v in layers.items()}
+    v = _flat(one, 0)
+    stats = codec.prepare_many(one)
+    shared = codec.local_scalers_many(stats, 1).max(axis=0) if codec.properties.shared_stats else None
+    errs = []
+    for seed in range(draws):
+        d = _flat(codec.decode(codec.encode_many(one, seed, 0, np.array([0]), shared, stats)[0])) - v
+        errs.append(float(d @ d))
+    return float(np.mean(errs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,8 +414,8 @@ def measure(label: str, knob: dict, layers: dict, identical: bool, R: int, seed:
     """One row per N: measured and exact MSE of the N-worker average (module docstring)."""
     from scipy import stats as st
 
-    exact = exact and label in SPECS          # a plugin has no exact formula here
     codec = make_codec(label, knob)
+    exact = exact and formula(codec) is not None          # a plugin has no exact formula here
     W = max(workers)
     ids = np.arange(W)
     V = np.stack([_flat(layers, w) for w in range(W)])
@@ -376,7 +445,7 @@ def measure(label: str, knob: dict, layers: dict, identical: bool, R: int, seed:
                 rel[M].append(float(np.mean(e / norm2[M])))
                 if not exact:
                     continue
-                rot = label == "suresh-rot"
+                rot = bool(getattr(codec, "rotate", False))     # the rotation is drawn per round
                 if (M, shared is None) in const and not rot:
                     ex[M].append(const[(M, shared is None)])
                     continue
@@ -421,18 +490,21 @@ def measure(label: str, knob: dict, layers: dict, identical: bool, R: int, seed:
 # ---------------------------------------------------------------------------------------------
 # the comparison
 # ---------------------------------------------------------------------------------------------
-def run(out=DEFAULT_OUT, *, codecs=CODECS, kinds=KINDS, budgets=BUDGETS, workers=WORKERS, n: int = 1 << 15,
+def run(out=DEFAULT_OUT, *, codecs=None, kinds=KINDS, budgets=BUDGETS, workers=WORKERS, n: int = 1 << 15,
         R: int = 30, seed: int = 0, recorded_steps: int = 50, quiet: bool = False) -> dict[str, pd.DataFrame]:
-    """Every (codec, budget, N, kind): variance.csv and variance.png in `out` (None: nothing written)."""
+    """Every (codec, budget, N, kind): variance.csv and variance.png in `out` (None: nothing written).
+    codecs: labels (NAME[key=value;...]); None: every registered codec (default_codecs)."""
     from tqdm import tqdm
 
     from tgsim.analysis.common import single_thread
 
     t0 = time.perf_counter()
     rows = []
+    codecs = default_codecs() if codecs is None else tuple(codecs)
     with single_thread():
         data = vectors(kinds, n, seed, max(workers), recorded_steps)
         jobs = [(kind, label) for kind in kinds for label in codecs]
+        measured: dict = {}
         for kind, label in tqdm(jobs, desc="compare variance", unit="codec", disable=quiet or None):
             layers, identical = data[kind]
             spec_ = spec(label)
@@ -444,7 +516,9 @@ def run(out=DEFAULT_OUT, *, codecs=CODECS, kinds=KINDS, budgets=BUDGETS, workers
                     rows += [dict(base, workers=N, status=info, knob="") for N in workers]
                     continue
                 text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in knob.items())
-                for r in measure(label, knob, layers, identical, R, seed, workers):
+                if (kind, label, text) not in measured:        # the same knob at several budgets: measured once
+                    measured[(kind, label, text)] = measure(label, knob, layers, identical, R, seed, workers)
+                for r in measured[(kind, label, text)]:
                     rows.append(dict(base, status="ok", knob=text, **r))
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     res = {"variance": df}
@@ -460,16 +534,18 @@ def run(out=DEFAULT_OUT, *, codecs=CODECS, kinds=KINDS, budgets=BUDGETS, workers
 
 def reach_terngrad(df: pd.DataFrame, N: int = 1) -> pd.DataFrame:
     """Per kind and codec with a knob: the smallest budget at which its relative MSE (N workers) is at
-    most TernGrad's (2 bits), or nan."""
+    most that of the default codec (registry.DEFAULT, TernGrad) at its least bits, or nan."""
+    from tgsim.codecs import registry
+
     ok = df[(df.status == "ok") & (df.workers == N)]
     rows = []
     for kind, g in ok.groupby("kind", sort=False):
-        tg = g[g.codec == "terngrad"]
+        tg = g[g.codec == registry.DEFAULT].sort_values("budget")
         if tg.empty:
             continue
         ref = float(tg.rel_mse.iloc[0])
         for codec, c in g.groupby("codec", sort=False):
-            if spec(codec).knob is None:
+            if not spec(codec).knobs:
                 continue
             hit = c[c.rel_mse <= ref].sort_values("budget")
             rows.append(dict(kind=kind, codec=codec, terngrad_rel_mse=ref,

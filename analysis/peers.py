@@ -11,6 +11,12 @@ Every quantizer maps a vector v (float64, 1-D) and a NumPy Generator to R draws,
                                     k = 2 is stochastic binary; s is k in draw/exact_error/bounds)
     terngrad(v, rng, R)             TernGrad without clipping (reference; the checks use the codec)
 
+`table()` lists them as `Peer`s, each naming the registered codec (class and options) it models:
+`is_unbiased(name)` is that codec's declared properties.unbiased (tgsim.codecs.registry),
+`is_deterministic(name)` whether it encodes the same bytes for two seeds; PEERS are their names (the
+codec's registered name, or the function's own: random_sparsification = randomk, top_k = topk,
+stochastic_binary = suresh with 2 levels).
+
 Exact errors E||Q(v) - v||^2 (``*_error``) and second moments E||Q(v)||^2 (``*_second_moment``;
 = ||v||^2 + error for the unbiased ones, = ||Q(v)||^2 for the deterministic ones), plus the
 published bounds (``bounds(name, v, ...)`` -> {bound name: (quantity, value)}):
@@ -38,11 +44,13 @@ published bounds (``bounds(name, v, ...)`` -> {bound name: (quantity, value)}):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from typing import Callable
 
 import numpy as np
 
-PEERS = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "suresh", "terngrad")
 
 
 def _vec(v) -> np.ndarray:
@@ -241,49 +249,127 @@ def terngrad_error(v) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# one table of everything
+# one table of everything: each peer names the registered codec (class and options) it models
 # ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A peer quantizer: the registered codec it models, `codec` (class, options), whose declared
+    properties (tgsim.codecs.registry) say whether it is unbiased, and its pure functions of (v, s, k)
+    (s: levels; k: kept elements): draw(v, rng, R, s, k), error(v, s, k), bounds(v, n, ||v||^2, s, k)
+    and bits(n, s, k, index bits). Its name is the codec's registered name, or `alias` where the
+    function has a name of its own (a codec at other options, or the paper's name)."""
+
+    codec: tuple
+    draw: Callable
+    error: Callable
+    bounds: Callable
+    bits: Callable
+    alias: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.alias or self.codec[0].name
+
+
+def _qsgd_bounds(v, n, nv2, s, k):
+    q = qsgd_factor(n, s)
+    return {"qsgd_variance": ("error", q * nv2), "qsgd_printed_second_moment": ("second_moment", q * nv2),
+            "qsgd_corrected_second_moment": ("second_moment", (1 + q) * nv2)}
+
+
+def _range_bounds(v, n, nv2, s, k):
+    r = float(v.max() - v.min())
+    return {"suresh_range": ("error", n / 4 * r**2), "suresh_norm": ("error", n / 2 * nv2)}
+
+
+def _levels_bounds(v, n, nv2, s, k):
+    r = float(v.max() - v.min())
+    return {"suresh_k_range": ("error", n / (4 * (s - 1) ** 2) * r**2), "suresh_k_norm": ("error", suresh_bound(n, s, nv2))}
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> tuple[Peer, ...]:
+    """The peers, in the order of PEERS."""
+    from tgsim.codecs.qsgd import QSGD
+    from tgsim.codecs.sign import ScaledSign
+    from tgsim.codecs.sparse import RandomK, TopK
+    from tgsim.codecs.suresh import Suresh
+    from tgsim.codecs.terngrad import TernGrad
+
+    return (
+        Peer((QSGD, {"bucket": 0}), lambda v, rng, R, s, k: qsgd(v, s, rng, R), lambda v, s, k: qsgd_error(v, s),
+             _qsgd_bounds, lambda n, s, k, idx: 1 + math.ceil(math.log2(s + 1)) + 32 / n),
+        Peer((ScaledSign, {}), lambda v, rng, R, s, k: scaled_sign(v, rng, R), lambda v, s, k: scaled_sign_error(v),
+             lambda v, n, nv2, s, k: {"one_minus_1_over_n": ("error", (1 - 1 / n) * nv2)},
+             lambda n, s, k, idx: 1 + 32 / n),
+        Peer((RandomK, {}), lambda v, rng, R, s, k: random_sparsification(v, k, rng, R),
+             lambda v, s, k: random_sparsification_error(v, k), lambda v, n, nv2, s, k: {},
+             lambda n, s, k, idx: k * (idx + 1) / n + 32 / n,      # kept p<1 values are ±1/λ: one float
+             alias="random_sparsification"),
+        Peer((TopK, {}), lambda v, rng, R, s, k: top_k(v, int(k), rng, R), lambda v, s, k: top_k_error(v, int(k)),
+             lambda v, n, nv2, s, k: {"k_contraction": ("error", (1 - k / n) * nv2)},
+             lambda n, s, k, idx: k * (idx + 32) / n, alias="top_k"),
+        Peer((Suresh, {"levels": 2}), lambda v, rng, R, s, k: stochastic_binary(v, rng, R),
+             lambda v, s, k: stochastic_binary_error(v), _range_bounds, lambda n, s, k, idx: 1 + 64 / n,
+             alias="stochastic_binary"),
+        Peer((Suresh, {}), lambda v, rng, R, s, k: suresh(v, s, rng, R), lambda v, s, k: suresh_error(v, s),
+             _levels_bounds, lambda n, s, k, idx: math.ceil(math.log2(s)) + 64 / n),
+        Peer((TernGrad, {"clip": "none", "sharing": "none"}), lambda v, rng, R, s, k: terngrad(v, rng, R),
+             lambda v, s, k: terngrad_error(v),
+             lambda v, n, nv2, s, k: {"sqrt_n_second_moment": ("second_moment", math.sqrt(n) * nv2),
+                                      "sqrt_n_error": ("error", (math.sqrt(n) - 1) * nv2)},
+             lambda n, s, k, idx: 2 + 32 / n),
+    )
+
+
+def peer(name: str) -> Peer:
+    """The peer called `name` (ValueError naming the peers for another)."""
+    for p in table():
+        if p.name == name:
+            return p
+    raise ValueError(f"unknown peer {name!r}; valid: {tuple(p.name for p in table())}")
+
+
+def __getattr__(attr: str):
+    if attr == "PEERS":     # the peers' names, from the table (the codecs' registered names)
+        return tuple(p.name for p in table())
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def _k(n: int, k: float | None) -> float:
+    return max(1, int(round(0.1 * n))) if k is None else k
+
+
 def draw(name: str, v, rng: np.random.Generator, R: int, *, s: int = 4, k: float | None = None) -> np.ndarray:
     """R draws of peer `name` (s: QSGD levels, suresh's k levels; k: kept elements for sparsification / top-k)."""
-    n = np.size(v)
-    k = max(1, int(round(0.1 * n))) if k is None else k
-    if name == "qsgd":
-        return qsgd(v, s, rng, R)
-    if name == "scaled_sign":
-        return scaled_sign(v, rng, R)
-    if name == "random_sparsification":
-        return random_sparsification(v, k, rng, R)
-    if name == "top_k":
-        return top_k(v, int(k), rng, R)
-    if name == "stochastic_binary":
-        return stochastic_binary(v, rng, R)
-    if name == "suresh":
-        return suresh(v, s, rng, R)
-    if name == "terngrad":
-        return terngrad(v, rng, R)
-    raise ValueError(f"unknown peer {name!r}; valid: {PEERS}")
+    p = peer(name)
+    return p.draw(v, rng, R, s, _k(np.size(v), k))
 
 
 def exact_error(name: str, v, *, s: int = 4, k: float | None = None) -> float:
-    n = np.size(v)
-    k = max(1, int(round(0.1 * n))) if k is None else k
-    return {
-        "qsgd": lambda: qsgd_error(v, s),
-        "scaled_sign": lambda: scaled_sign_error(v),
-        "random_sparsification": lambda: random_sparsification_error(v, k),
-        "top_k": lambda: top_k_error(v, int(k)),
-        "stochastic_binary": lambda: stochastic_binary_error(v),
-        "suresh": lambda: suresh_error(v, s),
-        "terngrad": lambda: terngrad_error(v),
-    }[name]()
+    return peer(name).error(v, s, _k(np.size(v), k))
+
+
+@functools.lru_cache(maxsize=None)
+def _codec(name: str):
+    from tgsim.codecs import registry
+
+    cls, opts = peer(name).codec
+    return registry.make(cls.name, **opts)
 
 
 def is_unbiased(name: str) -> bool:
-    return name in ("qsgd", "random_sparsification", "stochastic_binary", "suresh", "terngrad")
+    """The declared unbiasedness (properties.unbiased) of the registered codec the peer models."""
+    return bool(_codec(name).properties.unbiased)
 
 
+@functools.lru_cache(maxsize=None)
 def is_deterministic(name: str) -> bool:
-    return name in ("scaled_sign", "top_k")
+    """Whether the codec the peer models encodes the same bytes for two seeds (measured on a fixed
+    vector, tgsim.analysis.compare_variance)."""
+    from tgsim.analysis.compare_variance import _deterministic
+
+    return _deterministic(_codec(name))
 
 
 def exact_second_moment(name: str, v, *, s: int = 4, k: float | None = None) -> float:
@@ -298,41 +384,9 @@ def exact_second_moment(name: str, v, *, s: int = 4, k: float | None = None) -> 
 def bounds(name: str, v, *, s: int = 4, k: float | None = None) -> dict[str, tuple[str, float]]:
     """Published bounds: {bound name: (quantity 'error' | 'second_moment', value)}."""
     v = _vec(v)
-    n = v.size
-    k = max(1, int(round(0.1 * n))) if k is None else k
-    nv2 = float(v @ v)
-    if name == "qsgd":
-        q = qsgd_factor(n, s)
-        return {"qsgd_variance": ("error", q * nv2),
-                "qsgd_printed_second_moment": ("second_moment", q * nv2),
-                "qsgd_corrected_second_moment": ("second_moment", (1 + q) * nv2)}
-    if name == "terngrad":
-        return {"sqrt_n_second_moment": ("second_moment", math.sqrt(n) * nv2),
-                "sqrt_n_error": ("error", (math.sqrt(n) - 1) * nv2)}
-    if name == "top_k":
-        return {"k_contraction": ("error", (1 - k / n) * nv2)}
-    if name == "stochastic_binary":
-        rng_ = float(v.max() - v.min())
-        return {"suresh_range": ("error", n / 4 * rng_**2), "suresh_norm": ("error", n / 2 * nv2)}
-    if name == "suresh":
-        rng_ = float(v.max() - v.min())
-        return {"suresh_k_range": ("error", n / (4 * (s - 1) ** 2) * rng_**2),
-                "suresh_k_norm": ("error", suresh_bound(n, s, nv2))}
-    if name == "scaled_sign":
-        return {"one_minus_1_over_n": ("error", (1 - 1 / n) * nv2)}
-    return {}
+    return peer(name).bounds(v, v.size, float(v @ v), s, _k(v.size, k))
 
 
 def bits_per_element(name: str, n: int, *, s: int = 4, k: float | None = None) -> float:
     """Uplink bits per element (docs/THEORY.md §2 table; 32-bit floats, ceil(log2 n)-bit indices)."""
-    k = max(1, int(round(0.1 * n))) if k is None else k
-    idx = math.ceil(math.log2(max(n, 2)))
-    return {
-        "qsgd": 1 + math.ceil(math.log2(s + 1)) + 32 / n,
-        "scaled_sign": 1 + 32 / n,
-        "random_sparsification": k * (idx + 1) / n + 32 / n,   # kept p<1 values are ±1/λ: one float
-        "top_k": k * (idx + 32) / n,
-        "stochastic_binary": 1 + 64 / n,
-        "suresh": math.ceil(math.log2(s)) + 64 / n,
-        "terngrad": 2 + 32 / n,
-    }[name]
+    return peer(name).bits(n, s, _k(n, k), math.ceil(math.log2(max(n, 2))))

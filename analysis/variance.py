@@ -33,9 +33,11 @@ from tgsim.analysis import peers
 from tgsim.analysis import unbiasedness as ub
 from tgsim.analysis.common import gradient_shapes, terngrad_error, terngrad_second_moment
 from tgsim.codecs import TernGrad
+from tgsim.codecs.qsgd import QSGD
 
 QSGD_LEVELS = (1, 4, 64)
-PEER_NAMES = ("qsgd", "scaled_sign", "random_sparsification", "top_k", "stochastic_binary", "suresh")
+PEER_NAMES = tuple(n for n in peers.PEERS if n != TernGrad.name)   # TernGrad itself runs through the codec
+LEVELS_SWEPT = QSGD.name            # the peer drawn at each of QSGD_LEVELS
 
 
 def _empirical_rows(base: dict, err: np.ndarray, sq: np.ndarray, f_err: float, f_sq: float,
@@ -93,23 +95,23 @@ def variance_table(shapes: dict[str, np.ndarray], R: int = 1000, alpha: float = 
         nv2 = float(v @ v)
         # --- TernGrad through the codec
         for ci, clip in enumerate(clips):
-            label = f"terngrad[{clip}]"
+            label = f"{TernGrad.name}[{clip}]"
             d = ub.codec_draws(TernGrad(clip=clip), g32, R, seed=seed + 100 * si + ci)
             f_err, f_sq = (float(terngrad_error(g32, clip)[0]), float(terngrad_second_moment(g32, clip)[0]))
             if label in formulas:
                 f_err, f_sq = formulas[label](g32)
             base = dict(shape=name, n=n, quantizer=label, levels=np.nan, norm2=nv2,
-                        bits_per_element=peers.bits_per_element("terngrad", n))
+                        bits_per_element=peers.bits_per_element(TernGrad.name, n))
             rows += _empirical_rows(base, d.sq_error, d.sq_norm, f_err, f_sq, alpha, False)
             if clip == "none":
-                brows += _bound_rows(base, peers.bounds("terngrad", v), d.sq_error, d.sq_norm, f_err, f_sq, alpha)
+                brows += _bound_rows(base, peers.bounds(TernGrad.name, v), d.sq_error, d.sq_norm, f_err, f_sq, alpha)
         # --- peers (pure functions)
         rng = np.random.default_rng([seed, si, 7])
         k = max(1, int(round(density * n)))
         for pname in peer_names:
-            for s in (qsgd_levels if pname == "qsgd" else (None,)):
+            for s in (qsgd_levels if pname == LEVELS_SWEPT else (None,)):
                 kw = dict(s=s or 4, k=k)
-                label = f"qsgd[s={s}]" if pname == "qsgd" else pname
+                label = f"{pname}[s={s}]" if pname == LEVELS_SWEPT else pname
                 q = peers.draw(pname, v, rng, 1 if peers.is_deterministic(pname) else R, **kw)
                 diff = q - v
                 err = np.einsum("ij,ij->i", diff, diff)

@@ -182,3 +182,17 @@ def test_tgsim_codecs_prints_every_option_with_default_and_help(capsys):
             assert f"  {row['key']} = {default!r}  {row['help']}" in blocks, (name, row["key"])
     assert "\nfp32: none" in blocks
     assert "levels = 7  s: quantization levels" in blocks and "compare sweeps 1, 3, 7, 31, 255" in blocks
+
+
+def test_an_override_naming_another_codec_starts_its_section_anew():
+    """`--set codec.name=...` on a config written for TernGrad drops TernGrad's option keys (they are not
+    the new codec's); the other codec overrides apply to the new codec; without a new name the file's
+    options stay."""
+    fp32 = config_mod.load("demo", ["codec.name='fp32'"]).codec
+    assert (fp32.name, fp32.options) == ("fp32", {})
+    q = config_mod.load("demo", ["codec.levels=3", "codec.name='qsgd'", "exchange.mode='ps'"]).codec
+    assert (q.name, q.options) == ("qsgd", {"levels": 3})
+    tg = config_mod.load("demo", ["codec.sharing='max'"]).codec
+    assert tg.name == "terngrad" and tg.options["clip"] == "explicit" and tg.options["sharing"] == "max"
+    with pytest.raises(ConfigError, match="codec 'fp32' has no option 'clip'"):
+        config_mod.load("demo", ["codec.name='fp32'", "codec.clip='none'"])

@@ -10,6 +10,7 @@ example with pip into a fresh venv).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -122,17 +123,24 @@ def test_analyze_unbiasedness_takes_a_plugin(tmp_path):
 
 
 def test_compare_variance_takes_a_plugin(tmp_path):
+    """The plugin's "sweep" option (mantissa_bits 3, 5, 7) is its knob: at 16 bits the least-error
+    value, 7, is taken (no exact formula: the mean error over 4 seeds decides); a label that fixes it
+    at 3 bits has the larger error."""
     import pandas as pd
 
-    res = tgsim(["compare", "variance", "--quick", "--codecs", f"fp16,{PATH_NAME}", "--kinds", "gaussian",
-                 "--out", "cv"], tmp_path, EXAMPLE, timeout=300)
+    res = tgsim(["compare", "variance", "--quick", "--codecs", f"fp16,{PATH_NAME},{PATH_NAME}[mantissa_bits=3]",
+                 "--kinds", "gaussian", "--out", "cv"], tmp_path, EXAMPLE, timeout=300)
     assert res.returncode == 0, res.stderr
     df = pd.read_csv(tmp_path / "cv" / "variance.csv")
     ok = df[(df.codec == PATH_NAME) & (df.status == "ok")]
     assert len(ok) and (ok.budget == 16.0).all() and ok.exact_mse.isna().all() and ok.p_value.isna().all()
+    assert (ok.knob == "mantissa_bits=7").all()
     # stochastic rounding to 8 mantissa bits: larger error than fp16's rounding to 11, both measured
     fp16 = df[(df.codec == "fp16") & (df.status == "ok") & (df.workers == 1)].rel_mse.iloc[0]
     assert ok[ok.workers == 1].rel_mse.iloc[0] > fp16 > 0
+    three = df[(df.codec == f"{PATH_NAME}[mantissa_bits=3]") & (df.status == "ok") & (df.workers == 1)]
+    assert (three.knob.fillna("") == "").all()
+    assert three.rel_mse.iloc[0] > 4 * ok[ok.workers == 1].rel_mse.iloc[0]
 
 
 def test_compare_bits_knows_a_plugin():
@@ -140,9 +148,12 @@ def test_compare_bits_knows_a_plugin():
 
     assert cb.method_sections(PATH_NAME) == ({"name": PATH_NAME}, {})
     assert cb.method_sections(PATH_NAME + "+ef") == ({"name": PATH_NAME, "error_feedback": True}, {})
-    assert cb.method_sections("terngrad") == cb.METHODS["terngrad"]
-    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+    assert cb.method_sections(PATH_NAME + "[mantissa_bits=5]") == ({"name": PATH_NAME, "mantissa_bits": 5}, {})
+    assert cb.method_sections("terngrad[sharing=mean]") == ({"name": "terngrad", "sharing": "mean"}, {})
+    with pytest.raises(ValueError, match="method 'nosuch': unknown codec 'nosuch'"):
         cb.method_sections("nosuch")
+    with pytest.raises(ValueError, match=f"codec '{PATH_NAME}' has no option 'levels'"):
+        cb.method_sections(PATH_NAME + "[levels=3]")
     cfg = cb.config(cb.PROBLEMS["logistic"], PATH_NAME, seed=0, steps=5)
     assert cfg.codec.name == PATH_NAME
 
@@ -151,11 +162,34 @@ def test_compare_speedup_knows_a_plugin():
     from tgsim.analysis import compare_speedup as cs
 
     assert cs.method_sections(PATH_NAME) == ({"name": PATH_NAME}, {})
-    assert cs.method_sections("pqasgd") == cs.METHODS["pqasgd"]
-    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+    assert cs.method_sections("qsgd[levels=7]+pqasgd") == ({"name": "qsgd", "levels": 7},
+                                                           {"local": "pqasgd", "every": 4})
+    assert cs.default_sweeps([PATH_NAME]) == {PATH_NAME: ("mantissa_bits", (3, 5, 7))}
+    with pytest.raises(ValueError, match="method 'nosuch'"):
         cs.method_sections("nosuch")
     cfg = cs.config(cs.Problem(n=4096), 2, PATH_NAME, seed=0, steps=5)
     assert cfg.codec.name == PATH_NAME and cfg.workers.n == 2
+
+
+def test_an_installed_plugin_joins_every_comparison(tmp_path, monkeypatch):
+    """Installed by entry point, the plugin is in every comparison's default list, its "sweep" option
+    is its knob in compare variance and speedup, and it runs in compare variance and compare bits
+    (small forms: 2^10 elements, R = 3; logistic regression, 8 steps, no tuning), with no edit to tgsim."""
+    from tgsim.analysis import common, compare_bits as cb, compare_speedup as cs, compare_variance as cv
+
+    monkeypatch.syspath_prepend(str(plugin_site(tmp_path)))
+    assert "sr_bf16" in cv.default_codecs() and "sr_bf16" in cb.default_methods()
+    assert "sr_bf16" in common.default_methods() and "sr_bf16" in cs.default_methods()
+    assert cv.spec("sr_bf16").knobs == {"mantissa_bits": (3, 5, 7)}
+    assert cs.default_sweeps(cs.default_methods())["sr_bf16"] == ("mantissa_bits", (3, 5, 7))
+    df = cv.run(None, kinds=("gaussian",), n=1 << 10, R=3, workers=(1, 8), quiet=True)["variance"]
+    mine = df[(df.codec == "sr_bf16") & (df.status == "ok")]
+    assert set(mine.knob) == {"mantissa_bits=7"} and set(mine.budget) == {16.0}
+    problem = dataclasses.replace(cb.PROBLEMS["logistic"], steps=8)
+    runs = cb.run(None, problems=(problem,), seeds=(0,), lr_grid=(), window=2, quiet=True)["bits_runs"]
+    assert set(runs.method) == set(cb.default_methods())
+    row = runs[runs.method == "sr_bf16"].iloc[0]
+    assert row.bits_up_per_element > 16 and np.isfinite(row.loss_smoothed)
 
 
 def test_compare_cli_refuses_an_unknown_method_in_one_line(tmp_path):

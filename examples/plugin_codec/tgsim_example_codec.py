@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec
+from tgsim.codecs.base import CodecProperties, PlainCodec, layer_shapes, per_element_bits
 from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import NonFiniteGradientError
@@ -103,6 +103,11 @@ class StochasticBF16(PlainCodec):
         shapes = {k: v.shape for k, v in like.layers.items()}
         body = unframe(buf, _MAGIC, _VERSION, shapes, "sr_bf16 message")
         return BF16Message(fixed_width_layers(body, shapes, "<u2", "sr_bf16 message"))
+
+    def bits_per_element(self, layers_or_shapes) -> float:
+        """8 (HEADER + 2 Σ_l n_l) / Σ_l n_l: the frame's header and 16 bits an element."""
+        n = sum(int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values())
+        return per_element_bits(HEADER.size + 2 * n, layers_or_shapes)
 
     def decode(self, message: BF16Message) -> dict:
         return {k: (v.astype(np.uint32) << 16).view(np.float32) for k, v in message.layers.items()}

@@ -219,7 +219,13 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def apply_overrides(d: dict, overrides: list[str]) -> dict:
+    """`d` with `section.key=value` overrides applied (values parsed as TOML, else a bare string).
+
+    An override that names another codec (`codec.name=...`) starts its [codec] section anew: the
+    file's option keys, which belong to the file's codec, are dropped (name, kernels and
+    error_feedback are kept), and the other `codec.*` overrides apply to the new codec."""
     d = json.loads(json.dumps(d))
+    parsed = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         parts = key.strip().split(".")
@@ -229,6 +235,12 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw  # a bare string
+        parsed.append((parts, value))
+    codec = d.get("codec")
+    names = [v for parts, v in parsed if parts == ["codec", "name"]]
+    if isinstance(codec, dict) and names and names[-1] != codec.get("name", registry.DEFAULT):
+        d["codec"] = {k: v for k, v in codec.items() if k in _CODEC_KEYS}
+    for parts, value in parsed:
         node = d
         for p in parts[:-1]:
             node = node.setdefault(p, {})
