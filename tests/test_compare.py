@@ -49,13 +49,10 @@ def test_variance_writes_csv_and_figure(variance):
     assert not df.duplicated(["kind", "codec", "budget", "workers"]).any()
     assert set(df.workers) == set(cv.WORKERS)
     assert df[df.codec == "sign"].status.str.startswith("n/a").all()
-    for codec in ("fp16", "bf16", "fp32"):
+    for codec in ("terngrad", "fp16", "bf16", "fp32"):          # no "sweep" option: fixed rate
         assert df[(df.codec == codec) & (df.status == "ok")].groupby(["kind", "workers"]).size().eq(1).all()
-    # terngrad's knob is its packing (Options sweep): 2 bits at B = 2, base3's 1.6 below it, never under 1.6
     tg = df[(df.codec == "terngrad") & (df.status == "ok")]
-    assert (tg[tg.budget == 2.0].knob == "packing=2bit").all() and len(tg[tg.budget == 2.0])
-    assert (tg[tg.budget == 1.6].knob == "packing=base3").all() and tg.budget.min() >= 1.6
-    assert set(df[(df.codec == "fp32") & (df.status == "ok")].budget) == {32.0}
+    assert set(tg.budget) == {2.0} and set(df[(df.codec == "fp32") & (df.status == "ok")].budget) == {32.0}
     ok = df[df.status == "ok"]
     assert ok[["mse", "exact_mse", "rel_mse", "bits_per_element"]].notna().all().all()
 

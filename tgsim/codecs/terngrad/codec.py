@@ -199,8 +199,7 @@ class TernGrad:
         clip: str = options.option("explicit", "clip |g| at c·σ: explicit (paper), implicit (public code) or none",
                                    choices=CLIP_MODES)
         clip_factor: float = options.option(2.5, "c in c·σ (2.5 in every experiment of the paper)")
-        packing: str = options.option("2bit", "2bit (4 codes/byte) or base3 (5 codes/byte)", choices=FORMATS,
-                                      sweep=FORMATS)
+        packing: str = options.option("2bit", "2bit (4 codes/byte) or base3 (5 codes/byte)", choices=FORMATS)
         min_size: int = options.option(0, "layers with fewer elements stay float32", min=0)
         float_layers: tuple = options.option((), "names of layers that stay float32")
         sharing: str = options.option("max", "shared scaler: max over workers (paper), mean, or none (own)",
