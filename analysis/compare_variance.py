@@ -22,10 +22,10 @@ B (1 + TOL); the rows report the measured mean and maximum over all draws. Codec
 plane) appear at the smallest budget they meet, fp32 at its own 32; every other (codec, budget) is a
 row with status "n/a: ...", as is a codec whose server takes a majority vote (properties.combine,
 signSGD: ±1 without a magnitude estimates no mean, so an MSE against v says nothing) or that keeps
-state between steps (properties.stateful or rounds > 1: one step's error depends on it). A codec whose
-best knob under B is that of a lower budget is listed with it again (measured once); the figure
-draws it once. `deterministic` (one round instead of R) is measured: two seeds encode the same
-bytes.
+state between steps (properties.stateful or rounds > 1: one step's error depends on it). A codec
+whose best knob under B is that of a lower budget is listed with it again (measured once); the
+figure draws it once. `deterministic` (one round instead of R) is measured: two seeds encode the
+same bytes.
 
 Vectors (`kind`): synthetic float32 vectors of n = 2^15 (gaussian, student_t2: Student-t with 2
 degrees of freedom, infinite variance; lognormal: log-normal magnitudes (σ = 2) with random signs;
