@@ -12,20 +12,20 @@ options, or labels NAME[key=value;...] that fix some options (`--codecs`, e.g. a
 selection). Knobs are the codec's options with "sweep" metadata (its `Options`,
 tgsim.codecs.options) that the label leaves free, searched on the measured size (worker 0's
 message): every combination of the discrete knobs' values (e.g. qsgd's levels x bucket x coding,
-suresh's levels, terngrad's packing); a knob of fractions (topk/randomk's density) by bisection to
-the largest value whose payload is <= B (1 + TOL). Among the candidates that meet B the one with the
-least exact error is taken (a codec without an exact formula here, a plugin: the least mean error
-over 4 seeds). A codec whose bytes differ between seeds and whose size is random (randomk) is
-searched on its mean payload within B (1 + TOL/2), so that the mean of the random sizes stays within
-B (1 + TOL); the rows report the measured mean and maximum over all draws. Codecs without knobs
-(fp32 32, fp16/bf16 16, scaled_sign 1; 2 for a vector with zeros: it then also sends a nonzero
-plane) appear at the smallest budget they meet, fp32 at its own 32; every other (codec, budget) is a
-row with status "n/a: ...", as is a codec whose server takes a majority vote (properties.combine,
-signSGD: ±1 without a magnitude estimates no mean, so an MSE against v says nothing) or that keeps
-state between steps (properties.stateful or rounds > 1: one step's error depends on it). A codec
-whose best knob under B is that of a lower budget is listed with it again (measured once); the
-figure draws it once. `deterministic` (one round instead of R) is measured: two seeds encode the
-same bytes.
+suresh's levels); a knob of fractions (topk/randomk's density) by bisection to the largest value
+whose payload is <= B (1 + TOL). Among the candidates that meet B the one with the least exact error
+is taken (a codec without an exact formula here, a plugin: the least mean error over 4 seeds). A
+codec whose bytes differ between seeds and whose size is random (randomk) is searched on its mean
+payload within B (1 + TOL/2), so that the mean of the random sizes stays within B (1 + TOL); the
+rows report the measured mean and maximum over all draws. Codecs without knobs (fp32 32, fp16/bf16
+16, terngrad 2 (2bit; the label terngrad[packing=base3]: 1.6), scaled_sign 1; 2 for a vector with
+zeros: it then also sends a nonzero plane) appear at the smallest budget they meet, fp32 at its own
+32; every other (codec, budget) is a row with status "n/a: ...", as is a codec whose server takes a
+majority vote (properties.combine, signSGD: ±1 without a magnitude estimates no mean, so an MSE
+against v says nothing) or that keeps state between steps (properties.stateful or rounds > 1: one
+step's error depends on it). A codec whose best knob under B is that of a lower budget is listed
+with it again (measured once); the figure draws it once. `deterministic` (one round instead of R) is
+measured: two seeds encode the same bytes.
 
 Vectors (`kind`): synthetic float32 vectors of n = 2^15 (gaussian, student_t2: Student-t with 2
 degrees of freedom, infinite variance; lognormal: log-normal magnitudes (σ = 2) with random signs;
