@@ -1,5 +1,5 @@
 """`tgsim compare bits`: total uplink + downlink bits until the training loss first reaches a
-threshold, and the test accuracy then, per method (issue 19, item 2).
+threshold, and the test accuracy then, per method.
 
 Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "softmax", 10 classes,
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882

@@ -1,4 +1,4 @@
-"""`tgsim compare variance | speedup | bits | time`: the reviewers' questions at equal communication (issue 19).
+"""`tgsim compare variance | speedup | bits | time`: the reviewers' questions at equal communication.
 
     tgsim compare variance [--quick] [--out DIR] [--seed S] [--R R] [--n N] [--codecs a,b] [--kinds a,b]
     tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--lr-grid a,b]

@@ -1,5 +1,5 @@
 """`tgsim compare time`: time to a training target on 1, 10 and 100 Gb/s links and N = 8 to 512
-workers, per method, counting each codec's own encode and decode (issue 19, item 4).
+workers, per method, counting each codec's own encode and decode.
 
     time to target (method, net, link, N) = K(method) x t_step(method, net, link, N)
 
@@ -25,10 +25,10 @@ numbers measured in this run:
   compute  encode (prepare + encode of 8 workers' copies, per worker) and decode-and-add (the
            exchange's aggregate of 8 messages, per message) on one core of this host, seconds per
            element (`tgsim.bench.timing.time_call`, medians). `codec_cost`:
-             "gpu"   (default) host seconds x TernGrad's GPU/host ratio: TernGrad's CUDA encode of a
-                     64M-element layer measured 0.55-0.64 ms on an H100 (9.5e-12 s per element) over
-                     its host encode measured here; the SAME factor for every codec (an assumption:
-                     only TernGrad's kernels were timed on a GPU);
+             "gpu"   (default) host seconds x TernGrad's GPU/host ratio: GPU_TERNGRAD_ENCODE, its
+                     CUDA encode time per element (docs/MEASUREMENTS.md), over its host encode
+                     measured here; the SAME factor for every codec (an assumption: only TernGrad's
+                     kernels were timed on a GPU);
              "host"  the host seconds as measured (a CPU cluster);
              "none"  no codec cost (what such comparisons usually assume; shown to size the effect).
            Error feedback's residual update (two vector passes) is not counted.
