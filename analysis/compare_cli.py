@@ -154,7 +154,12 @@ def _time(args) -> int:
 
 def _help(table: dict, dest: str) -> str:
     full, quick = table[dest]
-    return f"(default {full or 'all'}; --quick {quick or 'all'})".replace("all", "all registered")
+    if quick == "quick":        # tgsim.analysis.common.quick_methods
+        quick = "the baseline, the default codec and one error-feedback codec"
+    def word(v):
+        return "every registered codec" if v == "" else v if v else "all"
+
+    return f"(default {word(full)}; --quick {word(quick)})"
 
 
 def register(sub) -> None:
