@@ -36,6 +36,8 @@ def case(**sections) -> dict:
     d = {k: dict(v) for k, v in BASE.items()}
     for sec, values in sections.items():
         d[sec] = {**d[sec], **values}
+    if d["codec"]["name"] != "terngrad":
+        del d["codec"]["min_size"]          # a TernGrad option: other codecs refuse it
     return d
 
 

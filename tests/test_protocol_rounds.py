@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_mpi import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
+from mpi_cases import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
 from tgsim.codecs.base import CodecProperties, MultiRound
 from tgsim.train import checkpoint
 from tgsim.train import loop as loop_mod
@@ -178,7 +178,7 @@ def test_rounds_over_mpi_equal_the_simulator(tmp_path):
     (tmp_path / "cases.json").write_text(json.dumps({"rounds": d}))
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
-    tests = Path(__file__).resolve().parent        # the ranks import this module by NAME (and test_mpi)
+    tests = Path(__file__).resolve().parent        # the ranks import this module by NAME (and mpi_cases)
     res, _ = mpiexec([(2, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=120,
                      PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
     assert res.returncode == 0, res.stdout + res.stderr
