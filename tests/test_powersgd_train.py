@@ -61,6 +61,18 @@ def test_powersgd_trains_and_counts_both_rounds(tmp_path):
             assert params_bits(again.params) == params_bits(res.params)
 
 
+def test_a_model_without_matrices_trains_with_fp32s_bits():
+    """Least squares (a weight vector and a bias), 3 workers, 30 steps: every layer is sent as float32
+    in round 1 and round 2 is empty, so the run has fp32's parameters, bit for bit, and its bytes."""
+    d = {"run": {"steps": 30, "eval_every": 0, "checkpoint_every": 0}, "data": {"name": "least_squares"},
+         "model": {"name": "least_squares"}, "workers": {"n": 3, "batch": 24}, "codec": {"name": NAME},
+         "exchange": {"mode": "allreduce"}}
+    psgd = run(from_dict(d), writer=False, quiet=True)
+    fp32 = run(from_dict({**d, "codec": {"name": "fp32"}}), writer=False, quiet=True)
+    assert params_bits(psgd.params) == params_bits(fp32.params)
+    assert psgd.bits_up == fp32.bits_up > 0
+
+
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_bits(tmp_path):
     """40 steps with checkpoints at 20 and 40; the run cut after step 20 (its later checkpoint and
     parameters removed) and resumed ends with the same parameters, losses and codec state (every

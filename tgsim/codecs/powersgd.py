@@ -195,11 +195,12 @@ class PowerSGDMessage(Float32Message):
 
 @dataclass
 class Rounds:
-    """What a step keeps between its rounds: the next round (1 or 2), the layers' plan
-    {name: (index, shape, r_l)}, Δ_w per compressed layer (W, n, m), the step's Q, P̂, the
-    float32 layers' means and, after round 2, the workers' Q_w."""
+    """What a step keeps between its rounds: the next round (1 or 2), the number W of local
+    workers, the layers' plan {name: (index, shape, r_l)}, Δ_w per compressed layer (W, n, m), the
+    step's Q, P̂, the float32 layers' means and, after round 2, the workers' Q_w."""
 
     round: int
+    workers: int
     plan: dict
     deltas: dict
     q: dict
@@ -312,14 +313,14 @@ class PowerSGD:
             deltas[k], qs[k] = d, q
             for w in range(n_local):
                 msgs[w][f"p/{k}"] = project(d[w], q)
-        return msgs, Rounds(1, plan, deltas, qs)
+        return msgs, Rounds(1, n_local, plan, deltas, qs)
 
     def next_round(self, ctx: Rounds, mean: Mapping):
         """Round 2, from round 1's mean over all workers: P̂ = orthogonalize(P), per local worker
         {"q/<l>": Q_w = Δ_wᵀ P̂ (m, r_l)}. Returns (messages, context)."""
         if ctx.round != 1:
             raise ValueError(f"powersgd: next_round after round {ctx.round}; it follows start_rounds once")
-        n_local = next(iter(ctx.deltas.values())).shape[0] if ctx.deltas else 0
+        n_local = ctx.workers
         msgs = [PowerSGDMessage() for _ in range(n_local)]
         for k, (_, shape, r) in ctx.plan.items():
             if not r:
