@@ -60,10 +60,9 @@ def write_csv(df, path: Path, quick: bool) -> Path:
 
 
 def _merged(base: dict, sections: dict) -> dict:
-    d = {k: dict(v) for k, v in base.items()}
-    for name, values in sections.items():
-        d[name] = {**d.get(name, {}), **values}
-    return d
+    """`base` with `sections` merged over it (tgsim.train.config.merge_sections: a codec section that
+    names another codec drops base's codec options)."""
+    return config_mod.merge_sections(base, sections)
 
 
 def train(base: dict, **sections):

@@ -196,3 +196,12 @@ def test_an_override_naming_another_codec_starts_its_section_anew():
     assert tg.name == "terngrad" and tg.options["clip"] == "explicit" and tg.options["sharing"] == "max"
     with pytest.raises(ConfigError, match="codec 'fp32' has no option 'clip'"):
         config_mod.load("demo", ["codec.name='fp32'", "codec.clip='none'"])
+
+
+def test_merging_a_section_that_names_another_codec_drops_the_old_options():
+    base = {**BASE, "codec": {"name": "terngrad", "clip": "none", "kernels": "reference"}}
+    d = config_mod.merge_sections(base, {"codec": {"name": "fp32"}})
+    assert d["codec"] == {"name": "fp32", "kernels": "reference"} and base["codec"]["clip"] == "none"
+    assert config_mod.merge_sections(base, {"codec": {"sharing": "mean"}})["codec"] == \
+        {"name": "terngrad", "clip": "none", "kernels": "reference", "sharing": "mean"}
+    assert from_dict(d).codec.name == "fp32"

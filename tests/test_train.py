@@ -31,10 +31,11 @@ SMALL = {
 
 
 def cfg_with(**sections):
-    d = {k: dict(v) for k, v in SMALL.items()}
-    for name, values in sections.items():
-        d[name] = {**d.get(name, {}), **values}
-    return from_dict(d)
+    """SMALL with `sections` merged over it (a codec section naming another codec drops SMALL's
+    terngrad options: tgsim.train.config.merge_sections)."""
+    from tgsim.train.config import merge_sections
+
+    return from_dict(merge_sections(SMALL, sections))
 
 
 def params_equal(a: dict, b: dict) -> bool:

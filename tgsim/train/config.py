@@ -218,6 +218,26 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     return from_dict(apply_overrides(d, overrides or []))
 
 
+def _renamed_codec(codec: dict, name) -> dict:
+    """The [codec] table `codec` about to be given codec `name`: as it is for the same codec; for
+    another, only name, kernels and error_feedback (its option keys belong to its old codec)."""
+    if name == codec.get("name", registry.DEFAULT):
+        return dict(codec)
+    return {k: v for k, v in codec.items() if k in _CODEC_KEYS}
+
+
+def merge_sections(base: dict, sections: dict) -> dict:
+    """A config dict: `base` with each section of `sections` merged key by key over base's; a
+    [codec] section that names another codec replaces base's codec options (`apply_overrides`' rule)."""
+    d = {k: dict(v) for k, v in base.items()}
+    for name, values in sections.items():
+        old = d.get(name, {})
+        if name == "codec" and "name" in values:
+            old = _renamed_codec(old, values["name"])
+        d[name] = {**old, **values}
+    return d
+
+
 def apply_overrides(d: dict, overrides: list[str]) -> dict:
     """`d` with `section.key=value` overrides applied (values parsed as TOML, else a bare string).
 
@@ -236,10 +256,9 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
         except tomllib.TOMLDecodeError:
             value = raw  # a bare string
         parsed.append((parts, value))
-    codec = d.get("codec")
     names = [v for parts, v in parsed if parts == ["codec", "name"]]
-    if isinstance(codec, dict) and names and names[-1] != codec.get("name", registry.DEFAULT):
-        d["codec"] = {k: v for k, v in codec.items() if k in _CODEC_KEYS}
+    if isinstance(d.get("codec"), dict) and names:
+        d["codec"] = _renamed_codec(d["codec"], names[-1])
     for parts, value in parsed:
         node = d
         for p in parts[:-1]:
