@@ -117,7 +117,7 @@ def test_empty_layers(clip, packing):
     assert msg.scalers[0] == 0 and msg.scalers[2] == 0
     assert len(msg.to_bytes()) == msg.wire_bytes
     assert np.all(np.isfinite(out["w"]))
-    assert c.bits_per_element(0, 4)["up"] == 0.0
+    assert c.link_bits(0, 4)["up"] == 0.0
     # a model of nothing but an empty layer
     msg, out = roundtrip(c, {"e": np.zeros((0, 5), np.float64)})
     assert out["e"].shape == (0, 5)

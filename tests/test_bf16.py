@@ -112,9 +112,9 @@ def test_bf16_bits_per_element():
     """Up: 16 bits per element + the 21-byte header over n; down: 32; an empty layer costs 0 up."""
     from tgsim.codecs.bf16 import BFloat16
 
-    assert BFloat16().bits_per_element(21, 3) == {"up": 24.0, "down": 32}
-    assert BFloat16().bits_per_element(4, 3) == {"up": 58.0, "down": 32}
-    assert BFloat16().bits_per_element(0, 3) == {"up": 0.0, "down": 32}
+    assert BFloat16().link_bits(21, 3) == {"up": 24.0, "down": 32}
+    assert BFloat16().link_bits(4, 3) == {"up": 58.0, "down": 32}
+    assert BFloat16().link_bits(0, 3) == {"up": 0.0, "down": 32}
 
 
 @pytest.mark.mutation

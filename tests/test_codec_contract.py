@@ -137,7 +137,7 @@ class TernGradContract:
         msg = codec.encode({"g": gaussian(n)}, StreamKey(9))
         buf = msg.to_bytes()
         body_bits = 8 * (len(buf) - header_length(buf))
-        bits = codec.bits_per_element(n, workers)
+        bits = codec.link_bits(n, workers)
         assert math.isclose(bits["up"] * n, body_bits, rel_tol=1e-12), (bits, body_bits)
         # downlink: a sum of N codes takes 2N + 1 values
         assert 2 ** (bits["down"] - 1) < 2 * workers + 1 <= 2 ** bits["down"]

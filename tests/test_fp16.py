@@ -112,6 +112,6 @@ def test_fp16_bits_per_element():
     """Up: 16 bits per element + the 21-byte header over n; down: 32; an empty layer costs 0 up."""
     from tgsim.codecs.fp16 import Float16
 
-    assert Float16().bits_per_element(21, 3) == {"up": 16 + 8.0, "down": 32}
-    assert Float16().bits_per_element(4, 3) == {"up": 16 + 42.0, "down": 32}
-    assert Float16().bits_per_element(0, 3) == {"up": 0.0, "down": 32}
+    assert Float16().link_bits(21, 3) == {"up": 16 + 8.0, "down": 32}
+    assert Float16().link_bits(4, 3) == {"up": 16 + 42.0, "down": 32}
+    assert Float16().link_bits(0, 3) == {"up": 0.0, "down": 32}

@@ -422,13 +422,13 @@ def test_bad_options_are_config_errors():
 @pytest.mark.parametrize("s", [1, 7, 8, 255, 65535])
 @pytest.mark.parametrize("bucket", [0, 3, 512])
 def test_fixed_bits_are_the_real_payload(s, bucket):
-    """coding "fixed": 8 x wire_bytes of a one-layer message == bits_per_element(n)["up"] x n."""
+    """coding "fixed": 8 x wire_bytes of a one-layer message == link_bits(n)["up"] x n."""
     codec = QSGD(levels=s, bucket=bucket, coding="fixed")
     for n in (1, 5, 8, 511, 512, 513, 4097):
         msg = make_message(codec, t_layer(n, seed=n))
         assert len(msg.to_bytes()) == msg.wire_bytes
-        assert math.isclose(codec.bits_per_element(n, 4)["up"] * n, 8 * msg.wire_bytes, rel_tol=1e-12)
-    assert codec.bits_per_element(0, 4)["up"] == 0.0
+        assert math.isclose(codec.link_bits(n, 4)["up"] * n, 8 * msg.wire_bytes, rel_tol=1e-12)
+    assert codec.link_bits(0, 4)["up"] == 0.0
 
 
 def test_elias_bits_against_real_payloads():
@@ -439,17 +439,17 @@ def test_elias_bits_against_real_payloads():
     for n in (1, 8, 513, 4097):
         codec = QSGD(levels=7, bucket=512, norm="max", coding="elias")
         msg = make_message(codec, np.where(np.arange(n) % 2, 1.5, -1.5).astype(np.float32))
-        assert 8 * msg.wire_bytes == pytest.approx(codec.bits_per_element(n, 4)["up_max"] * n, rel=1e-12)
-        assert 8 * msg.wire_bytes > QSGD(levels=7, bucket=512, coding="fixed").bits_per_element(n, 4)["up"] * n
+        assert 8 * msg.wire_bytes == pytest.approx(codec.link_bits(n, 4)["up_max"] * n, rel=1e-12)
+        assert 8 * msg.wire_bytes > QSGD(levels=7, bucket=512, coding="fixed").link_bits(n, 4)["up"] * n
     codec = QSGD(levels=7, bucket=512, coding="elias")
     for n in (513, 4097, 65_536):
         g = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         msgs, _ = draws(codec, g, 20, seed=31)
         got = np.array([8 * m.wire_bytes for m in msgs])
-        bits = codec.bits_per_element(n, 4)
+        bits = codec.link_bits(n, 4)
         assert got.max() <= bits["up_max"] * n
         assert got.mean() <= bits["up"] * n
-        assert got.mean() < QSGD(levels=7, bucket=512, coding="fixed").bits_per_element(n, 4)["up"] * n
+        assert got.mean() < QSGD(levels=7, bucket=512, coding="fixed").link_bits(n, 4)["up"] * n
 
 
 # -- training -------------------------------------------------------------------------------------

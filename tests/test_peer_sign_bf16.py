@@ -210,7 +210,7 @@ CODECS = {"bf16": BFloat16, "sign": SignSGD, "scaled_sign": ScaledSign}
 @pytest.mark.parametrize("name", list(CODECS))
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4097])
 def test_bits_per_element_equal_real_payloads(name, n):
-    """One layer of n elements (seed n): 8 len(to_bytes()) / n == bits_per_element(n, 4)["up"] (for
+    """One layer of n elements (seed n): 8 len(to_bytes()) / n == link_bits(n, 4)["up"] (for
     scaled_sign with and without a zero element); down: bf16 and scaled_sign 32 (the server's float32
     mean), sign 2 (the vote in {-1, 0, +1})."""
     codec = CODECS[name]()
@@ -222,12 +222,12 @@ def test_bits_per_element_equal_real_payloads(name, n):
         cases.append((vz, {"with_zeros": True}))
     for g, kw in cases:
         buf = encode_one(codec, {"g": g})[0].to_bytes()
-        bits = codec.bits_per_element(n, 4, **kw)
+        bits = codec.link_bits(n, 4, **kw)
         assert bits["up"] == pytest.approx(8 * len(buf) / n, rel=1e-12), (kw, len(buf))
     assert bits["down"] == {"bf16": 32, "sign": 2, "scaled_sign": 32}[name]
     want_up = {"bf16": 16 + 8 * HEADER.size / n, "sign": 8 * (HEADER.size + math.ceil(n / 8)) / n,
                "scaled_sign": 8 * (HEADER.size + 5 + math.ceil(n / 8)) / n}[name]
-    assert codec.bits_per_element(n, 4)["up"] == pytest.approx(want_up, rel=1e-12)
+    assert codec.link_bits(n, 4)["up"] == pytest.approx(want_up, rel=1e-12)
 
 
 def _damaged(codec, layers, change) -> bytes:

@@ -306,22 +306,22 @@ def test_randomk_leaves_out_float64_values_below_float32(kernels):
 
 @pytest.mark.parametrize("n", [1, 5, 256, 257, 65_536, 65_537, 100_000])
 def test_topk_bits_are_the_real_payload(n):
-    """8 x wire_bytes == bits_per_element(n)["up"] x n exactly, = 8 (21 + 4 + k (b_n + 4)) with
+    """8 x wire_bytes == link_bits(n)["up"] x n exactly, = 8 (21 + 4 + k (b_n + 4)) with
     b_n = 1, 2, 4 bytes below/above 2^8 and 2^16 elements; len(to_bytes()) == wire_bytes."""
     v = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     for codec in (TopK(), TopK(density=0.3), TopK(k=10)):
         msg = encode_one(codec, v)
         k = codec.kept(n)
         assert len(msg.to_bytes()) == msg.wire_bytes == HEADER.size + 4 + k * (index_bytes(n) + 4)
-        assert codec.bits_per_element(n, 4)["up"] * n == pytest.approx(8 * msg.wire_bytes, rel=1e-12)
+        assert codec.link_bits(n, 4)["up"] * n == pytest.approx(8 * msg.wire_bytes, rel=1e-12)
     assert [index_bytes(n) for n in (256, 257, 65_536, 65_537)] == [1, 2, 2, 4]
-    assert TopK().bits_per_element(0, 4)["up"] == 0.0
+    assert TopK().link_bits(0, 4)["up"] == 0.0
 
 
 @pytest.mark.parametrize("n,density", [(1000, 0.05), (70_000, 0.01)])
 def test_randomk_bits_are_the_expected_payload(n, density):
     """R = 200 draws (seed 5) of a Student-t(2) layer (with saturated elements): every message is
-    within up_max; the mean of 8 wire_bytes is bits_per_element(n)["up"] x n within z_{1-alpha/2}
+    within up_max; the mean of 8 wire_bytes is link_bits(n)["up"] x n within z_{1-alpha/2}
     se of the count (alpha = 1e-3, se from its exact variance Σ p̃(1 - p̃) / R) x 8 (b_n + 4), plus
     n 2^-24 for the grid. Positive control: 5 % of k_n elements more per message is rejected."""
     v = np.random.default_rng(5).standard_t(2, n).astype(np.float32)
@@ -333,7 +333,7 @@ def test_randomk_bits_are_the_expected_payload(n, density):
     pt = np.ceil(p * GRID) / GRID
     got = np.array([8 * m.wire_bytes for m in msgs], np.float64)
     assert all(len(m.to_bytes()) == m.wire_bytes for m in msgs[:5])
-    bits = codec.bits_per_element(n, 4)
+    bits = codec.link_bits(n, 4)
     assert got.max() <= bits["up_max"] * n
     per = 8 * (index_bytes(n) + 4)
     tol = (normal.ppf(1 - ALPHA / 2) * math.sqrt(np.sum(pt * (1 - pt)) / R) + n / GRID) * per

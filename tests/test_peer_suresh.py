@@ -254,7 +254,7 @@ class TestSuresh(CodecContract):
 @pytest.mark.parametrize("k", [2, 3, 7, 8, 9, 256, 257, 65536])
 @pytest.mark.parametrize("rotate_", [False, True])
 def test_bits_per_element_are_the_real_payload(k, rotate_):
-    """8 x the bytes of a one-layer message == bits_per_element(n)["up"] x n, for n not multiples of
+    """8 x the bytes of a one-layer message == link_bits(n)["up"] x n, for n not multiples of
     8 or of a power of two; the count is frame + parameters [+ stream key] + 64 (lo, hi) + m b bits
     padded to a byte, m = n or 2^ceil(log2 n), b = ceil(log2 k); without rotation and with m b a
     multiple of 8 that is analysis.peers' b + 64/n plus the frame."""
@@ -265,14 +265,14 @@ def test_bits_per_element_are_the_real_payload(k, rotate_):
         v = t_layer(n, seed=n)
         msg = codec.encode_many({"g": v[None]}, 3, 1, [0])[0]
         assert len(msg.to_bytes()) == msg.wire_bytes
-        up = codec.bits_per_element(n, 4)["up"]
+        up = codec.link_bits(n, 4)["up"]
         assert math.isclose(up * n, 8 * msg.wire_bytes, rel_tol=1e-12)
         m = padded_size(n) if rotate_ else n
         frame_bits = 8 * (HEADER.size + PARAMS.size + (KEY.size if rotate_ else 0))
         assert 8 * msg.wire_bytes == frame_bits + 64 + 8 * -(-m * b // 8)
         if not rotate_ and (n * b) % 8 == 0:
             assert math.isclose(up * n - frame_bits, peers.bits_per_element("suresh", n, s=k) * n, rel_tol=1e-12)
-    assert codec.bits_per_element(0, 4)["up"] == 0.0
+    assert codec.link_bits(0, 4)["up"] == 0.0
 
 
 # -- malformed payloads ----------------------------------------------------------------------------

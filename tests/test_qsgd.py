@@ -33,15 +33,15 @@ def test_qsgd_elias_bits_per_element_is_the_documented_bound():
 
     for bucket, sizes in ((0, [100]), (30, [30, 30, 30, 10])):
         for norm, mean_l in (("l2", lambda B: 7 * np.sqrt(B)), ("max", lambda B: 7 * B)):
-            got = QSGD(levels=7, bucket=bucket, norm=norm, coding="elias").bits_per_element(100, 4)
+            got = QSGD(levels=7, bucket=bucket, norm=norm, coding="elias").link_bits(100, 4)
             up, up_max = want(100, sizes, mean_l)
             assert got["up"] == pytest.approx(up, rel=1e-12), (bucket, norm)
             assert got["up_max"] == pytest.approx(up_max, rel=1e-12) and got["down"] == 32
     # l2, one bucket: 170 + 200 log2(1.7) = 323.1 expected bits -> 6.741 < up_max 11.44
-    assert QSGD(levels=7, bucket=0, coding="elias").bits_per_element(100, 4)["up"] == pytest.approx(6.741, abs=1e-3)
-    assert QSGD(coding="elias").bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    assert QSGD(levels=7, bucket=0, coding="elias").link_bits(100, 4)["up"] == pytest.approx(6.741, abs=1e-3)
+    assert QSGD(coding="elias").link_bits(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
     # s = 1: longest code 2 floor(log2 2) + 2 = 4 bits; 3 elements need 12 bits -> 2 whole bytes
-    assert QSGD(levels=1, bucket=0, coding="elias").bits_per_element(3, 4)["up_max"] == 8 * (21 + 10 + 4 + 8 + 2) / 3
+    assert QSGD(levels=1, bucket=0, coding="elias").link_bits(3, 4)["up_max"] == 8 * (21 + 10 + 4 + 8 + 2) / 3
 
 
 def _qsgd_msg(codec, layers):
@@ -150,9 +150,9 @@ def test_qsgd_fixed_bits_per_element_dict():
     empty layer costs 0."""
     from tgsim.codecs.qsgd import QSGD
 
-    assert QSGD(levels=7, bucket=30, coding="fixed").bits_per_element(100, 4) == {"up": 7.76, "up_max": 7.76,
+    assert QSGD(levels=7, bucket=30, coding="fixed").link_bits(100, 4) == {"up": 7.76, "up_max": 7.76,
                                                                                  "down": 32}
-    assert QSGD(coding="fixed").bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    assert QSGD(coding="fixed").link_bits(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
 
 
 @pytest.mark.mutation

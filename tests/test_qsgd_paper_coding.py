@@ -317,10 +317,10 @@ def test_bits_per_element_bounds_real_payloads():
             g = np.random.default_rng(n).standard_normal((20, n)).astype(np.float32)
             msgs = codec.encode_many({"g": g}, 31, 0, np.arange(20))
             got = np.array([8 * m.wire_bytes for m in msgs])
-            bits = codec.bits_per_element(n, 4)
+            bits = codec.link_bits(n, 4)
             assert got.max() <= bits["up_max"] * n and got.mean() <= bits["up"] * n, (norm, bucket, s, n)
     codec = QSGD(levels=7, bucket=8, norm="max")
     n = 4097
     m = message(codec, np.where(np.arange(n) % 2, 1.5, -1.5).astype(np.float32))
-    assert 8 * m.wire_bytes <= codec.bits_per_element(n, 4)["up_max"] * n
-    assert codec.bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    assert 8 * m.wire_bytes <= codec.link_bits(n, 4)["up_max"] * n
+    assert codec.link_bits(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}

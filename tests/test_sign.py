@@ -214,8 +214,8 @@ def test_scaled_sign_bits_per_element():
     2) / 10 = 22.4 and 8 (26 + 4) / 10 = 24; sign: 8 (21 + 2) / 10 = 18.4, down 2; empty: 0."""
     from tgsim.codecs.sign import ScaledSign, SignSGD
 
-    assert ScaledSign().bits_per_element(10, 3) == {"up": 22.4, "down": 32}
-    assert ScaledSign().bits_per_element(10, 3, with_zeros=True) == {"up": 24.0, "down": 32}
-    assert ScaledSign().bits_per_element(0, 3) == {"up": 0.0, "down": 32}
-    assert SignSGD().bits_per_element(10, 3) == {"up": 18.4, "down": 2}
-    assert SignSGD().bits_per_element(0, 3) == {"up": 0.0, "down": 2}
+    assert ScaledSign().link_bits(10, 3) == {"up": 22.4, "down": 32}
+    assert ScaledSign().link_bits(10, 3, with_zeros=True) == {"up": 24.0, "down": 32}
+    assert ScaledSign().link_bits(0, 3) == {"up": 0.0, "down": 32}
+    assert SignSGD().link_bits(10, 3) == {"up": 18.4, "down": 2}
+    assert SignSGD().link_bits(0, 3) == {"up": 0.0, "down": 2}

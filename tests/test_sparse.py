@@ -101,10 +101,10 @@ def test_sparse_bits_per_element():
     "up_max" keeps all 10: 8 (21 + 4 + 10 · 5) / 10 = 60; down 32; an empty layer costs 0."""
     from tgsim.codecs.sparse import RandomK, TopK
 
-    assert TopK(k=2).bits_per_element(10, 3) == {"up": 28.0, "up_max": 28.0, "down": 32}
-    assert RandomK(k=2).bits_per_element(10, 3) == {"up": 28.0, "up_max": 60.0, "down": 32}
+    assert TopK(k=2).link_bits(10, 3) == {"up": 28.0, "up_max": 28.0, "down": 32}
+    assert RandomK(k=2).link_bits(10, 3) == {"up": 28.0, "up_max": 60.0, "down": 32}
     for cls in (TopK, RandomK):
-        assert cls(k=2).bits_per_element(0, 3) == {"up": 0.0, "up_max": 0.0, "down": 32}
+        assert cls(k=2).link_bits(0, 3) == {"up": 0.0, "up_max": 0.0, "down": 32}
 
 
 def _lambda_oracle(a: np.ndarray, k: int) -> float:

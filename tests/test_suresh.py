@@ -295,5 +295,5 @@ def test_bits_per_element_dicts():
     """n = 0: {"up": 0, "up_max": 0, "down": 32}. n = 5, k = 7, no rotation: 21 + 5 + 8 + ceil(15 / 8)
     = 36 bytes -> 288 / 5 = 57.6 bits, "up" = "up_max", "down" 32."""
     codec = _suresh(levels=7)
-    assert codec.bits_per_element(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
-    assert codec.bits_per_element(5, 4) == {"up": 57.6, "up_max": 57.6, "down": 32}
+    assert codec.link_bits(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+    assert codec.link_bits(5, 4) == {"up": 57.6, "up_max": 57.6, "down": 32}

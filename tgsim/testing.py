@@ -12,6 +12,7 @@ and give it a `codec` fixture; pytest then runs every check below on that codec:
 
 Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a positive control):
 - properties: a CodecProperties instance, a `name`;
+- bits: `bits_per_element` counts every byte of a worker's message (`bits_errors`);
 - capabilities: every declared capability (float_mean, sums_exactly, defers_encode,
   server_reencodes, stateful, rounds) is implemented (`capability_errors`);
 - round trip: encode_many -> to_bytes -> from_bytes -> decode gives the bits of the in-memory decode;
@@ -183,6 +184,32 @@ def capability_errors(codec, layers: dict | None = None) -> list[str]:
     return errors
 
 
+def bits_errors(codec, layers: dict | None = None) -> list[str]:
+    """Where `codec.bits_per_element` is not the measured wire, one line each ([] when it is), on
+    `layers` (default `contract_layers()`): for every worker's message, 8 len(to_bytes()) / Σ_l n_l
+    equals `bits_per_element` of the layers' shapes (a codec with `bits_exact = False`, whose sizes
+    depend on the values: is at most it), and the shapes and one worker's arrays give the same count.
+    A codec of R > 1 rounds counts all its rounds: not checked here."""
+    if codec.properties.rounds > 1:
+        return []
+    layers = contract_layers() if layers is None else layers
+    shapes = {k: tuple(v.shape[1:]) for k, v in layers.items()}
+    n = sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
+    if not callable(getattr(codec, "bits_per_element", None)):
+        return ["no bits_per_element(layers_or_shapes)"]
+    declared = codec.bits_per_element(shapes)
+    errors = []
+    if codec.bits_per_element({k: v[0] for k, v in layers.items()}) != declared:
+        errors.append("bits_per_element of one worker's arrays differs from that of their shapes")
+    exact = getattr(codec, "bits_exact", True)
+    for w, m in enumerate(encode(codec, layers)):
+        measured = 8.0 * len(m.to_bytes()) / n
+        if measured != declared if exact else measured > declared:
+            errors.append(f"worker {w}: {measured!r} bits per element on the wire, bits_per_element says "
+                          f"{declared!r}" + ("" if exact else " (the largest message)"))
+    return errors
+
+
 class CodecContract:
     """Generic checks of the codec protocol (tgsim.codecs.base), run on the `codec` fixture."""
 
@@ -198,6 +225,10 @@ class CodecContract:
         """`capability_errors` finds nothing: each declared capability has its methods, and they work
         on the contract's layers."""
         assert capability_errors(codec) == []
+
+    def test_bits_per_element_counts_the_wire(self, codec):
+        """`bits_errors` finds nothing: bits_per_element is 8 len(to_bytes()) / elements."""
+        assert bits_errors(codec) == []
 
     def test_round_trip_through_bytes(self, codec):
         layers = contract_layers()

@@ -13,6 +13,12 @@ returns the new one (as optax's transformations do): the trainer holds the opaqu
 `init_state` and checkpoints it; a codec with `properties.rounds > 1` (the `MultiRound`
 sub-protocol) is driven round by round, each round's messages combined by `exchange.mean_fp32`.
 
+`codec.bits_per_element(layers_or_shapes)`: the bits on the wire of one worker's message per gradient
+element, every byte counted (headers, parameters, padding): 8 · len(msg.to_bytes()) / Σ_l n_l for
+one worker's layers {name: shape or array}; exact where the message size is a function of the
+shapes, else (a codec with `bits_exact = False`: sizes that depend on the values) the largest
+message's. A codec of R > 1 rounds counts the bytes of all its rounds.
+
 and per message: `msg.to_bytes()`, `codec.from_bytes(buf, like=msg)` (a PayloadError naming what
 is wrong for malformed bytes), `codec.decode(msg)`, `codec.aggregate(msgs, divide_by)`.
 
@@ -23,8 +29,11 @@ exchange, the config checks and the analysis read, and every registered codec pa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 
 WIRES = ("float32", "tgm1", "own")
@@ -105,6 +114,19 @@ class CodecProperties:
             raise ValueError("a codec with rounds > 1 is stateful (its state goes through init_state)")
 
 
+def layer_shapes(layers_or_shapes: Mapping) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of one worker's layers, given as {name: shape (tuple or list)} or {name: array}."""
+    return {k: tuple(int(d) for d in v) if isinstance(v, (tuple, list)) else tuple(np.shape(v))
+            for k, v in layers_or_shapes.items()}
+
+
+def per_element_bits(nbytes: int, layers_or_shapes: Mapping) -> float:
+    """8 · nbytes / Σ_l n_l: the bits of a message of `nbytes` bytes per element of the layers (0.0
+    for layers without elements)."""
+    total = sum(math.prod(s) for s in layer_shapes(layers_or_shapes).values())
+    return 8.0 * nbytes / total if total else 0.0
+
+
 class PlainCodec:
     """Base of codecs without config options and without shared statistics (fp32, fp16)."""
 
@@ -136,6 +158,8 @@ class Codec(Protocol):
     def decode(self, message) -> dict: ...
 
     def aggregate(self, messages: Sequence, divide_by: int | None = None) -> dict: ...
+
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float: ...
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec
+from tgsim.codecs.base import CodecProperties, PlainCodec, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.framing import HEADER, fixed_width_layers, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -116,6 +116,11 @@ class Float16(PlainCodec):
                     for k, v in messages[0].layers.items()}
         return ordered_mean([m.layers for m in messages], len(messages) if divide_by is None else divide_by)
 
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 (HEADER + 2 Σ_l n_l) / Σ_l n_l: the frame's header and 2 bytes an element."""
+        n = sum(int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values())
+        return per_element_bits(HEADER.size + 2 * n, layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Uplink 16 bits per element (+ the header); downlink: the float32 mean of the server."""
         return {"up": 16 + 8 * HEADER.size / n if n else 0.0, "down": 32}

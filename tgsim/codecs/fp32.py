@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec
+from tgsim.codecs.base import CodecProperties, PlainCodec, per_element_bits
 from tgsim.errors import NonFiniteGradientError, PayloadError
 
 
@@ -56,6 +56,13 @@ def first_beyond_float32(layers: Mapping, sends: str) -> ValueError | None:
     return None
 
 
+def _elements(layers_or_shapes: Mapping) -> int:
+    """Σ_l n_l of one worker's layers {name: shape or array}."""
+    from tgsim.codecs.base import layer_shapes
+
+    return sum(int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values())
+
+
 class Float32Message(dict):
     """One worker's float32 layers (a dict name -> array), with the protocol's bytes."""
 
@@ -95,6 +102,10 @@ class Float32(PlainCodec):
         """One message per local worker: its layers as float32 (views where they are float32 already),
         arrays of the gradients' own module (CuPy gradients stay on the device)."""
         return [Float32Message({k: _as_float32(g[i]) for k, g in layers.items()}) for i in range(len(workers))]
+
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """32: the message is the float32 values, 4 bytes an element, no header (0.0 without elements)."""
+        return per_element_bits(4 * _elements(layers_or_shapes), layers_or_shapes)
 
     def from_bytes(self, buf, like: Float32Message) -> Float32Message:
         """float32 layers shaped like `like` from their concatenated bytes (PayloadError on a wrong size)."""

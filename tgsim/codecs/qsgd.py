@@ -81,7 +81,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import elias, options, qsgd_paper_coding as paper
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -450,7 +450,31 @@ class QSGD:
         return ordered_mean([self.decode(m) for m in messages], divide_by)
 
     # -- bits -----------------------------------------------------------------------------------
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    @property
+    def bits_exact(self) -> bool:
+        """Coding "fixed" sends a size that the shapes fix; "elias" and "paper" a data-dependent one."""
+        return self.coding == "fixed"
+
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 (HEADER + PARAMS + Σ_l (N + 4 ceil(n_l / B) + P_l)) / Σ_l n_l: the frame's header, the
+        parameters, per layer its bit length (N = 8 bytes, "elias" and "paper" only), its bucket norms
+        and its payload P_l: "fixed" ceil(n_l (w + 1) / 8), w = ceil(log2(s + 1)) (exact); "elias"
+        ceil(n_l c / 8), c the longest Elias code of a level, and "paper"
+        ceil(qsgd_paper_coding.max_bits(n_l, s) / 8): the largest message (`bits_exact` False)."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        s = self.levels
+        body = 0
+        for n in sizes:
+            if self.coding == "fixed":
+                payload = -(-n * (level_bits(s) + 1) // 8)
+            elif self.coding == "paper":
+                payload = -(-paper.max_bits(n, s) // 8)
+            else:
+                payload = -(-n * elias.max_code_bits(s) // 8)
+            body += (0 if self.coding == "fixed" else _NBITS.size) + 4 * bucket_count(n, self.bucket) + payload
+        return per_element_bits(HEADER.size + PARAMS.size + body, layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Uplink bits per element of a one-layer message of n elements (header, parameters, norms,
         padding included); downlink: the server's float32 mean (32).
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from tgsim.backend import array_module
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec
+from tgsim.codecs.base import CodecProperties, PlainCodec, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -248,7 +248,12 @@ class SignSGD(_Kernels):
             out[k] = vote.reshape(s)
         return out
 
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 (HEADER + Σ_l ceil(n_l / 8)) / Σ_l n_l: the frame's header and one sign plane a layer."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        return per_element_bits(HEADER.size + sum(_plane_bytes(n) for n in sizes), layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Up: ceil(n/8) bytes of signs + the header, over n; down: 2 bits, the vote in {-1, 0, +1}
         (what a signSGD server needs; tgsim's ps exchange sends the float32 aggregate, 32 bits)."""
         return {"up": 8 * (HEADER.size + _plane_bytes(n)) / n if n else 0.0, "down": 2}
@@ -396,7 +401,17 @@ class ScaledSign(_Kernels):
             return out
         return ordered_mean([self.decode(m) for m in messages], len(messages) if divide_by is None else divide_by)
 
-    def bits_per_element(self, n: int, workers: int, with_zeros: bool = False) -> dict:
+    bits_exact = False       # a layer sends 0, 1 or 2 planes (all zero, no zero, some zeros)
+
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """The largest message: 8 (HEADER + 5 L + Σ_l 2 ceil(n_l / 8)) / Σ_l n_l (the header, each
+        layer's scale and plane count, a sign and a nonzero plane per layer; a layer without zeros
+        sends one plane, an all-zero layer none)."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        return per_element_bits(HEADER.size + 5 * len(sizes) + sum(2 * _plane_bytes(n) for n in sizes),
+                                layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int, with_zeros: bool = False) -> dict:
         """Up, for one layer of n elements: the header, its scale and plane count, and one plane
         (no zero element) or two (`with_zeros`), over n; down: the server's float32 mean. (analysis.
         peers.bits_per_element counts 1 + 32/n: no frame, and zeros sent as if they were free.)"""

@@ -73,7 +73,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec
+from tgsim.codecs.base import CodecProperties, PlainCodec, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -427,7 +427,12 @@ class TopK(_Sparse):
         if count != self.kept(n):
             raise PayloadError(f"{what}: {count} elements, this codec sends k = {self.kept(n)} of {n}")
 
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 message_bytes(k_l, n_l) / Σ_l n_l = 8 (HEADER + Σ_l (4 + k_l (b_l + 4))) / Σ_l n_l, exact."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        return per_element_bits(message_bytes([self.kept(n) for n in sizes], sizes), layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Uplink bits per element of a one-layer message of n elements, exact (= the real payload):
         8 (HEADER.size + 4 + k_n (b_n + 4)) / n; downlink: the server's float32 mean (32)."""
         if n == 0:
@@ -508,7 +513,14 @@ class RandomK(_Sparse):
         if zero.any():
             raise PayloadError(f"{what}: value {int(np.argmax(zero))} is 0 (a kept element has v_i != 0)")
 
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    bits_exact = False       # the count of kept elements is random
+
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """The largest message, every element kept: 8 (HEADER + Σ_l (4 + n_l (b_l + 4))) / Σ_l n_l."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        return per_element_bits(message_bytes(sizes, sizes), layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Uplink bits per element of a one-layer message of n elements: "up" is the expectation
         8 (HEADER.size + 4 + k_n (b_n + 4)) / n for a layer with at least k_n nonzero elements (the
         count's mean is Σ p̃_i = k_n up to n 2^-24; fewer nonzeros send fewer); "up_max" every element

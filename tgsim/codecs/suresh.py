@@ -80,7 +80,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -450,7 +450,16 @@ class Suresh:
         return ordered_mean([self.decode(m) for m in messages], divide_by)
 
     # -- bits -----------------------------------------------------------------------------------
-    def bits_per_element(self, n: int, workers: int) -> dict:
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 (HEADER + PARAMS [+ KEY] + Σ_{n_l > 0} (8 + ceil(m_l b / 8))) / Σ_l n_l, exact: the frame's
+        header, the parameters, the stream key where rotating, and per non-empty layer lo, hi and
+        its m_l levels of b = ceil(log2 k) bits (m_l = n_l, or d = 2^ceil(log2 n_l) rotating)."""
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in layer_shapes(layers_or_shapes).values()]
+        b = code_bits(self.levels)
+        body = sum(RANGE.size + -(-self.quantized_size(n) * b // 8) for n in sizes if n)
+        return per_element_bits(HEADER.size + PARAMS.size + (KEY.size if self.rotate else 0) + body, layers_or_shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
         """Bits per element of a one-layer message of n elements, exact (header, parameters, the
         stream key where rotating, lo and hi, padding included): 8 (HEADER + PARAMS [+ KEY] + 8 +
         ceil(m b / 8)) / n, m = n or d = 2^ceil(log2 n) (rotate), b = ceil(log2 k); "up" = "up_max".

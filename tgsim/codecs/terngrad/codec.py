@@ -34,7 +34,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
 from tgsim.codecs.terngrad.kernels import get_kernels
 from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch, from_bytes,
                                   layer_payloads)
@@ -243,8 +243,18 @@ class TernGrad:
     def allreduce_compatible(self) -> bool:
         return True
 
-    def bits_per_element(self, n: int, workers: int) -> dict:
-        """Uplink: 2 (or 8/5) bits per element + 32 per layer; downlink: ceil(log2(2N+1))."""
+    def bits_per_element(self, layers_or_shapes: Mapping) -> float:
+        """8 (H + Σ_ternary (4 + ceil(n_l / c)) + Σ_float 4 n_l) / Σ_l n_l: the message's header H =
+        38 + Σ_l (2 + 8 d_l) bytes (tgsim.codecs.message: fixed fields, per layer its kind and d_l
+        dimensions, a CRC), per ternary layer its float32 scaler and its codes packed c = 4 (2bit) or
+        5 (base3) a byte, per float layer (float_layers, min_size) its float32 values."""
+        shapes = layer_shapes(layers_or_shapes)
+        layout = self._layout_of(shapes)
+        return per_element_bits(len(layout.header_bytes()) + layout.body_bytes(), shapes)
+
+    def link_bits(self, n: int, workers: int) -> dict:
+        """Uplink of a one-layer ternary message without its header: 2 (or 8/5) bits per element +
+        32 per layer (the scaler); downlink: ceil(log2(2N+1))."""
         k = CODES_PER_BYTE[self.packing]
         up = 8 * math.ceil(n / k) / n + 32 / n if n else 0.0
         return {"up": up, "down": math.ceil(math.log2(2 * workers + 1))}
