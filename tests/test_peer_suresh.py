@@ -310,14 +310,14 @@ def malformed_cases():
     cases.append(("other rotate", Suresh(levels=5, rotate=True), m.to_bytes(), m,
                   "rotate=0; this codec has levels=5, rotate=1"))
     body = m.to_bytes()[HEADER.size:]
-    cases.append(("bytes after the last layer", five, frame(b"TGS1", 1, m.shapes, body + b"\0"), m,
+    cases.append(("bytes after the last layer", five, frame(b"TGU1", 1, m.shapes, body + b"\0"), m,
                   "1 bytes after the last layer"))
-    cases.append(("short body", five, frame(b"TGS1", 1, m.shapes, body[:PARAMS.size + 3]), m, "layer 'g': truncated"))
-    cases.append(("no parameters", five, frame(b"TGS1", 1, m.shapes, body[:3]), m, "shorter than its parameters"))
+    cases.append(("short body", five, frame(b"TGU1", 1, m.shapes, body[:PARAMS.size + 3]), m, "layer 'g': truncated"))
+    cases.append(("no parameters", five, frame(b"TGU1", 1, m.shapes, body[:3]), m, "shorter than its parameters"))
     rot = Suresh(levels=5, rotate=True)
     mr = make_message(rot, v)
     rbody = mr.to_bytes()[HEADER.size:]
-    cases.append(("cut in the key", rot, frame(b"TGS1", 1, mr.shapes, rbody[:PARAMS.size + 7]), mr,
+    cases.append(("cut in the key", rot, frame(b"TGU1", 1, mr.shapes, rbody[:PARAMS.size + 7]), mr,
                   "truncated inside its stream key"))
     cases.append(("wrong magic", five, frame(b"TGQ1", 1, m.shapes, body), m, "not an suresh message"))
     return cases

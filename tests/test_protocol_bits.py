@@ -1,5 +1,6 @@
 """Bits on the wire (tgsim.codecs.base: `bits_per_element(layers_or_shapes)`): every codec counts
-every byte of one worker's message, headers included, as 8 len(msg.to_bytes()) / elements."""
+every byte of one worker's message, headers included, as 8 len(msg.to_bytes()) / elements; and
+the framed codecs' messages start with distinct magics."""
 
 from __future__ import annotations
 
@@ -74,3 +75,15 @@ def test_a_count_without_the_header_is_caught():
     assert bits_errors(Counting(tern, codes_only))
     assert bits_errors(Counting(make("scaled_sign"), lambda shapes: 1.0, exact=False))
     assert bits_errors(Counting(tern, lambda shapes: tern.bits_per_element(shapes) + 1e-9))
+
+
+def test_framed_codecs_have_distinct_magics():
+    """The first 4 bytes of each registered codec's message (the float32 codec sends raw values, no
+    frame): no two codecs share a magic, so bytes of one are never parsed as another's."""
+    magics = {}
+    for name in registry.names():
+        codec = make(name)
+        if codec.properties.float_mean:
+            continue
+        magics.setdefault(encode(codec, contract_layers())[0].to_bytes()[:4], []).append(name)
+    assert all(len(v) == 1 for v in magics.values()), magics

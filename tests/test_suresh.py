@@ -69,7 +69,7 @@ def test_suresh_sizes_by_hand():
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
 def test_suresh_bytes_by_hand(kernels):
     """k = 5 (3 bits), no rotation, v = [0, 1, 2, 3, 4] (lo = 0, hi = 4, Δ = 1: every x_i an integer, so
-    l_i = i whatever the uniforms): header b"TGS1", version 1, 2 layers; body k u32 = 5, rotate u8 = 0;
+    l_i = i whatever the uniforms): header b"TGU1", version 1, 2 layers; body k u32 = 5, rotate u8 = 0;
     layer v: lo, hi float32, then levels 0..4 in 3 bits, level i at bits 3i.. (LSB first): bits 3
     (l_1), 7 (l_2 = 0b010), 9, 10 (l_3), 14 (l_4 = 0b100) set -> 0x88, 0x46 (1 padding bit); empty layer e:
     nothing. Decode gives v back; the mean of it and a copy divided by 4 is v / 2."""
@@ -79,7 +79,7 @@ def test_suresh_bytes_by_hand(kernels):
     v = np.arange(5, dtype=np.float32)
     m = codec.encode_many({"v": v[None], "e": np.zeros((1, 0), np.float32)}, 3, 1, [0])[0]
     raw = m.to_bytes()
-    assert _header(raw)[:3] == (b"TGS1", 1, 2)
+    assert _header(raw)[:3] == (b"TGU1", 1, 2)
     assert raw[21:] == b"\x05\x00\x00\x00\x00" + np.array([0, 4], "<f4").tobytes() + b"\x88\x46"
     assert m.wire_bytes == len(raw) == 21 + 5 + 8 + 2
     back = codec.from_bytes(raw, m)

@@ -55,7 +55,7 @@ code (CuPy gradients always do; "numba" refuses them).
     mean = f32(Σ_w f64(decode_w) · (1/N)), workers in order (tgsim.codecs.ordered_mean)
 
 Wire: its own bytes, exchanged whole (properties.wire = "own"): the frame of tgsim.codecs.framing
-(magic b"TGS1", version 1), then, little-endian:
+(magic b"TGU1", version 1), then, little-endian:
 
     k u32 | rotate u8
     rotate only: seed u64 | step u32 | worker u32      the stream key the receiver rebuilds D from
@@ -88,7 +88,7 @@ from tgsim.codecs.packing import pack_uint, unpack_uint
 from tgsim.errors import PayloadError
 from tgsim.rng import StreamKey, random_words
 
-_MAGIC, _VERSION = b"TGS1", 1
+_MAGIC, _VERSION = b"TGU1", 1
 PARAMS = struct.Struct("<IB")
 KEY = struct.Struct("<QII")
 RANGE = struct.Struct("<ff")
