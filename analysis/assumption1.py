@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tgsim.analysis.common import least_squares_config, single_thread, trajectory, write_csv
+from tgsim.analysis.common import FP32, TERNGRAD, least_squares_config, single_thread, trajectory, write_csv
 
 
 def _row(problem, seed, codec, t, d, grad):
@@ -36,7 +36,7 @@ def _row(problem, seed, codec, t, d, grad):
                 cosine=inner / (np.sqrt(d2) * gn) if d2 > 0 and gn > 0 else np.nan)
 
 
-def least_squares_inner(seeds=(0, 1, 2), codecs=("fp32", "terngrad"), steps: int = 400, lr: float = 0.3,
+def least_squares_inner(seeds=(0, 1, 2), codecs=(FP32, TERNGRAD), steps: int = 400, lr: float = 0.3,
                         tau: float = 50.0, every: int = 1, **problem) -> tuple[pd.DataFrame, dict]:
     """Rows per (seed, codec, step); and {seed: λ_min(H)} of the full-data Hessian."""
     rows, lam = [], {}

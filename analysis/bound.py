@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
-from tgsim.analysis.common import (least_squares_config, mlp_digits_config, single_thread,
+from tgsim.analysis.common import (FP32, TERNGRAD, least_squares_config, mlp_digits_config, single_thread,
                                    terngrad_second_moment, trajectory, write_csv)
 
 QUANTITIES = ("l2sq", "terngrad_none", "terngrad_explicit", "terngrad_implicit", "terngrad_shared")
@@ -168,7 +168,7 @@ def squared_distance(params: dict, optimum: dict) -> float:
     return float(sum(np.sum((np.asarray(params[k], np.float64) - v) ** 2) for k, v in optimum.items()))
 
 
-def least_squares_points(seeds=(0, 1, 2, 3), codecs=("fp32", "terngrad"), steps: int = 800,
+def least_squares_points(seeds=(0, 1, 2, 3), codecs=(FP32, TERNGRAD), steps: int = 800,
                          every: int = 1, lr: float = 0.3, tau: float = 50.0, clip_factor: float = 2.5,
                          **problem) -> pd.DataFrame:
     """Tidy points: seed, train_codec, step, dist2, layer, worker, one column per quantity."""
@@ -212,7 +212,7 @@ def fit_table(points: pd.DataFrame, by=("layer",)) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 # non-convex: MLP on digits
 # ---------------------------------------------------------------------------------------------
-def mlp_ratios(seed: int = 0, steps: int = 300, every: int = 10, codec: str = "terngrad",
+def mlp_ratios(seed: int = 0, steps: int = 300, every: int = 10, codec: str = TERNGRAD,
                clip: str = "explicit", clip_factor: float = 2.5, **kw) -> pd.DataFrame:
     """Per (step, layer, worker): E||Q(g)||^2 / ||g||^2 for clip none/explicit/implicit, and sqrt(n)."""
     cfg = mlp_digits_config(seed, codec=codec, clip=clip, steps=steps, **kw)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tgsim.analysis.common import (mlp_digits_config, single_thread, terngrad_error, terngrad_scaling,
+from tgsim.analysis.common import (TERNGRAD, mlp_digits_config, single_thread, terngrad_error, terngrad_scaling,
                                    trajectory, write_csv)
 
 
@@ -56,7 +56,7 @@ def gaussian_reference(n: int = 1_000_000, seed: int = 0, clip_factor: float = 2
 def mlp_clipping(seed: int = 0, steps: int = 300, every: int = 5, clip_factor: float = 2.5,
                  **kw) -> pd.DataFrame:
     """Rows per (step, layer, worker) along TernGrad (explicit clipping) training of an MLP on digits."""
-    cfg = mlp_digits_config(seed, codec="terngrad", clip="explicit", steps=steps, **kw)
+    cfg = mlp_digits_config(seed, codec=TERNGRAD, clip="explicit", steps=steps, **kw)
     rows = []
 
     def rec(t, setup, params, grads):

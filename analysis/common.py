@@ -29,7 +29,13 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from tgsim.codecs.fp32 import Float32
+from tgsim.codecs.terngrad import TernGrad
 from tgsim.codecs.terngrad.quantizer import scaling_from_moments
+
+# the two codecs the TernGrad analyses (bound, convergence, assumption1, clipping) train and compare,
+# by their classes' registered names: the exact float32 mean and TernGrad
+FP32, TERNGRAD = Float32.name, TernGrad.name
 
 DEFAULT_OUT = Path("results/analysis")
 SYNTHETIC_SHAPES = ("gaussian", "student_t3", "lognormal", "sparse")
@@ -186,7 +192,7 @@ def clip_section(codec: str, clip: str) -> dict:
     return {"name": codec, **({"clip": clip} if has else {})}
 
 
-def mlp_digits_config(seed: int = 0, *, codec: str = "fp32", clip: str = "none", steps: int = 100,
+def mlp_digits_config(seed: int = 0, *, codec: str = FP32, clip: str = "none", steps: int = 100,
                       hidden=(64,), workers: int = 4, batch: int = 16, lr: float = 0.1,
                       optimizer: str = "sgd", sharding: str = "iid", alpha: float = 0.5):
     """Config of an MLP on scikit-learn's digits (64 features, 10 classes), per-worker batch."""
@@ -198,13 +204,13 @@ def mlp_digits_config(seed: int = 0, *, codec: str = "fp32", clip: str = "none",
         "model": {"name": "mlp", "options": {"hidden": list(hidden)}},
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
         "codec": clip_section(codec, clip),
-        "exchange": {"mode": "allreduce" if codec == "fp32" else "ps"},
+        "exchange": {"mode": "allreduce" if codec == FP32 else "ps"},
         "optimizer": {"name": optimizer},
         "schedule": {"name": "constant", "lr": lr},
     })
 
 
-def least_squares_config(seed: int = 0, *, codec: str = "fp32", clip: str = "none", steps: int = 1000,
+def least_squares_config(seed: int = 0, *, codec: str = FP32, clip: str = "none", steps: int = 1000,
                          lr: float = 0.2, schedule: str = "constant", tau: float = 50.0, dim: int = 16,
                          n: int = 1024, noise: float = 0.5, cond: float = 4.0, workers: int = 4,
                          batch: int = 8, share_scalers: bool = True):
@@ -217,7 +223,7 @@ def least_squares_config(seed: int = 0, *, codec: str = "fp32", clip: str = "non
         "model": {"name": "least_squares"},
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
         "codec": clip_section(codec, clip),
-        "exchange": {"mode": "allreduce" if (codec == "fp32" or share_scalers) else "allgather",
+        "exchange": {"mode": "allreduce" if (codec == FP32 or share_scalers) else "allgather",
                      "share_scalers": share_scalers},
         "optimizer": {"name": "sgd"},
         "schedule": {"name": schedule, "lr": lr, "tau": tau},

@@ -116,7 +116,8 @@ def spec(label: str) -> Spec:
     """The Spec of a codec label NAME[key=value;...] (tgsim.analysis.common.split_label): from the
     registry, its unbiasedness as declared, its knobs the "sweep" options of its Options that the
     label leaves free; a codec whose server takes a majority vote (properties.combine) estimates no
-    mean and is n/a, as is a stateful or multi-round codec (properties.stateful, rounds). ValueError naming the registered codecs (or the codec's keys) otherwise."""
+    mean and is n/a, as is a stateful or multi-round codec (properties.stateful, rounds).
+    ValueError naming the registered codecs (or the codec's keys) otherwise."""
     from tgsim.analysis.common import split_label
     from tgsim.codecs import options, registry
 

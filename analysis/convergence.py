@@ -37,7 +37,7 @@ import pandas as pd
 from scipy.linalg import solve_discrete_lyapunov
 
 from tgsim.analysis.bound import squared_distance
-from tgsim.analysis.common import least_squares_config, single_thread, trajectory, write_csv
+from tgsim.analysis.common import FP32, TERNGRAD, least_squares_config, single_thread, trajectory, write_csv
 
 EPS = (0.05, 0.02, 0.01, 0.005)
 
@@ -56,7 +56,7 @@ def _run_distances(cfg, steps: int):
     return out, norm2, setup
 
 
-def rm_runs(seeds=range(20), codecs=("fp32", "terngrad"), steps: int = 2000, lr: float = 0.5,
+def rm_runs(seeds=range(20), codecs=(FP32, TERNGRAD), steps: int = 2000, lr: float = 0.5,
             tau: float = 50.0, **problem) -> pd.DataFrame:
     """||w_t - w*||^2 for t = 0..T per (codec, seed) under Robbins-Monro steps (long format)."""
     rows = []
@@ -141,7 +141,7 @@ def predicted_floor(hessian, sigma, lr: float) -> float:
     return float(np.trace(solve_discrete_lyapunov(a, lr * lr * sigma)))
 
 
-def floor_runs(seeds=range(4), codecs=("fp32", "terngrad"), lrs=(0.05, 0.1, 0.2), steps: int = 2000,
+def floor_runs(seeds=range(4), codecs=(FP32, TERNGRAD), lrs=(0.05, 0.1, 0.2), steps: int = 2000,
                last: float = 0.5, n_batches: int = 400, **problem) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-run floors with predictions, per-step traces)."""
     rows, traces, noise = [], [], {}
@@ -154,11 +154,11 @@ def floor_runs(seeds=range(4), codecs=("fp32", "terngrad"), lrs=(0.05, 0.1, 0.2)
                 if seed not in noise:
                     noise[seed] = noise_at_optimum(setup, n_batches)
                 nz = noise[seed]
-                sigma = nz["sigma_fp32"] + (nz["sigma_q"] if codec == "terngrad" else 0.0)
+                sigma = nz["sigma_fp32"] + (nz["sigma_q"] if codec == TERNGRAD else 0.0)
                 start = int(round((1 - last) * steps))
                 rows.append(dict(codec=codec, lr=lr, seed=seed, steps=steps, floor=float(d[start:].mean()),
                                  floor_pred=predicted_floor(nz["hessian"], sigma, lr), opt_norm2=norm2,
-                                 V_fp32=nz["V_fp32"], V_q=nz["V_q"] if codec == "terngrad" else 0.0,
+                                 V_fp32=nz["V_fp32"], V_q=nz["V_q"] if codec == TERNGRAD else 0.0,
                                  quantizer_var_per_worker_shared=nz["quantizer_var_per_worker_shared"],
                                  quantizer_var_per_worker_own=nz["quantizer_var_per_worker_own"],
                                  lambda_min=nz["lambda_min"], final_dist2=float(d[-1])))
@@ -193,7 +193,7 @@ def summarize(rm: pd.DataFrame, floors: pd.DataFrame, eps=EPS, tau: float = 50.0
           .reset_index())
     fl["floor_over_pred"] = fl["floor"] / fl["floor_pred"]
     fl["floor_over_lr_V"] = fl["floor"] / (fl["lr"] * (fl["V_fp32"] + fl["V_q"]))
-    fp = fl[fl["codec"] == "fp32"].set_index("lr")["floor"]
+    fp = fl[fl["codec"] == FP32].set_index("lr")["floor"]
     fl["floor_over_fp32"] = [f / fp.get(lr, np.nan) for f, lr in zip(fl["floor"], fl["lr"])]
     below = []
     for c, lr in zip(fl["codec"], fl["lr"]):

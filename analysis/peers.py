@@ -284,7 +284,8 @@ def _range_bounds(v, n, nv2, s, k):
 
 def _levels_bounds(v, n, nv2, s, k):
     r = float(v.max() - v.min())
-    return {"suresh_k_range": ("error", n / (4 * (s - 1) ** 2) * r**2), "suresh_k_norm": ("error", suresh_bound(n, s, nv2))}
+    return {"suresh_k_range": ("error", n / (4 * (s - 1) ** 2) * r**2),
+            "suresh_k_norm": ("error", suresh_bound(n, s, nv2))}
 
 
 @functools.lru_cache(maxsize=None)

@@ -68,7 +68,7 @@ class CodecConfig:
     and error_feedback."""
 
     name: str = registry.DEFAULT    # a codec name, plugin or "module:Class": tgsim.codecs.registry
-    error_feedback: bool = False    # wrap the codec in error feedback (tgsim.codecs.error_feedback): per-worker residuals
+    error_feedback: bool = False    # wrap the codec in error feedback (tgsim.codecs.error_feedback)
     kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
     options: dict = field(default_factory=dict)   # the codec's own keys (tgsim.codecs.options.parse)
 
