@@ -47,6 +47,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from tgsim.analysis.perfmodel_nets import Net, get_net
+from tgsim.codecs.fp32 import Float32
+from tgsim.codecs.terngrad import TernGrad
+
+FP32, TERNGRAD = Float32.name, TernGrad.name     # the two codecs whose bytes the model knows
 
 GBIT = 1e9
 
@@ -69,9 +73,9 @@ def layer_bytes(codec: str, n: int, workers: int, packing: str = "2bit", downlin
     down      what one worker pulls from the server (ps)
     reduce    the buffer of an all-reduce (fp32: float32; terngrad: int8 codes, int16 beyond 127)
     """
-    if codec == "fp32":
+    if codec == FP32:
         return {"up": 4 * n, "down": 4 * n, "reduce": 4 * n}
-    if codec != "terngrad":
+    if codec != TERNGRAD:
         raise ValueError(f"unknown codec {codec!r}")
     up = 4 + packed_size(n, packing)
     if downlink == "sum":
@@ -205,7 +209,7 @@ def iteration(net: Net | str, codec: "str | Wire", gpus: int, cluster: Cluster |
         if isinstance(codec, Wire):
             enc, dec = codec.encode * layer.params, codec.decode_seconds(layer.params, gpus, ex, nodes)
         else:
-            enc = ex.codec_seconds_per_element * layer.params if codec == "terngrad" else 0.0
+            enc = ex.codec_seconds_per_element * layer.params if codec == TERNGRAD else 0.0
         up, down = message_seconds(codec, layer.params, gpus, cluster, ex)
         if shared:                               # one medium: uplink and downlink share it
             up, down = up + down, 0.0
@@ -233,7 +237,7 @@ def iteration(net: Net | str, codec: "str | Wire", gpus: int, cluster: Cluster |
 
 def throughput_table(nets: Sequence[str] = ("alexnet", "googlenet", "vgg_a"),
                      gpus: Iterable[int] = tuple(2 ** k for k in range(10)),
-                     clusters: Sequence[str] = ("ethernet", "infiniband"), codecs: Sequence[str] = ("fp32", "terngrad"),
+                     clusters: Sequence[str] = ("ethernet", "infiniband"), codecs: Sequence[str] = (FP32, TERNGRAD),
                      exchange: Exchange | None = None, batch: int | None = None):
     """Tidy DataFrame: one row per (net, cluster, gpus, codec)."""
     import pandas as pd
@@ -256,7 +260,7 @@ def gain_table(df):
     """TernGrad throughput / fp32 throughput per (net, cluster, gpus) of a `throughput_table`."""
     key = ["net", "cluster", "gpus"]
     p = df.pivot_table(index=key, columns="codec", values="throughput").reset_index()
-    p["gain"] = p["terngrad"] / p["fp32"]
+    p["gain"] = p[TERNGRAD] / p[FP32]
     extra = df.drop_duplicates(key)[key + ["fc_fraction", "bandwidth"]]
     return p.merge(extra, on=key)
 
@@ -264,7 +268,7 @@ def gain_table(df):
 def fig5(nets: Sequence[str] = ("alexnet", "googlenet", "vgg_a"), exchange: Exchange | None = None):
     """The data of TernGrad Fig. 5: throughput against 1..512 GPUs, fp32 vs TernGrad, both clusters."""
     return throughput_table(nets, tuple(2 ** k for k in range(10)), ("ethernet", "infiniband"),
-                            ("fp32", "terngrad"), exchange)
+                            (FP32, TERNGRAD), exchange)
 
 
 # -- Fig. 5's qualitative claims, as checks any model function can be put through -----------------
@@ -281,8 +285,8 @@ def _gains(model, nets, gpus, clusters, exchange) -> "dict":
         for c in clusters:
             cl = CLUSTERS[c] if isinstance(c, str) else c
             for g in gpus:
-                t = model(net, "terngrad", g, cl, exchange)["throughput"]
-                f = model(net, "fp32", g, cl, exchange)["throughput"]
+                t = model(net, TERNGRAD, g, cl, exchange)["throughput"]
+                f = model(net, FP32, g, cl, exchange)["throughput"]
                 out[(name, cl.name, g)] = t / f
     return out
 
