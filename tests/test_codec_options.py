@@ -6,7 +6,6 @@ options; config.toml round trips and digests do not depend on whether defaults w
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,15 @@ from tgsim.train import config as config_mod
 from tgsim.train.config import CodecConfig, from_dict
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin_codec"
-if str(EXAMPLE) not in sys.path:
-    sys.path.insert(0, str(EXAMPLE))
-PLUGIN = "tgsim_example_codec:StochasticBF16"
+PLUGIN = "tgsim_example_codec:StochasticBF16"     # by import path, with EXAMPLE on sys.path (`example`)
 BASE = {"exchange": {"mode": "ps"}}
+
+
+@pytest.fixture
+def example(monkeypatch):
+    """examples/plugin_codec on sys.path for one test (a local build of it may declare an entry point,
+    which must not leak into other tests' registry)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
 
 
 def codec(**section):
@@ -78,7 +82,7 @@ def test_an_unknown_key_names_the_codec_and_its_options():
     ({"name": "terngrad", "float_layers": "fc"}, "codec 'terngrad' option 'float_layers' must be a list"),
     ({"name": PLUGIN, "mantissa_bits": 9}, f"codec '{PLUGIN}' option 'mantissa_bits' must be <= 7, got 9"),
 ])
-def test_a_wrong_value_names_the_codec_and_the_key(section, says):
+def test_a_wrong_value_names_the_codec_and_the_key(section, says, example):
     with pytest.raises(ConfigError) as e:
         codec(**section)
     assert says in str(e.value)
@@ -95,7 +99,7 @@ def test_common_keys_are_not_options():
 # -- every codec declares Options ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [*registry.names(), PLUGIN])
-def test_every_registered_codec_declares_options(name):
+def test_every_registered_codec_declares_options(name, example):
     """A frozen dataclass with a default and a one-line help for every field, at most a tuple of sweep
     values, and a default instance equal to the parse of an empty config."""
     cls = registry.codec_class(name)
@@ -128,7 +132,7 @@ def test_an_options_class_must_be_frozen():
         options.parse(Loose, {})
 
 
-def test_sweeps_come_from_the_metadata():
+def test_sweeps_come_from_the_metadata(example):
     assert options.sweep(registry.codec_class("qsgd"))[0] == "levels"
     assert options.sweep(registry.codec_class("topk")) == ("density", (0.02, 0.05, 0.1, 0.25, 0.5, 1.0))
     assert options.sweep(registry.codec_class("fp32")) is None

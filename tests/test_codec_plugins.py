@@ -30,8 +30,13 @@ EXAMPLE = REPO / "examples" / "plugin_codec"
 PATH_NAME = "tgsim_example_codec:StochasticBF16"
 TGSIM = Path(sys.executable).parent / "tgsim"
 
-if str(EXAMPLE) not in sys.path:
-    sys.path.insert(0, str(EXAMPLE))
+
+
+@pytest.fixture(autouse=True)
+def example_on_path(monkeypatch):
+    """examples/plugin_codec on sys.path for each test of this module only: a local build of it may
+    declare the entry point sr_bf16, which must not leak into other modules' registry."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
 
 
 def plugin_site(root: Path, entry_name: str = "sr_bf16") -> Path:
