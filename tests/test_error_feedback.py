@@ -26,7 +26,7 @@ WRAPPABLE = [n for n in registry.names()          # error feedback wraps the sta
 
 
 def ef_codec(name: str, **options):
-    return error_feedback.ErrorFeedback(registry.make_codec(dataclasses.replace(CodecConfig(), name=name, **options)))
+    return error_feedback.ErrorFeedback(registry.make_codec(CodecConfig(name=name, options=options)))
 
 
 def bits(a) -> bytes:
