@@ -50,7 +50,7 @@ def test_every_mode_delivers_the_mean_of_the_decoded_codes(mode, shared):
     sh = ex.max_scalers(local) if shared else None
     if shared:
         assert np.all(sh >= local)
-    msgs = [codec.encode(g, StreamKey(7, 3, w), shared_scalers=sh, scalings=scalings[w])
+    msgs = [codec.encode(g, StreamKey(7, 3, w), shared_scalers=sh, stats=scalings[w])
             for w, g in enumerate(layers)]
     mean, _ = ex.aggregate(codec, msgs, mode, shared)
     for i, name in enumerate(["w", "b"]):

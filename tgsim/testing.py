@@ -12,6 +12,7 @@ and give it a `codec` fixture; pytest then runs every check below on that codec:
 
 Checks (statistical ones at family-wise alpha = 1e-3, fixed seeds, each with a positive control):
 - properties: a CodecProperties instance, a `name`;
+- single worker: `encode(layers, key)` is worker key.worker's message of `encode_many`;
 - bits: `bits_per_element` counts every byte of a worker's message (`bits_errors`);
 - capabilities: every declared capability (float_mean, sums_exactly, defers_encode,
   server_reencodes, stateful, rounds) is implemented (`capability_errors`);
@@ -210,6 +211,29 @@ def bits_errors(codec, layers: dict | None = None) -> list[str]:
     return errors
 
 
+def single_encode_errors(codec, layers: dict | None = None) -> list[str]:
+    """Where the single-worker API differs from the batched one, one line each ([] when it does not):
+    `encode(layers_w, StreamKey(seed, step, w))` gives the bytes of worker w's message of
+    `encode_many` (own statistics) and `decode` reads it. A codec of R > 1 rounds has no single
+    message: not checked here."""
+    from tgsim.rng import StreamKey
+
+    if codec.properties.rounds > 1:
+        return []
+    if not callable(getattr(codec, "encode", None)):
+        return ["no encode(layers, key)"]
+    layers = contract_layers() if layers is None else layers
+    batch = codec.encode_many(layers, 2024, 3, np.arange(WORKERS), None, codec.prepare_many(layers))
+    errors = []
+    for w in range(WORKERS):
+        m = codec.encode({k: v[w] for k, v in layers.items()}, StreamKey(2024, 3, w))
+        if m.to_bytes() != batch[w].to_bytes():
+            errors.append(f"worker {w}: encode gives other bytes than encode_many's row")
+        elif not _same_bits(codec.decode(m), codec.decode(batch[w])):
+            errors.append(f"worker {w}: decode of encode's message differs")
+    return errors
+
+
 class CodecContract:
     """Generic checks of the codec protocol (tgsim.codecs.base), run on the `codec` fixture."""
 
@@ -229,6 +253,10 @@ class CodecContract:
     def test_bits_per_element_counts_the_wire(self, codec):
         """`bits_errors` finds nothing: bits_per_element is 8 len(to_bytes()) / elements."""
         assert bits_errors(codec) == []
+
+    def test_single_worker_encode_is_the_batched_row(self, codec):
+        """`single_encode_errors` finds nothing: encode(layers, key) is encode_many's row."""
+        assert single_encode_errors(codec) == []
 
     def test_round_trip_through_bytes(self, codec):
         layers = contract_layers()

@@ -127,6 +127,19 @@ def per_element_bits(nbytes: int, layers_or_shapes: Mapping) -> float:
     return 8.0 * nbytes / total if total else 0.0
 
 
+def encode_one(codec, layers: Mapping, key, shared_scalers=None):
+    """One worker's message: its layers {name: array} (no worker axis) encoded under the stream key
+    `key` (tgsim.rng.StreamKey: seed, step, worker) as `encode_many` encodes that worker, after
+    `prepare_many` (its checks, its statistics), so the same bits as the worker's row of a batched
+    call. shared_scalers: the per-layer shared statistics, or None for the worker's own."""
+    from tgsim.backend import array_module
+
+    rows = {k: array_module(v).asarray(v)[None] for k, v in layers.items()}
+    stats = codec.prepare_many(rows)
+    return codec.encode_many(rows, key.seed, key.step, np.array([key.worker], dtype=np.int64), shared_scalers,
+                             stats)[0]
+
+
 class PlainCodec:
     """Base of codecs without config options and without shared statistics (fp32, fp16)."""
 
@@ -135,6 +148,10 @@ class PlainCodec:
     @classmethod
     def from_config(cls, cfg):
         return cls()
+
+    def encode(self, layers: Mapping, key, shared_scalers=None):
+        """One worker's message of its layers {name: array} under StreamKey `key` (`encode_one`)."""
+        return encode_one(self, layers, key, shared_scalers)
 
     def local_scalers_many(self, stats, workers: int | None = None):
         raise TypeError(f"{self.name} shares no statistics (properties.shared_stats is None)")

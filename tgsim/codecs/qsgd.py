@@ -81,7 +81,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import elias, options, qsgd_paper_coding as paper
-from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, encode_one, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -350,6 +350,11 @@ class QSGD:
         if self.coding == "paper":
             return paper.encode(q)
         return elias.encode(q) if self.coding == "elias" else pack_fixed(q, self.levels)
+
+    def encode(self, layers: Mapping, key, shared_scalers=None):
+        """One worker's message of its layers {name: array} under StreamKey `key`
+        (tgsim.codecs.base.encode_one: the worker's row of `encode_many`)."""
+        return encode_one(self, layers, key, shared_scalers)
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[QSGDMessage]:

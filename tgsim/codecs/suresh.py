@@ -80,7 +80,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, encode_one, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -328,6 +328,11 @@ class Suresh:
         """y: the float64 values quantized for one worker's layer v (rotated where `rotate`)."""
         xp = array_module(v)
         return rotate(v, key) if self.rotate else v.reshape(-1).astype(xp.float64)
+
+    def encode(self, layers: Mapping, key, shared_scalers=None):
+        """One worker's message of its layers {name: array} under StreamKey `key`
+        (tgsim.codecs.base.encode_one: the worker's row of `encode_many`)."""
+        return encode_one(self, layers, key, shared_scalers)
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[SureshMessage]:

@@ -2,14 +2,14 @@
 
     scalings = codec.scaling(layers)                    # pass 1: moments, clip bound, local s_i
     s        = max over workers of codec.local_scalers(scalings)   # scaler sharing (MAX all-reduce)
-    message  = codec.encode(layers, key, shared_scalers=s, scalings=scalings)   # pass 2
+    message  = codec.encode(layers, key, shared_scalers=s, stats=scalings)      # pass 2
     mean     = codec.aggregate(messages_of_all_workers, divide_by=N)
 
 Batched over the W workers of one process (layers carry a leading worker axis, (W, *shape)):
 
     scalings = codec.scaling_many(layers)               # one ScalingBatch (arrays over W) per layer
     local    = codec.local_scalers_many(scalings)       # (W, L) float32
-    messages = codec.encode_many(layers, seed, step, workers, shared_scalers=s, scalings=scalings)
+    messages = codec.encode_many(layers, seed, step, workers, shared_scalers=s, stats=scalings)
 
 with exactly the bits of the per-worker calls (message w = encode of worker workers[w]'s layers
 with StreamKey(seed, step, workers[w])), one kernel call per layer for all W workers.
@@ -432,10 +432,12 @@ class TernGrad:
         return out
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None,
-                    scalings: Sequence[ScalingBatch | None] | None = None, deferred: bool = False) -> list[Message]:
+                    stats: Sequence[ScalingBatch | None] | None = None, deferred: bool = False) -> list[Message]:
         """One Message per worker, bit-identical to encode({k: g[w]}, StreamKey(seed, step, workers[w]),
-        shared_scalers, scalings of worker w) for each w; layers carry a leading worker axis (W, *shape).
+        shared_scalers, stats of worker w) for each w; layers carry a leading worker axis (W, *shape).
 
+        stats: `prepare_many`'s scalings (one ScalingBatch per ternary layer, None per float layer),
+        or None to compute them here.
         shared_scalers: (L,) for every worker (a MAX all-reduce) or (W, L). The parts of message w
         are row w of per-layer (W, nbytes) payload arrays (float layers: row w of the float32 rows).
         deferred: `DeferredMessage`s (checks done, codes encoded when asked for), where the Numba
@@ -446,6 +448,7 @@ class TernGrad:
         if workers.shape != (nw,) or (nw and workers.dtype.kind not in "iu"):
             raise ValueError(f"workers: expected {nw} integer worker ids, got {workers.dtype} {workers.shape}")
         n_layers = len(layout.layers)
+        scalings = stats
         if scalings is None:
             flats, scalings = self._pass1_many(layout, layers, nw)
         else:
@@ -508,11 +511,12 @@ class TernGrad:
 
     # -- pass 2 and the way back ----------------------------------------------------------------
     def encode(self, layers: Mapping, key: StreamKey, shared_scalers=None,
-               scalings: Sequence[LayerScaling | None] | None = None, deferred: bool = False) -> Message:
+               stats: Sequence[LayerScaling | None] | None = None, deferred: bool = False) -> Message:
         """Message of worker key.worker: `encode_many` of that one worker (one code path, the same
         bits). shared_scalers: per-layer s (a MAX all-reduce: s >= local s_i; a mean: every worker
-        clips at s). deferred: a
+        clips at s). stats: `scaling(layers)` of this worker, or None to compute them. deferred: a
         `DeferredMessage` where the Numba kernels encode (see encode_many)."""
+        scalings = stats
         if scalings is None:
             scalings = self.scaling(layers)      # the checks and errors of one worker's layers
         rows = {name: array_module(g).asarray(g)[None] for name, g in layers.items()}
