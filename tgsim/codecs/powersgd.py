@@ -72,7 +72,7 @@ import numpy as np
 
 from tgsim.backend import array_module
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, encode_one
 from tgsim.codecs.fp32 import Float32Message, first_beyond_float32, first_nonfinite
 from tgsim.codecs.ordered_mean import ordered_mean
 from tgsim.errors import PayloadError
@@ -372,6 +372,12 @@ class PowerSGD:
                 else:
                     out[w][k] = _f32(layers[k][w])
         return out
+
+    def encode(self, layers: Mapping, key, shared_scalers=None) -> PowerSGDMessage:
+        """One worker's message of its layers {name: array} (no worker axis) under StreamKey `key`:
+        `encode_many` of that worker alone from the zero state (P̂ = orth(M Q), Q_w = Mᵀ P̂), so
+        decode gives its rank-r approximation P̂ Q_wᵀ (tgsim.codecs.base.encode_one)."""
+        return encode_one(self, layers, key, shared_scalers)
 
     def from_bytes(self, buf, like: PowerSGDMessage) -> PowerSGDMessage:
         """The float32 arrays shaped like `like`'s from their concatenated little-endian bytes

@@ -304,10 +304,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("[exchange] reternarize_downlink needs mode = 'ps'")
     if e.reternarize_downlink and not props.server_reencodes:
         raise ConfigError(f"[exchange] reternarize_downlink needs a codec whose server re-encodes; {c.name!r} does not")
-    if e.mode == "allreduce" and props.wire == "own":
+    if e.mode == "allreduce" and not (props.sums_exactly or props.float_mean):
         raise ConfigError(f"[exchange] mode 'allreduce' needs a codec whose codes sum exactly; {c.name!r} sends "
                           "whole messages: use 'ps' or 'allgather'")
-    if e.mode == "allreduce" and props.wire == "tgm1" and (props.shared_stats is None or not e.share_scalers):
+    if e.mode == "allreduce" and props.sums_exactly and (props.shared_stats is None or not e.share_scalers):
         raise ConfigError("[exchange] integer all-reduce of ternary codes needs share_scalers = true "
                           "(summing codes with different scalers is wrong)")
     if cfg.optimizer.name not in OPTIMIZERS:
@@ -355,7 +355,7 @@ def _check_local_steps(cfg: Config, props) -> None:
             raise ConfigError(f"[exchange] every = {e.every} needs local = 'average' (local SGD) or 'pqasgd': "
                               "local = 'none' exchanges the gradients at every step")
         return
-    if e.local == "average" and props.wire != "float32":
+    if e.local == "average" and not props.float_mean:
         raise ConfigError(f"[exchange] local = 'average' averages the models exactly in float32, so the codec "
                           f"{cfg.codec.name!r} would not be used: use a float32 codec (fp32), or local = 'pqasgd' "
                           "to send the model difference through the codec")
