@@ -427,3 +427,18 @@ def grad(kind: str, n: int, seed: int = 0) -> np.ndarray:
         g[::3] = -0.0
         return g
     raise ValueError(kind)
+
+
+# -- the least-squares training run of the peer codecs' tests (test_peer_qsgd.py, test_peer_sparse.py) --
+LS = {"run": {"name": "qsgd-ls", "seed": 3, "steps": 50, "eval_every": 0, "log_every": 10},
+      "data": {"name": "least_squares"}, "model": {"name": "least_squares"},
+      "workers": {"n": 4, "batch": 32}, "exchange": {"mode": "ps"},
+      "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+
+
+def train_loss_curve(out) -> np.ndarray:
+    """The training loss per logged step (metrics.csv of run directory `out`, layer "model"), by step."""
+    import pandas as pd
+
+    m = pd.read_csv(out / "metrics.csv")
+    return m[(m["split"] == "train") & (m["layer"] == "model")].sort_values("step")["loss"].to_numpy()

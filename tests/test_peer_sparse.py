@@ -23,7 +23,7 @@ from tgsim.rng import StreamKey, uniform
 from tgsim.testing import CodecContract, pooled_controls
 from tgsim.train.config import from_dict
 
-from test_peer_qsgd import LS as QSGD_LS, train_losses
+from fakes import LS as QSGD_LS, train_loss_curve
 
 ALPHA = 1e-3
 
@@ -359,7 +359,7 @@ def test_least_squares_trains_at_density_01(tmp_path, name):
     for mode in ("ps", "allgather"):
         cfg = from_dict({**LS, "codec": {"name": name, "density": 0.1}, "exchange": {"mode": mode}})
         res[mode] = run(cfg, out=tmp_path / mode, quiet=True)
-    loss = train_losses(res["ps"].out)
+    loss = train_loss_curve(res["ps"].out)
     assert len(loss) == 50 and loss[-5:].mean() < loss[0] / 5, loss
     a, b = res["ps"], res["allgather"]
     assert all(np.array_equal(a.params[k].view(np.uint32), b.params[k].view(np.uint32)) for k in a.params)

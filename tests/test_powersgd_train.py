@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_mpi import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
+from mpi_cases import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
 from tgsim.codecs.powersgd import PowerSGD
 from tgsim.exchange.base import ring_allreduce_bytes
 from tgsim.train import checkpoint
