@@ -65,11 +65,14 @@ API: dict[str, tuple[str, ...]] = {
     "argmin": ("a", "axis", "dtype", "out", "keepdims"),             # cupy.argmin.html
     "cumsum": ("a", "axis", "dtype", "out"),                         # cupy.cumsum.html
     "count_nonzero": ("a", "axis"),                                  # cupy.count_nonzero.html
+    # ---- reductions ------------------------------------------------------------------------------
+    "sum": ("a", "axis", "dtype", "out", "keepdims"),                # cupy.sum.html
+    "any": ("a", "axis", "out", "keepdims"),                         # cupy.any.html
     # ---- binary packing: no `count` (NumPy has it, CuPy does not) --------------------------------
     "packbits": ("a", "axis", "bitorder"),                           # cupy.packbits.html
     "unpackbits": ("a", "axis", "bitorder"),                         # cupy.unpackbits.html
     # ---- ufuncs (UFUNC keywords) ---------------------------------------------------------------
-    "abs": UFUNC, "copysign": UFUNC, "exp": UFUNC, "floor": UFUNC, "isfinite": UFUNC,
+    "abs": UFUNC, "copysign": UFUNC, "cos": UFUNC, "exp": UFUNC, "floor": UFUNC, "isfinite": UFUNC,
     "isnan": UFUNC, "log": UFUNC, "log1p": UFUNC, "maximum": UFUNC, "minimum": UFUNC,
     "negative": UFUNC, "nextafter": UFUNC, "sqrt": UFUNC, "subtract": UFUNC,
     # matmul: a _GUFunc (source: cupy/linalg/_product.py); tgsim passes no keyword
@@ -103,6 +106,7 @@ DOC_PAGES = {
     "RawModule": "https://docs.cupy.dev/en/v13.0.0/reference/generated/cupy.RawModule.html",
     "take_along_axis": "https://docs.cupy.dev/en/stable/reference/generated/cupy.take_along_axis.html",
     "take": DOCS + "cupy.take.html",
+    "sum": DOCS + "cupy.sum.html",
     "array": DOCS + "cupy.array.html",
     "asarray": DOCS + "cupy.asarray.html",
     "asnumpy": DOCS + "cupy.asnumpy.html",
