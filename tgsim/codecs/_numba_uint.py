@@ -2,8 +2,9 @@
 
 Eight values of `width` bits fill exactly `width` bytes, so each group of eight is one 64-bit word
 written (or read) independently: a loop over the full groups with no bounds test inside a group
-(the short tail is handled apart; per-element bounds tests made these kernels ~10x slower), compiled
-per width and left serial so that LLVM vectorizes it (see _full_group_kernels). Same bits as the reference
+(the short tail is handled apart, so the full groups need no bounds test per element), compiled
+per width and left serial so that LLVM vectorizes it (see _full_group_kernels; timings in
+docs/MEASUREMENTS.md). Same bits as the reference
 (`packing.pack_uint_reference`, little-endian bit order), tested in tests/test_packing_uint.py.
 """
 
@@ -62,10 +63,14 @@ def _unpack(payload, n, width, out):
 
 
 def pack_uint(values: np.ndarray, width: int) -> np.ndarray:
+    """The bytes of `values` (non-negative integers < 2^width, any shape, flattened) at `width` (1..8)
+    bits each, little-endian bit order: uint8 (ceil(n·width/8),), the bits of
+    packing.pack_uint_reference."""
     return pack_offset(np.ascontiguousarray(values.reshape(-1), dtype=np.uint32), 0, width)
 
 
 def unpack_uint(payload: np.ndarray, n: int, width: int) -> np.ndarray:
+    """The n uint32 values of `payload` (uint8, `width` bits each, as pack_uint wrote them): uint32 (n,)."""
     out = np.empty(n, dtype=np.uint32)
     _unpack(np.ascontiguousarray(payload), np.int64(n), np.int64(width), out)
     return out
@@ -128,14 +133,12 @@ def _decode_tail(payload, n, width, offset, scaler, inv, out, g0):
 @functools.lru_cache(maxsize=None)
 def _full_group_kernels(width: int):
     """(pack, decode) over the full groups, compiled for one `width` (1..8): with the width a
-    compile-time constant LLVM unrolls the 8-value and `width`-byte loops (2-4x faster than a
-    runtime width). Numba's cache key includes the closure's constants, so each width caches apart.
+    compile-time constant LLVM unrolls the 8-value and `width`-byte loops.
+    Numba's cache key includes the closure's constants, so each width caches apart.
 
     Serial on purpose, and in 32-bit integers where they suffice: LLVM vectorizes these loops only
-    outside a parallel region (measured, 4M values at width 3: pack 0.76 ms serial against 2.9 ms
-    in a prange at 1 thread and 1.5 ms at 2; the int64 form of the sums, 3.0 ms), and the decode
-    computes each value instead of gathering it from a table of the 2^width values
-    (1.0 against 1.8 ms)."""
+    outside a parallel region, and the decode computes each value instead of gathering it from a
+    table of the 2^width values (docs/MEASUREMENTS.md)."""
     limit = (1 << width) - 1
     mask = np.uint64(limit)
 
@@ -191,8 +194,9 @@ def pack_offset(intsum: np.ndarray, offset: int, width: int) -> np.ndarray:
 
 
 def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: float, divide_by: int, out=None):
-    """(float32 mean, max packed value): scale_integer_sum(unpack_uint(payload) - offset, scaler, divide_by),
-    written into `out` (a contiguous float32 array of n elements) when given."""
+    """(float32 mean, max packed value): scale_integer_sum(unpack_uint(payload) - offset, scaler, divide_by)
+    of the n values of `width` bits in `payload`, written into `out` (a contiguous float32 array of n
+    elements) when given; the max packed value lets the caller check the range."""
     payload = np.ascontiguousarray(payload)
     out = np.empty(n, dtype=np.float32) if out is None else out
     full = min(n // 8, payload.size // width)
@@ -207,8 +211,7 @@ def decode_scaled(payload: np.ndarray, n: int, width: int, offset: int, scaler: 
 def _decode_codes(codes, n, scaler, inv, out):
     """out[i] <- _scaled(c_i) (offset 0); returns how many codes c_i lie outside [-n, n] (their out
     is that of -n). Serial and computed per element, not gathered from a table of the values: LLVM
-    vectorizes it (4M int8 codes, 1 thread: 1.05 ms against 6.0 ms for the table gather in a
-    parallel region)."""
+    vectorizes it."""
     bad = 0
     for i in range(codes.size):
         c = np.int64(codes[i])
