@@ -19,11 +19,8 @@ Two implementations of one function each, bit for bit and error for error:
     encode_array / decode_array    array code (NumPy or CuPy): the reference; decode_array finds the
                                    code boundaries by pointer doubling (log2 n gathers over the bits)
     encode / decode                Numba (@njit(cache=True)), serial, on the host: what the codec runs
-Measured on 2^22 elements (s = 7, Gaussian, l2 buckets of 512: 1.74 bits per element; best of 5 on
-the 2-core development machine, load ~3.5): a read pass of the float32 layer (np.abs(v).max())
-takes 1.2-1.3 ms; encode_array 229-240 ms (~180x), decode_array 1.6-1.9 s (~1,400x); the Numba
-encode 12 ms (~10x) and decode 23-25 ms (~20x). The array versions are far beyond 3x a read pass,
-hence Numba for the codec (and the array code as the reference it is tested against).
+The codec runs the Numba versions, the array code being the reference they are tested against
+(timings: docs/MEASUREMENTS.md).
 """
 
 from __future__ import annotations
@@ -107,11 +104,13 @@ def encode_array(q):
 
 
 def decode_array(buf, nbits: int, n: int, s: int, what: str = "Elias-gamma payload"):
-    """The n signed levels (int32) of the stream `buf` (uint8, NumPy or CuPy) of `nbits` bits.
+    """The n signed levels (int32) of the stream `buf` (uint8, NumPy or CuPy) of `nbits` bits, coded for
+    s levels; PayloadError naming `what` on a malformed stream.
 
     Every bit position p gets the code that would start there (its length, level, status); the
     starts are then the chain 0, next(0), next(next(0)), ..., found by pointer doubling: with S the
-    first m starts and J the position m codes on, S <- S ++ J[S], J <- J[J]."""
+    first m starts and J the position m codes on, S <- S ++ J[S], J <- J[J].
+    """
     xp = array_module(buf)
     _check_padding(buf, nbits, what)
     if n == 0:
@@ -255,7 +254,8 @@ def encode(q):
 
 
 def decode(buf, nbits: int, n: int, s: int, what: str = "Elias-gamma payload") -> np.ndarray:
-    """decode_array in Numba: the n signed levels (int32) or decode_array's PayloadError."""
+    """decode_array in Numba: the n signed levels (int32) of the `nbits`-bit stream `buf` coded for s
+    levels, or decode_array's PayloadError (naming `what`)."""
     buf = np.ascontiguousarray(to_numpy(buf), dtype=np.uint8).reshape(-1)
     _check_padding(buf, nbits, what)
     out = np.empty(n, dtype=np.int32)
