@@ -52,18 +52,21 @@ PREFIX = "residual/"           # the state key of a layer's residuals: "residual
 
 
 def lossless(props: CodecProperties) -> bool:
-    """The codec sends the float32 layers as they are (D(C(p)) = p), so its residual is always 0."""
+    """Whether a codec with properties `props` sends the float32 layers as they are (D(C(p)) = p), so
+    that its residual is always 0."""
     return props.float_mean
 
 
 def ef_properties(inner: CodecProperties) -> CodecProperties:
-    """The property rule: an EF-wrapped codec is stateful (the residuals, checkpointed with the run)
-    and biased (E[D(C(g + e))] = g + e != g), except around a lossless codec, where it is the identity."""
+    """The properties of ErrorFeedback around a codec with properties `inner`: stateful (the residuals,
+    checkpointed with the run) and biased (E[D(C(g + e))] = g + e != g), except around a lossless codec,
+    where it is the identity."""
     return dataclasses.replace(inner, stateful=True, unbiased=inner.unbiased and lossless(inner))
 
 
 def compensate(grads: Mapping, residual: Mapping) -> dict:
-    """p = f32(g) + e per layer (W, *shape): the input of the inner codec."""
+    """{layer: p} with p = f32(g) + e per layer (W, *shape): the input of the inner codec, from the local
+    workers' gradients `grads` and their residuals `residual` (ValueError on a shape mismatch)."""
     out = {}
     for k, g in grads.items():
         xp = array_module(g)
@@ -76,7 +79,8 @@ def compensate(grads: Mapping, residual: Mapping) -> dict:
 
 
 def new_residual(compensated: Mapping, decoded: Sequence[Mapping]) -> dict:
-    """e' = p - D(C(p)) per layer; `decoded`: the decoded message of each local worker, in order."""
+    """{layer: e'} with e' = p - D(C(p)) per layer, from the compensated gradients `compensated`
+    {layer: (W, *shape)} and `decoded`, the decoded message of each local worker, in order."""
     out = {}
     for k, p in compensated.items():
         xp = array_module(p)
@@ -88,7 +92,7 @@ def new_residual(compensated: Mapping, decoded: Sequence[Mapping]) -> dict:
 
 
 def zeros(shapes: Mapping, n_local: int) -> dict:
-    """The residuals at step 0: {layer: (n_local, *shape) float32 zeros}."""
+    """The residuals at step 0: {layer: (n_local, *shape) float32 zeros} for the layers `shapes`."""
     return {k: np.zeros((n_local, *tuple(s)), np.float32) for k, s in shapes.items()}
 
 
@@ -103,13 +107,14 @@ def residuals(state: Mapping) -> dict:
 
 
 def pack_rows(residual: Mapping) -> np.ndarray:
-    """{key: (n, *shape)} -> (n, M) float32 host array, keys in order (one buffer to gather)."""
+    """The (n, M) float32 host array of `residual` {key: (n, *shape)}, keys in order (one buffer to gather)."""
     rows = [np.asarray(to_numpy(v), np.float32).reshape(v.shape[0], -1) for v in residual.values()]
     return np.ascontiguousarray(np.concatenate(rows, axis=1)) if rows else np.zeros((0, 0), np.float32)
 
 
 def unpack_rows(rows: np.ndarray, shapes: Mapping) -> dict:
-    """(n, M) float32 -> {layer: (n, *shape)} (`pack_rows` undone)."""
+    """{layer: (n, *shape)} of the (n, M) float32 `rows` for the layers `shapes` (`pack_rows` undone;
+    ValueError when M is not the layers' size)."""
     rows = np.asarray(rows, np.float32)
     out, off = {}, 0
     for k, s in shapes.items():
@@ -122,7 +127,9 @@ def unpack_rows(rows: np.ndarray, shapes: Mapping) -> dict:
 
 
 def local_rows(saved: Mapping, shapes: Mapping, local_workers: Sequence[int]) -> dict:
-    """This process's rows of a checkpoint's residuals {layer: (N, *shape)} (ValueError on a shape mismatch)."""
+    """This process's rows of a checkpoint's residuals `saved` {layer: (N, *shape)}: {layer:
+    (len(local_workers), *shape)} for the rows `local_workers`; ValueError when the layers or shapes
+    differ from `shapes`."""
     if set(saved) != set(shapes):
         raise ValueError(f"error feedback: the checkpoint holds residuals of layers {sorted(saved)}, the model "
                          f"has {sorted(shapes)}")
