@@ -28,13 +28,15 @@ def layout_crc(shapes: Mapping) -> int:
 
 
 def frame(magic: bytes, version: int, shapes: Mapping, body: bytes) -> bytes:
-    """Header + body for a message of the layers `shapes` (name -> shape)."""
+    """Header (magic `magic`, `version`, the layout of `shapes` (name -> shape)) + `body`: the bytes of a
+    message."""
     return HEADER.pack(magic, version, len(shapes), layout_crc(shapes), len(body)) + body
 
 
 def unframe(buf, magic: bytes, version: int, shapes: Mapping, what: str) -> memoryview:
-    """The body of a framed message, after checking its magic, version, layout and length against
-    the receiver's `shapes`; PayloadError naming `what` (e.g. "fp16 message") and what is wrong."""
+    """The body of the framed message `buf`, after checking its magic, version, layout and length against
+    `magic`, `version` and the receiver's `shapes`; PayloadError naming `what` (e.g. "fp16 message")
+    and what is wrong."""
     buf = memoryview(bytes(buf))
     if len(buf) < HEADER.size:
         raise PayloadError(f"{what} truncated: {len(buf)} bytes, shorter than its header")
@@ -51,8 +53,8 @@ def unframe(buf, magic: bytes, version: int, shapes: Mapping, what: str) -> memo
 
 
 def fixed_width_layers(body, shapes: Mapping, dtype: str, what: str) -> dict:
-    """name -> array (native byte order, shaped like the layer) of a body holding every layer's
-    values as `dtype` (e.g. "<f2"), layers in order; PayloadError when its length is not theirs."""
+    """name -> array (native byte order, shaped like the layer) of a `body` holding every layer of `shapes`
+    as `dtype` (e.g. "<f2"), layers in order; PayloadError naming `what` when its length is not theirs."""
     dt = np.dtype(dtype)
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
     if len(body) != dt.itemsize * sum(sizes):
