@@ -125,7 +125,7 @@ class PayloadBatch:
     """The per-layer batch arrays of one `encode_many` call (ternary layers: (W, nbytes) uint8, else
     None) and their row views in worker order, which the messages' parts start out as. Messages
     refer to it (Message.batch), so that `layer_payloads` can hand the batch array to the kernels
-    after identity checks (~0.1 us a row) instead of comparing every row's address."""
+    after identity checks instead of comparing every row's address."""
 
     __slots__ = ("arrays", "rows")
 
@@ -149,8 +149,8 @@ def layer_payloads(messages, i: int, xp=np):
 
 
 def stacked_payloads(parts, xp=np):
-    """(W, nbytes) payloads: the batch array that `encode_many`'s messages are consecutive rows of,
-    else a stacked copy."""
+    """(W, nbytes) payloads of the W messages' `parts` (uint8 rows, arrays of `xp`): the batch array that
+    `encode_many`'s messages are consecutive rows of, else a stacked copy."""
     base = getattr(parts[0], "base", None)
     if xp is np and isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(parts) \
             and base.dtype == np.uint8 and base.flags.c_contiguous:
@@ -162,7 +162,7 @@ def stacked_payloads(parts, xp=np):
 
 
 def parse_header(buf: bytes | memoryview) -> tuple[Layout | None, tuple, int]:
-    """(fields, layer kinds/shapes, header length) of a serialized message; ValueError if malformed."""
+    """(fields, layer kinds/shapes, header length) of the serialized message `buf`; PayloadError if malformed."""
     buf = memoryview(buf)
     if len(buf) < _FIXED.size + 4:
         raise PayloadError(f"message truncated: {len(buf)} bytes, shorter than the fixed header")
@@ -210,7 +210,8 @@ def check_header(buf: bytes | memoryview, layout: Layout, body: int | None = Non
 
 
 def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
-    """Parse and check a serialized message against the receiver's layout (ValueError on mismatch)."""
+    """The Message parsed from `buf` after checking it against the receiver's `layout` (PayloadError on
+    a mismatch or a malformed payload)."""
     off = check_header(buf, layout)
     data = np.frombuffer(buf, dtype=np.uint8, offset=off)
     scalers = np.zeros(len(layout.layers), dtype=np.float32)
