@@ -275,9 +275,11 @@ def _task_size(n: int, B: int) -> int:
 
 
 def encode(v: np.ndarray, key: StreamKey, s: int, bucket: int, norm: str, level_dtype, pack: bool = True):
-    """(norms float32, levels q, payload uint8, nbits) of one worker's layer v (NumPy, any float
-    dtype), the same bits as qsgd.quantize + qsgd.pack_fixed. With pack = False the payload is empty
-    (the caller codes the levels otherwise, e.g. Elias-gamma)."""
+    """(norms float32, levels q, payload uint8, nbits) of one worker's layer v (NumPy, any float dtype),
+    the same bits as qsgd.quantize + qsgd.pack_fixed: s levels, norms per `bucket` elements (0: one
+    bucket) of the `norm` ("l2" or "max"), the rounding draws from the stream `key`, levels of
+    `level_dtype`. With pack = False the payload is empty (the caller codes the levels otherwise, e.g.
+    Elias-gamma)."""
     v = np.ascontiguousarray(v).reshape(-1)
     if v.dtype not in (np.float32, np.float64):
         v = v.astype(np.float32)                       # float16 and others: exact in float32
@@ -309,8 +311,8 @@ def encode(v: np.ndarray, key: StreamKey, s: int, bucket: int, norm: str, level_
 @njit(cache=True)
 def _sum_task(t, qs, ns, s, B, inv, task, out, acc):
     """Task t: elements [t task, (t + 1) task); acc: the caller's float64 scratch (task,). (A table
-    of a bucket's 2s + 1 decoded values, one look-up per element instead of a division, measured
-    slower: the divisions vectorize, the look-ups do not.)"""
+    of a bucket's 2s + 1 decoded values, one look-up per element instead of a division, would not
+    vectorize; the divisions do.)"""
     n = out.size
     e0 = t * task
     e1 = min(n, e0 + task)
