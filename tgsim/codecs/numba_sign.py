@@ -416,10 +416,10 @@ def _mean_parallel(signs, nonzero, counts, scales, inv, out, task, table, wide, 
 
 def scaled_mean(signs, nonzero, counts, scales, n: int, divide_by: int) -> np.ndarray:
     """Flat float32 (n,): f32(Σ_w f64(decode_w) · (1/divide_by)), the reference's ordered_mean of
-    ScaledSign.decode, from each message's sign plane, nonzero plane (or None), plane count (0, 1,
-    2) and float32 scale of the layer. Up to _TABLE_MAX messages and from 2^12 elements (2^16 where a
-    layer has zeros: a table of 2^16 patterns) the float32 result of every bit pattern is tabulated
-    first, each entry summed in the reference's order."""
+    ScaledSign.decode, from each message's sign plane (`signs`), nonzero plane (`nonzero`, or None),
+    plane count (`counts`: 0, 1, 2) and float32 scale (`scales`) of the layer. Up to _TABLE_MAX
+    messages and from 2^12 elements (2^16 where a layer has zeros: a table of 2^16 patterns) the
+    float32 result of every bit pattern is tabulated first, each entry summed in the reference's order."""
     out = np.empty(n, np.float32)
     if n == 0:
         return out
