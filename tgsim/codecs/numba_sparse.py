@@ -298,7 +298,7 @@ def _compact(idx, val, counts, task):
 
 def random_keep(v: np.ndarray, a: np.ndarray, scale: float, key: StreamKey):
     """(indices ascending int64, float64 values) of RandomK._select's draw for a flat layer v (float32
-    or float64), a = |v| and scale = λ 2^24 (float64)."""
+    or float64), a = |v| and scale = λ 2^24 (float64), drawn from the stream `key`."""
     n = int(v.size)
     ntasks = -(-n // _TASK)
     idx = np.empty(n, np.int64)
