@@ -119,8 +119,8 @@ def _level_serial(y, lo, step, top, b, task, levels, payload, key):
 
 def levels_and_payload(y: np.ndarray, key: StreamKey, k: int, lo: float, step: float):
     """(levels uint8/uint16 (m,), payload uint8) of the m values y (float32 or float64, flat, m >= 1)
-    for the range's float64 lo and spacing Δ = step > 0: suresh.quantize's levels and
-    packing.pack_uint(levels, ceil(log2 k))'s bytes."""
+    for k levels, the range's float64 lo and spacing Δ = step > 0, the draws from the stream `key`:
+    suresh.quantize's levels and packing.pack_uint(levels, ceil(log2 k))'s bytes."""
     m = int(y.size)
     b = (int(k) - 1).bit_length()
     levels = np.empty(m, np.uint8 if k <= 256 else np.uint16)
@@ -185,8 +185,8 @@ def _rotate(v, d, scale, key, y, words):
 
 
 def rotate(v: np.ndarray, key: StreamKey, d: int, scale: float) -> np.ndarray:
-    """suresh.rotate's y = H D v' / sqrt(d) (float64 (d,), d = padded_size(n) >= 1, scale =
-    1/sqrt(d) as the reference computes it)."""
+    """suresh.rotate's y = H D v' / sqrt(d) of the layer v (float64 (d,), d = padded_size(n) >= 1, D's
+    signs from the stream `key`, scale = 1/sqrt(d) as the reference computes it)."""
     v = np.ascontiguousarray(v).reshape(-1)
     if v.dtype not in (np.float32, np.float64):
         v = v.astype(np.float32)                       # float16 and others: exact in float32
@@ -256,9 +256,9 @@ def _sum_rotated(ls, steps, los, keys, scale, inv, out):
 
 def decode_sum(levels, ranges, k: int, n: int, divide_by: int, keys=None, scale: float = 1.0) -> np.ndarray:
     """f32(Σ_w f64(decode_w) · (1/divide_by)), flat float32 (n,): the reference's ordered_mean of
-    suresh's decoded layers. levels: the W messages' levels (one dtype; m = n, or d with rotation);
-    ranges: their float32 [lo, hi]; keys (rotate only): the W StreamKeys of the layer, and scale =
-    1/sqrt(d) as the reference computes it."""
+    suresh's decoded layers. levels: the W messages' levels of k levels (one dtype; m = n, or d with
+    rotation); ranges: their float32 [lo, hi]; keys (rotate only): the W StreamKeys of the layer, and
+    scale = 1/sqrt(d) as the reference computes it."""
     out = np.empty(n, np.float32)
     if n == 0 or not len(levels):
         out[:] = np.float32(0.0)
