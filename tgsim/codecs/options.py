@@ -90,8 +90,8 @@ def keys(codec_cls) -> tuple[str, ...]:
 
 
 def describe(codec_cls) -> list[dict]:
-    """One row per option: key, type (of the default), default, help, sweep (tuple or None),
-    choices (tuple or None)."""
+    """One row per option of the codec class `codec_cls`: key, type (of the default), default, help,
+    sweep (tuple or None), choices (tuple or None)."""
     rows = []
     for f in dataclasses.fields(options_class(codec_cls)):
         rows.append({"key": f.name, "type": type(f.default).__name__, "default": f.default,
@@ -101,7 +101,8 @@ def describe(codec_cls) -> list[dict]:
 
 
 def sweep(codec_cls) -> tuple[str, tuple] | None:
-    """(key, values) of the option `tgsim compare` sweeps for this codec, or None when it has none."""
+    """(key, values) of the option `tgsim compare` sweeps for the codec class `codec_cls`, or None when
+    it has none."""
     for f in dataclasses.fields(options_class(codec_cls)):
         if "sweep" in f.metadata:
             return f.name, tuple(f.metadata["sweep"])
@@ -109,16 +110,17 @@ def sweep(codec_cls) -> tuple[str, tuple] | None:
 
 
 def sweeps(codec_cls) -> dict[str, tuple]:
-    """{key: values} of every option with "sweep" metadata, in declaration order (the first is
-    `sweep`'s knob; `tgsim compare variance` searches the product of all of them)."""
+    """{key: values} of every option of the codec class `codec_cls` with "sweep" metadata, in
+    declaration order (the first is `sweep`'s knob; `tgsim compare variance` searches the product of
+    all of them)."""
     return {f.name: tuple(f.metadata["sweep"]) for f in dataclasses.fields(options_class(codec_cls))
             if "sweep" in f.metadata}
 
 
 def compare_with_error_feedback(codec_cls) -> bool:
-    """Whether `tgsim compare` runs the codec wrapped in error feedback: the class attribute
-    `Options.compare_with_error_feedback` (False when absent), declared by biased codecs whose error
-    does not shrink without it (scaled sign, top-k)."""
+    """Whether `tgsim compare` runs the codec class `codec_cls` wrapped in error feedback: the class
+    attribute `Options.compare_with_error_feedback` (False when absent), declared by biased codecs
+    whose error does not shrink without it (scaled sign, top-k)."""
     return bool(getattr(options_class(codec_cls), "compare_with_error_feedback", False))
 
 
