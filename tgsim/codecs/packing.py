@@ -21,6 +21,7 @@ _POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
 
 
 def packed_size(n: int, fmt: str) -> int:
+    """Bytes of the payload of n ternary codes in packing `fmt`: ceil(n/4) ("2bit"), ceil(n/5) ("base3")."""
     return -(-n // CODES_PER_BYTE[fmt])
 
 
@@ -43,7 +44,7 @@ LUT = {f: _lut(f) for f in FORMATS}
 
 
 def pack(codes, fmt: str = "2bit"):
-    """uint8 payload of int8 codes in {-1, 0, 1}."""
+    """uint8 payload (packed_size(n, fmt) bytes) of the n int8 `codes` in {-1, 0, 1} in packing `fmt`."""
     xp = array_module(codes)
     k = CODES_PER_BYTE[fmt]
     n = codes.size
@@ -57,9 +58,9 @@ def pack(codes, fmt: str = "2bit"):
 
 
 def check_payload(payload, n: int, fmt: str, where: str = "payload", first: int = 0) -> None:
-    """ValueError unless `payload` is exactly the packing of n valid codes (pad codes 0). `first`:
-    the element of a longer payload this one starts at (a multiple of the codes per byte), for the
-    byte and element numbers in the message."""
+    """ValueError (PayloadError, naming `where`) unless `payload` is exactly the packing in `fmt` of n
+    valid codes (pad codes 0). `first`: the element of a longer payload this one starts at (a multiple
+    of the codes per byte), for the byte and element numbers in the message."""
     xp = array_module(payload)
     nb = packed_size(n, fmt)
     if payload.dtype != xp.uint8 or payload.ndim != 1:
@@ -81,7 +82,8 @@ def check_payload(payload, n: int, fmt: str, where: str = "payload", first: int 
 
 
 def unpack(payload, n: int, fmt: str = "2bit", validate: bool = True):
-    """int8 codes of a payload (ValueError on invalid codes or a wrong length)."""
+    """The n int8 codes of `payload` in packing `fmt`; with `validate` (default) PayloadError on invalid
+    codes or a wrong length first."""
     xp = array_module(payload)
     if validate:
         check_payload(payload, n, fmt)
@@ -90,9 +92,10 @@ def unpack(payload, n: int, fmt: str = "2bit", validate: bool = True):
 
 
 def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
-    """Σ_w codes_w as integers, straight from the packed payloads (LUT per byte, no float decode).
+    """Σ_w codes_w as integers (n,), straight from the packed payloads (LUT per byte, no float decode).
 
-    payloads: uint8 array (W, nbytes). dtype defaults to int8 for W <= 127, else int16/int32.
+    payloads: uint8 array (W, nbytes) in packing `fmt`, n codes each. dtype defaults to int8 for
+    W <= 127, else int16/int32.
     """
     xp = array_module(payloads)
     w = payloads.shape[0]
@@ -106,7 +109,8 @@ def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
 
 
 def weighted_sum(payloads, scalers, n: int, fmt: str = "2bit", divide_by: int = 1):
-    """float32 of (Σ_w s_w codes_w) / divide_by, from packed payloads.
+    """float32 (n,) of (Σ_w s_w codes_w) / divide_by, from the packed `payloads` (W, nbytes) in packing
+    `fmt` and the W `scalers` s_w.
 
     Order (every path): acc = Σ_w f64(s_w) * code_w, ascending w, in float64; out = f32(acc * (1/divide_by)).
     With one shared scaler the sum is exact, so it equals f32(f64(s) * Σ_w code_w * (1/divide_by)).
@@ -120,12 +124,13 @@ def weighted_sum(payloads, scalers, n: int, fmt: str = "2bit", divide_by: int = 
 
 
 def uint_width(workers: int) -> int:
-    """Bits per element of an aggregate of N ternary codes: ceil(log2(2N+1))."""
+    """Bits per element of an aggregate of N = `workers` ternary codes: ceil(log2(2N+1))."""
     return max(1, int(2 * workers).bit_length())
 
 
 def pack_uint(values, width: int):
-    """Pack non-negative integers < 2^width at `width` bits each, little-endian bit order.
+    """The bytes (uint8, ceil(n·width/8)) of `values`, non-negative integers < 2^width, at `width` bits
+    each, little-endian bit order; ValueError when a value does not fit.
 
     NumPy arrays with width <= 8 (N <= 127 workers) take the Numba kernel; the bits are the same.
     """
@@ -141,7 +146,8 @@ def pack_uint(values, width: int):
 
 
 def pack_uint_reference(values, width: int):
-    """pack_uint in array operations (the reference the Numba kernel is tested against)."""
+    """pack_uint of `values` at `width` bits in array operations (the reference the Numba kernel is
+    tested against): uint8 bytes."""
     xp = array_module(values)
     v = values.reshape(-1).astype(xp.uint32)
     bits = ((v[:, None] >> xp.arange(width, dtype=xp.uint32)) & xp.uint32(1)).astype(xp.uint8)
@@ -149,7 +155,7 @@ def pack_uint_reference(values, width: int):
 
 
 def unpack_uint(payload, n: int, width: int):
-    """Inverse of pack_uint (ValueError on a wrong length)."""
+    """The n uint32 values of `width` bits in `payload` (pack_uint undone; PayloadError on a wrong length)."""
     xp = array_module(payload)
     if payload.size != -(-n * width // 8):
         raise PayloadError(f"{payload.size} bytes cannot hold {n} values of {width} bits")
@@ -161,7 +167,7 @@ def unpack_uint(payload, n: int, width: int):
 
 
 def unpack_uint_reference(payload, n: int, width: int):
-    """unpack_uint in array operations (the reference)."""
+    """unpack_uint of the n values of `width` bits in `payload`, in array operations (the reference)."""
     xp = array_module(payload)
     # no `count=`: cupy.unpackbits has no such argument (NumPy and CuPy both accept `bitorder`);
     # the payload holds exactly ceil(n * width / 8) bytes, so slicing drops only the pad bits.
@@ -170,8 +176,8 @@ def unpack_uint_reference(payload, n: int, width: int):
 
 
 def pack_code_sums(intsum, n: int, width: int):
-    """The parameter server's downlink codes: pack_uint(Σ codes + n, width) of N = n workers' code sums
-    in [-n, n] (ValueError if one does not fit). NumPy with width <= 8: one Numba pass, same bits."""
+    """The parameter server's downlink codes: pack_uint(intsum + n, width) of N = n workers' code sums
+    `intsum` in [-n, n] (ValueError if one does not fit). NumPy with width <= 8: one Numba pass, same bits."""
     xp = array_module(intsum)
     if xp is np and width <= 8:
         from tgsim.codecs import _numba_uint
@@ -181,10 +187,10 @@ def pack_code_sums(intsum, n: int, width: int):
 
 
 def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out=None, name: str = ""):
-    """Inverse of pack_code_sums, scaled: float32 scale_integer_sum(Σ codes, scaler, n) of `count`
-    elements; ValueError (naming layer `name`) if a packed value lies beyond 2n, i.e. a code sum
-    beyond N. `out`: a contiguous float32 array of `count` elements to write into. NumPy with
-    width <= 8: one Numba pass."""
+    """Inverse of pack_code_sums, scaled: float32 scale_integer_sum(Σ codes, scaler, n) of the `count`
+    elements of `width` bits in `payload`; ValueError (naming layer `name`) if a packed value lies
+    beyond 2n, i.e. a code sum beyond N. `out`: a contiguous float32 array of `count` elements to write
+    into. NumPy with width <= 8: one Numba pass."""
     xp = array_module(payload)
     if xp is np and width <= 8:
         from tgsim.codecs import _numba_uint
@@ -219,6 +225,7 @@ def decode_code_sums(intsum, n: int, scaler: float):
 
 
 def scale_integer_sum(intsum, scaler: float, divide_by: int):
-    """f32(f64(s) * Σcodes * (1/divide_by)): the same bits as weighted_sum with one shared scaler."""
+    """f32(f64(scaler) * intsum * (1/divide_by)) of the integer code sums `intsum`: the same bits as
+    weighted_sum with one shared scaler."""
     xp = array_module(intsum)
     return ((intsum.astype(xp.float64) * xp.float64(scaler)) * xp.float64(1.0 / divide_by)).astype(xp.float32)
