@@ -119,7 +119,7 @@ def level_dtype(s: int):
 
 def _uniform(n: int, key: StreamKey, xp):
     """tgsim.rng.uniform(n, key, xp); on the host from 2^15 elements the same words from the Numba
-    Philox (tgsim.rng.numba_philox, bit for bit the reference's, ~30x faster)."""
+    Philox (tgsim.rng.numba_philox, bit for bit the reference's)."""
     if xp is np and n >= _NUMBA_UNIFORM_FROM:
         from tgsim.rng.numba_philox import random_words
 
@@ -147,7 +147,9 @@ def bucket_norms(a, bucket: int, norm: str):
 
 
 def quantize(v, key: StreamKey, s: int, bucket: int, norm: str):
-    """(norms float32 (buckets,), signed levels q (level_dtype(s), n)) of one worker's layer v."""
+    """(norms float32 (buckets,), signed levels q (level_dtype(s), n)) of one worker's layer v: s levels,
+    one norm per `bucket` elements (0: one bucket) of the `norm` ("l2" or "max"), rounding draws from
+    the stream `key`."""
     xp = array_module(v)
     v = v.reshape(-1)
     n = int(v.size)
@@ -168,7 +170,8 @@ def quantize(v, key: StreamKey, s: int, bucket: int, norm: str):
 
 
 def dequantize(norms, q, s: int, bucket: int):
-    """v̂ = f32(sign · (f64(norm_b) · |q|) / s), flat float32 (NumPy or CuPy like q)."""
+    """v̂ = f32(sign · (f64(norm_b) · |q|) / s) of the levels q with the bucket `norms` (one per `bucket`
+    elements), flat float32 (NumPy or CuPy like q)."""
     xp = array_module(q)
     n = int(q.size)
     if n == 0:
@@ -180,8 +183,9 @@ def dequantize(norms, q, s: int, bucket: int):
 
 
 def pack_fixed(q, s: int):
-    """(payload uint8, nbits): the w = 1 + b bit words (sign << b) | |q_i|, most significant first.
-    For w <= 8 eight words make w bytes (one uint64 each); wider words go through a bit matrix."""
+    """(payload uint8, nbits) of the signed levels q for s levels: the w = 1 + b bit words
+    (sign << b) | |q_i|, most significant first. For w <= 8 eight words make w bytes (one uint64
+    each); wider words go through a bit matrix."""
     xp = array_module(q)
     q = q.reshape(-1)
     n = int(q.size)
@@ -206,8 +210,8 @@ def pack_fixed(q, s: int):
 
 
 def unpack_fixed(buf, n: int, s: int, what: str = "qsgd payload"):
-    """The n signed levels of pack_fixed's payload (PayloadError: length, padding, level > s, a
-    sign bit on level 0)."""
+    """The n signed levels of pack_fixed's payload `buf` for s levels (PayloadError naming `what`: length,
+    padding, level > s, a sign bit on level 0)."""
     xp = array_module(buf)
     b = level_bits(s)
     w = b + 1
