@@ -180,7 +180,8 @@ def _omega_at(window, start, nbits: int, maxval: int):
 
 
 def decode_array(buf, nbits: int, n: int, s: int, what: str = "QSGD paper-coded payload"):
-    """The n signed levels (int32) of the stream `buf` (uint8, NumPy or CuPy) of `nbits` bits."""
+    """The n signed levels (int32) of the stream `buf` (uint8, NumPy or CuPy) of `nbits` bits coded for s
+    levels; PayloadError naming `what` on a malformed stream."""
     xp = array_module(buf)
     _check_padding(buf, nbits, what)
     q = xp.zeros(n, dtype=xp.int32)
@@ -375,7 +376,8 @@ def encode(q):
 
 
 def decode(buf, nbits: int, n: int, s: int, what: str = "QSGD paper-coded payload") -> np.ndarray:
-    """decode_array in Numba: the n signed levels (int32) or decode_array's PayloadError."""
+    """decode_array in Numba: the n signed levels (int32) of the `nbits`-bit stream `buf` coded for s
+    levels, or decode_array's PayloadError (naming `what`)."""
     buf = np.ascontiguousarray(to_numpy(buf), dtype=np.uint8).reshape(-1)
     _check_padding(buf, nbits, what)
     out = np.zeros(n, dtype=np.int32)
