@@ -105,7 +105,8 @@ def make_codec(cfg):
 
 
 def default_config(name: str, error_feedback: bool = False, **opts):
-    """A [codec] config (tgsim.train.config.CodecConfig) of codec `name` with options `opts`."""
+    """A [codec] config (tgsim.train.config.CodecConfig) of codec `name`, wrapped in error feedback when
+    `error_feedback`, with the codec's options `opts`."""
     from tgsim.train.config import CodecConfig   # the config layer sits above the codecs; loaded on use
 
     return CodecConfig(name=name, error_feedback=error_feedback, options=dict(opts))
