@@ -96,10 +96,10 @@ def _as_rows(g):
 
 
 def l1_norm(v) -> float:
-    """Σ_i f64|v_i| of a flat float32 row in a fixed order, so that NumPy, CuPy and any thread count give
-    the same bits: lane j sums the i ≡ j (mod LANES) in ascending i, then the halving tree a <- a[:h] +
-    a[h:2h] over the lanes (as tgsim.codecs.terngrad.moments). A row of n <= LANES uses the power of
-    two >= n as its width: the lanes it leaves out hold 0, which the tree adds exactly."""
+    """Σ_i f64|v_i| of the flat float32 row v in a fixed order, so that NumPy, CuPy and any thread count
+    give the same bits: lane j sums the i ≡ j (mod LANES) in ascending i, then the halving tree a <-
+    a[:h] + a[h:2h] over the lanes (as tgsim.codecs.terngrad.moments). A row of n <= LANES uses the
+    power of two >= n as its width: the lanes it leaves out hold 0, which the tree adds exactly."""
     xp = array_module(v)
     n = int(v.size)
     if n == 0:
