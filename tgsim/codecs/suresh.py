@@ -96,8 +96,8 @@ MIN_LEVELS, MAX_LEVELS = 2, 2**16
 KERNELS = ("auto", "reference", "numba", "cuda")
 SIGN_OFFSET = 2**33                   # the rotation's signs: words [2^33, 2^33 + d) of the layer's stream
 F32_MAX = float(np.finfo(np.float32).max)
-_NUMBA_WORDS_FROM = 1 << 8            # words from which the host takes them from the Numba Philox (its call
-                                      # costs ~6 us against the array reference's ~130 us at 1000 words)
+_NUMBA_WORDS_FROM = 1 << 8            # words from which the host takes them from the Numba Philox
+                                      # (docs/MEASUREMENTS.md)
 
 
 def code_bits(k: int) -> int:
@@ -151,7 +151,8 @@ def _signs(d: int, key: StreamKey, xp):
 
 
 def rotate(v, key: StreamKey):
-    """y = H D v' / sqrt(d), float64 (d,), v' = v (flat) zero-padded to d = padded_size(n)."""
+    """y = H D v' / sqrt(d), float64 (d,), v' = v (flat) zero-padded to d = padded_size(n), D's random
+    signs from the stream `key`."""
     xp = array_module(v)
     v = v.reshape(-1)
     n = int(v.size)
@@ -165,7 +166,8 @@ def rotate(v, key: StreamKey):
 
 
 def unrotate(y, key: StreamKey, n: int):
-    """The first n entries of R^T y = D H y / sqrt(d), float64 (y: (d,))."""
+    """The first n entries of R^T y = D H y / sqrt(d), float64 (y: (d,)), D's signs from the stream `key`
+    (rotate undone)."""
     xp = array_module(y)
     d = int(y.size)
     x = fwht(y)
@@ -193,8 +195,8 @@ def spacing(lo, hi, k: int) -> float:
 
 
 def quantize(y, key: StreamKey, k: int):
-    """(lo, hi, levels) of the float64 values y (flat, NumPy or CuPy, non-empty): levels uint8 for
-    k <= 256, else uint16, in [0, k - 1]."""
+    """(lo, hi, levels) of the float64 values y (flat, NumPy or CuPy, non-empty) for k levels, the
+    rounding draws from the stream `key`: levels uint8 for k <= 256, else uint16, in [0, k - 1]."""
     xp = array_module(y)
     lo, hi = outward_range(y)
     step = spacing(lo, hi, k)
@@ -211,7 +213,8 @@ def quantize(y, key: StreamKey, k: int):
 
 
 def dequantize(lo, hi, levels, k: int):
-    """B(l) = l·Δ + f64(lo), float64 (NumPy or CuPy like levels)."""
+    """B(l) = l·Δ + f64(lo), float64 (NumPy or CuPy like levels), with Δ = spacing(lo, hi, k) of the
+    range [lo, hi] and k levels."""
     xp = array_module(levels)
     out = levels.astype(xp.float64)
     out *= spacing(lo, hi, k)
