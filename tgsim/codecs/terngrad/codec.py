@@ -50,7 +50,8 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def as_float32_layer(name: str, g):
-    """Flat, contiguous float32 view/copy of one layer's gradient, or TypeError/ValueError."""
+    """Flat, contiguous float32 view/copy of the gradient `g` of layer `name`; TypeError for a non-float
+    dtype, ValueError (naming the layer) for float64 values beyond float32's range."""
     xp = array_module(g)
     g = xp.asarray(g)
     if g.dtype.kind != "f":
@@ -64,8 +65,8 @@ def as_float32_layer(name: str, g):
 
 
 def as_float32_rows(name: str, g, workers: int | None = None):
-    """(W, n) contiguous float32 view/copy of one layer's gradients with a leading worker axis
-    (W, *shape): the checks and conversion of `as_float32_layer`, once for all W workers.
+    """(W, n) contiguous float32 view/copy of the gradients `g` (W, *shape) of layer `name` with a
+    leading worker axis: the checks and conversion of `as_float32_layer`, once for all W workers.
 
     TypeError for a non-float dtype; ValueError (naming the first worker) for float64 values beyond
     float32's range; ValueError when the leading axis is missing or is not `workers` long.
@@ -108,7 +109,8 @@ class ScalingBatch(NamedTuple):
 
 
 def scaling_from_moments_many(absmax, sigma, clip: str, clip_factor: float) -> ScalingBatch:
-    """`ternary.scaling_from_moments` elementwise over workers (the same float64 operations)."""
+    """ScalingBatch of W workers: `ternary.scaling_from_moments` elementwise over the arrays `absmax` and
+    `sigma` (W,) for the clip mode `clip` and factor `clip_factor` (the same float64 operations)."""
     if clip not in CLIP_MODES:
         raise ValueError(f"unknown clip mode {clip!r}; expected one of {CLIP_MODES}")
     absmax = np.asarray(absmax, dtype=np.float64)
