@@ -39,8 +39,8 @@ KERNEL_FILE = "terngrad.cu"
 HEADER_FILE = "philox.cuh"
 # -fmad=false: no FMA contraction anywhere (the kernels also use __d*_rn intrinsics).
 # -ftz=false does NOT survive: CuPy appends -ftz=true after these options for every RawModule
-# (cupy/cuda/compiler.py, _compile_with_cache_cuda), and the last -ftz wins; on an H100 that read
-# denormal float32 inputs as zeros (issue 23). The kernels therefore contain no float32 arithmetic,
+# (cupy/cuda/compiler.py, _compile_with_cache_cuda), and the last -ftz wins: float32 instructions
+# would read denormal inputs as zeros. The kernels therefore contain no float32 arithmetic,
 # compare or conversion instruction (philox.cuh: tg_f2d / tg_d2f), so FTZ has nothing to act on;
 # tests/test_cuda_kernels.py checks the PTX compiled with CuPy's options and runs the host bodies
 # with x86 FTZ/DAZ set. The option is kept to state the intent.
@@ -94,7 +94,8 @@ def _layer(g):
 
 # -- moments ------------------------------------------------------------------------------------
 def moments(g, need_sigma: bool = True) -> stats.LayerMoments:
-    """absmax, σ (when needed) and finiteness in the order of stats.layer_moments."""
+    """LayerMoments (absmax, σ when `need_sigma`, finiteness) of the CuPy layer g, in the order of
+    stats.layer_moments."""
     cp = _cp()
     g = _layer(g)
     n = int(g.size)
@@ -177,7 +178,8 @@ def _check_worker_ids(wk: np.ndarray) -> None:
 
 
 def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
-    """Packed payload of ternary.ternarize(g, scaler, key, clip_bound): one fused kernel."""
+    """Packed payload (CuPy uint8) in packing `fmt` of ternary.ternarize(g, scaler, key, clip_bound):
+    one fused kernel."""
     cp = _cp()
     code = _fmt(fmt)
     g = _layer(g)
@@ -402,7 +404,8 @@ def _scalers(scalers, workers: int):
 
 
 def weighted_sum(payloads, scalers, n: int, fmt: str, divide_by: int):
-    """float32 (Σ_w s_w codes_w) / divide_by, as packing.weighted_sum, after the payload checks."""
+    """float32 (n,) of (Σ_w s_w codes_w) / divide_by from the W packed `payloads` (W, nbytes) in packing
+    `fmt` and their `scalers` s_w, as packing.weighted_sum, after the payload checks."""
     cp = _cp()
     code = _fmt(fmt)
     payloads = _payloads(payloads, n, fmt)
@@ -451,7 +454,8 @@ def weighted_sum_layers(payloads, scalers, sizes, fmt: str, divide_by: int) -> l
 
 
 def sum_codes(payloads, n: int, fmt: str = "2bit", dtype=None):
-    """Σ_w codes_w as integers (packing.sum_codes), after the payload checks."""
+    """Σ_w codes_w as integers of `dtype` (default: the smallest that holds W), (n,), from the W packed
+    `payloads` in packing `fmt` (packing.sum_codes), after the payload checks."""
     cp = _cp()
     code = _fmt(fmt)
     payloads = _payloads(payloads, n, fmt)
