@@ -17,8 +17,9 @@ _MODULES = {"reference": "reference", "numba": "numba_kernels", "cuda": "cuda"}
 
 @functools.lru_cache(maxsize=None)
 def get_kernels(name: str, xp=np) -> types.ModuleType:
-    """Module with moments/encode (and their batched-over-workers forms moments_many/encode_many)
-    and weighted_sum/sum_codes for arrays of module `xp`."""
+    """The kernel module for kernel set `name` ("auto", "reference", "numba", "cuda") and arrays of
+    module `xp`, with moments/encode (and their batched-over-workers forms moments_many/encode_many)
+    and weighted_sum/sum_codes; ValueError for an unknown name or a set that cannot take xp's arrays."""
     if name not in KERNEL_NAMES:
         raise ValueError(f"unknown kernels {name!r}; expected one of {KERNEL_NAMES}")
     on_gpu = xp is not np
