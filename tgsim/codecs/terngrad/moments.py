@@ -54,7 +54,8 @@ def lane_sums(g):
 
 
 def moments_from_sums(n: int, k: float, s1: float, s2: float) -> float:
-    """σ from the shifted sums (float64, same operations in every implementation)."""
+    """σ of n values from their shift k and the shifted sums s1 = Σ(g - k), s2 = Σ(g - k)^2 (float64,
+    the same operations in every implementation); 0 for n = 0 or a non-positive variance."""
     if n == 0:
         return 0.0
     m1 = s1 / n
@@ -63,7 +64,8 @@ def moments_from_sums(n: int, k: float, s1: float, s2: float) -> float:
 
 
 def layer_moments(g, need_sigma: bool = True) -> LayerMoments:
-    """absmax, σ (when needed) and finiteness of a flat float32 layer, in the documented order."""
+    """LayerMoments (absmax, σ when `need_sigma`, finiteness) of the flat float32 layer g, in the
+    documented order."""
     xp = array_module(g)
     if g.size == 0:
         return LayerMoments(0.0, 0.0, True)
