@@ -11,21 +11,15 @@ import numpy as np
 from tgsim.codecs import packing
 
 # Work below which a kernel runs serially on the calling thread (no parallel region): W * n
-# elements (moments, encode), W * nbytes payload bytes (weighted_sum, sum_codes). Measured on the
-# 2-core development machine, idle (serial vs parallel, best of 40, tgsim.bench.sim's shapes):
-#   σ pass    16K elements 12 vs 22 us, 65K 44 vs 23 us     -> parallel from 2^15
-#   absmax    65K elements  8 vs 10 us, 262K 32 vs 18 us    -> parallel from 2^17
-#   encode    16K elements 11 vs 12 us, 65K 40 vs 24 us     -> parallel from 2^15
-#   sum_codes 20K bytes 3 vs 4 us, 131K 17 vs 16 us, 524K 33 vs 18 us -> parallel from 2^17
-# On a machine whose cores are busy with other processes a parallel region can instead wait
-# 20-35 ms (median, load average 8 on 2 cores) for its worker thread to be scheduled, like any
-# multithreaded library there; run with NUMBA_NUM_THREADS=1 on such a machine: every kernel then
-# takes its serial path (the bits are the same either way).
+# elements (moments, encode), W * nbytes payload bytes (weighted_sum, sum_codes): below it a
+# parallel region costs more to start than it saves (the timings behind each threshold:
+# docs/MEASUREMENTS.md). On a machine whose cores are busy with other processes a parallel region
+# can wait for its worker thread to be scheduled, like any multithreaded library there; run with
+# NUMBA_NUM_THREADS=1 on such a machine: every kernel then takes its serial path (the bits are the
+# same either way).
 SERIAL_MOMENTS = 1 << 15
-# The folded σ pass (layers of _FOLD_MIN..LANES elements, _sigma_small), same machine, min of 200,
-# serial vs one task per worker: W=8 n=2560 10 vs 7 us, W=2 n=10240 8 vs 8, W=2 n=32768 14 vs 9,
-# W=32 n=65536 440 vs 217; one worker n=65536: serial 29 us, a one-task region 48 us, the (worker,
-# lane chunk) region of the unfolded pass 81 us -> parallel over workers from W*n = 2^14 and W >= 2.
+# The folded σ pass (layers of _FOLD_MIN..LANES elements, _sigma_small): parallel over workers
+# (one task per worker) from W*n = 2^14 and W >= 2 (docs/MEASUREMENTS.md).
 SERIAL_FOLD = 1 << 14
 SERIAL_ABSMAX = 1 << 17
 SERIAL_ENCODE = 1 << 15
