@@ -371,7 +371,8 @@ WEIGHTED_SUM_INTO_OUT = True     # weighted_sum takes out= (the pipelined all-ga
 
 def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, divide_by: int,
                  *, out: np.ndarray | None = None) -> np.ndarray:
-    """float32[n] equal to packing.weighted_sum(...), validating every byte in the same pass.
+    """float32[n] equal to packing.weighted_sum(payloads, scalers, n, fmt, divide_by), validating every
+    byte in the same pass.
 
     One parallel pass over the payloads; per element either (one shared scaler) a count of codes
     mapped to its float32 result, or (any scalers) a base-3 index of the first 8 workers' codes into
@@ -420,10 +421,11 @@ def weighted_sum(payloads: np.ndarray, scalers: np.ndarray, n: int, fmt: str, di
 
 
 def scaled_code_sum(payloads: np.ndarray, n: int, fmt: str, scaler, divide_by: int) -> np.ndarray:
-    """float32[n] = f32((f64(Σ_w codes_w) * f64(scaler)) * f64(1/divide_by)) for any scaler: what
-    sum_codes followed by packing.scale_integer_sum gives (the shared-scaler mean of the parameter
-    server), in one pass without the integer sums and their float64 temporaries. Validates every
-    byte like sum_codes. At most 32767 workers (the code counts are uint8/uint16)."""
+    """float32[n] = f32((f64(Σ_w codes_w) * f64(scaler)) * f64(1/divide_by)) of the packed `payloads`
+    (W, nbytes) in packing `fmt`, for any scaler: what sum_codes followed by packing.scale_integer_sum
+    gives (the shared-scaler mean of the parameter server), in one pass without the integer sums and
+    their float64 temporaries. Validates every byte like sum_codes. At most 32767 workers (the code
+    counts are uint8/uint16)."""
     payloads, nb = _check_payloads(payloads, n, fmt)
     n = int(n)
     nw = payloads.shape[0]
@@ -447,7 +449,9 @@ def scaled_code_sum(payloads: np.ndarray, n: int, fmt: str, scaler, divide_by: i
 
 
 def sum_codes(payloads: np.ndarray, n: int, fmt: str, dtype=None) -> np.ndarray:
-    """Σ_w codes_w as integers (equals packing.sum_codes), validating every byte in the same pass."""
+    """Σ_w codes_w as integers of `dtype` (default: the smallest that holds W), (n,), from the packed
+    `payloads` (W, nbytes) in packing `fmt` (equals packing.sum_codes), validating every byte in the
+    same pass."""
     payloads, nb = _check_payloads(payloads, n, fmt)
     n = int(n)
     nw = payloads.shape[0]
