@@ -236,10 +236,12 @@ def encode(g: np.ndarray, scaler: float, clip_bound: float, key: StreamKey, fmt:
 def encode_range(g: np.ndarray, first: int, scaler: float, clip_bound: float, key: StreamKey, fmt: str,
                  out: np.ndarray | None = None) -> np.ndarray:
     """The bytes of a layer's payload that code its elements [first, first + g.size), g being those
-    elements: equal to encode(layer, ...)[first // k : ...] (k codes per byte) when `first` is a
-    multiple of 20 (a base-3 unit, 5 Philox blocks; 2-bit needs 4) and the range ends on such a
-    multiple or at the layer's end (where the whole payload's pad codes are). Serial, on this
-    thread: the pipelined exchanges encode piece by piece while earlier pieces are on the wire."""
+    elements, coded with `scaler`, `clip_bound` and the stream `key` in packing `fmt`, written into
+    `out` (uint8, its size in bytes) when given: equal to encode(layer, ...)[first // k : ...] (k codes
+    per byte) when `first` is a multiple of 20 (a base-3 unit, 5 Philox blocks; 2-bit needs 4) and the
+    range ends on such a multiple or at the layer's end (where the whole payload's pad codes are).
+    Serial, on this thread: the pipelined exchanges encode piece by piece while earlier pieces are on
+    the wire."""
     _check_fmt(fmt)
     step = 4 if fmt == "2bit" else 20
     if first < 0 or first % step:
