@@ -150,9 +150,9 @@ def _lane_tree(s1, s2, nl):
 
 
 _FOLD_ROWS = 8      # tree levels folded straight from g for layers of <= LANES elements (2^3 rows)
-# Smallest layer that takes the folded σ pass (_sigma_small): below it a fixed cost of ~0.3 us per
-# call (16 row views) outweighs the lane partials it saves (measured, serial, W = 32: n = 1024
-# 19 vs 22 us, 2048 33 vs 28 us, 65536 1461 vs 447 us). The bits are the same either way.
+# Smallest layer that takes the folded σ pass (_sigma_small): below it the pass's fixed cost per
+# call (16 row views) outweighs the lane partials it saves (docs/MEASUREMENTS.md). The bits are the
+# same either way.
 _FOLD_MIN = 2048
 
 
