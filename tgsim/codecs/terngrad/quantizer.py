@@ -48,7 +48,8 @@ class LayerScaling(NamedTuple):
 
 
 def scaling_from_moments(absmax: float, sigma: float, clip: ClipMode, clip_factor: float) -> LayerScaling:
-    """Local scaler and clip bound of a layer from its moments (same arithmetic on every path)."""
+    """LayerScaling (local scaler, clip bound, absmax, σ) of a layer from its moments `absmax` and
+    `sigma`, for the clip mode `clip` and factor `clip_factor` (the same arithmetic on every path)."""
     inf = float("inf")
     if clip not in CLIP_MODES:
         raise ValueError(f"unknown clip mode {clip!r}; expected one of {CLIP_MODES}")
@@ -62,7 +63,8 @@ def scaling_from_moments(absmax: float, sigma: float, clip: ClipMode, clip_facto
 
 
 def layer_scaling(g, clip: ClipMode = "none", clip_factor: float = 2.5) -> LayerScaling:
-    """Moments pass + scaler for a flat, finite float32 layer (reference path)."""
+    """LayerScaling of the flat, finite float32 layer g: the moments pass, then scaling_from_moments
+    with `clip` and `clip_factor` (reference path; ValueError on a non-finite layer)."""
     m = layer_moments(g, need_sigma=clip != "none")
     if not m.finite:
         raise ValueError("layer has non-finite values")
@@ -76,7 +78,8 @@ def ternary_rule(t, x, s):
 
 
 def ternarize(g, scaler: float, key: StreamKey, clip_bound: float = float("inf")):
-    """int8 codes in {-1, 0, +1} of a flat float32 layer (reference; the fused kernels match it)."""
+    """int8 codes in {-1, 0, +1} of the flat float32 layer g with the scaler `scaler`, |g| clipped at
+    `clip_bound`, the draws from the stream `key` (reference; the fused kernels match it)."""
     xp = array_module(g)
     x = xp.abs(g)
     if clip_bound != float("inf"):
