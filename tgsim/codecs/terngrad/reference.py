@@ -11,10 +11,14 @@ from tgsim.rng import StreamKey
 
 
 def moments(g, need_sigma: bool) -> stats.LayerMoments:
+    """LayerMoments (absmax, σ when `need_sigma`, finiteness) of the flat float32 layer g:
+    stats.layer_moments."""
     return stats.layer_moments(g, need_sigma)
 
 
 def encode(g, scaler: float, clip_bound: float, key: StreamKey, fmt: str):
+    """Packed payload in packing `fmt` of the flat float32 layer g ternarized with `scaler`, `clip_bound`
+    and the stream `key` (ternary.ternarize, then packing.pack)."""
     return packing.pack(ternary.ternarize(g, scaler, key, clip_bound), fmt)
 
 
@@ -34,7 +38,7 @@ def _per_worker(values, nw: int, what: str) -> np.ndarray:
 
 
 def moments_many(G, need_sigma: bool):
-    """(absmax, sigma, finite) NumPy arrays over the rows of G (W, n): row w is moments(G[w])."""
+    """(absmax, sigma, finite) NumPy arrays over the rows of G (W, n): row w is moments(G[w], need_sigma)."""
     G = _rows(G)
     nw = G.shape[0]
     absmax, sigma, finite = np.empty(nw), np.empty(nw), np.empty(nw, dtype=bool)
@@ -64,12 +68,16 @@ def encode_many(G, scalers, clip_bounds, seed: int, step: int, workers, layer: i
 
 
 def weighted_sum(payloads, scalers, n: int, fmt: str, divide_by: int):
+    """float32 (n,) of (Σ_w s_w codes_w) / divide_by from the packed `payloads` (W, nbytes) in packing
+    `fmt` and their `scalers`, after checking every payload (packing.weighted_sum)."""
     for w in range(payloads.shape[0]):
         packing.check_payload(payloads[w], n, fmt, where=f"payload of worker {w}")
     return packing.weighted_sum(payloads, scalers, n, fmt, divide_by)
 
 
 def sum_codes(payloads, n: int, fmt: str, dtype=None):
+    """Σ_w codes_w as integers of `dtype`, (n,), from the packed `payloads` (W, nbytes) in packing `fmt`,
+    after checking every payload (packing.sum_codes)."""
     for w in range(payloads.shape[0]):
         packing.check_payload(payloads[w], n, fmt, where=f"payload of worker {w}")
     return packing.sum_codes(payloads, n, fmt, dtype)
