@@ -23,8 +23,8 @@ Phases and wire formats
                0 = one piece; < 0: one blocking Allgather, as for CuPy buffers), each piece Isent
                to every other rank (the bytes of a ring all-gather: N-1 slots out and in per
                rank), all posted at once, and piece k is summed while later pieces are on the
-               wire. (One MPI Iallgather per piece measured no faster than the blocking Allgather:
-               MPICH advances its ring only inside MPI calls, not during the sums.)
+               wire. (Not one MPI Iallgather per piece: MPICH advances its ring only inside MPI
+               calls, not during the sums, so it is no faster than the blocking Allgather.)
   packed-code allreduce   Allreduce(SUM) of the integer codes (int8 up to 127 ranks, int16 beyond,
                exact in any order), scaled once: s/N · Σ codes. Float layers take the exact fp32
                path.
