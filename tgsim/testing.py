@@ -54,7 +54,8 @@ POOLED_MAX_DRAWS = 4096
 
 
 def contract_layers(seed: int = 7, workers: int = WORKERS) -> dict:
-    """Layers (W, *shape) with a leading worker axis: heavy tails, a zero layer, odd sizes."""
+    """Layers (W, *shape) with a leading worker axis of W = `workers`, drawn with `seed`: heavy tails, a
+    zero layer, odd sizes."""
     rng = np.random.default_rng(seed)
     return {"w": rng.standard_t(3, (workers, 7, 13)).astype(np.float32),
             "b": np.zeros((workers, 5), np.float32),
@@ -62,7 +63,8 @@ def contract_layers(seed: int = 7, workers: int = WORKERS) -> dict:
 
 
 def encode(codec, layers: dict, step: int = 0, seed: int = 2024) -> list:
-    """The protocol's encode for every worker of `layers`, shared statistics where the codec has them."""
+    """The protocol's encode_many of `codec` for every worker of `layers` at `step` with `seed`, shared
+    statistics where the codec has them: the list of the workers' messages."""
     workers = np.arange(next(iter(layers.values())).shape[0])
     stats = codec.prepare_many(layers)
     shared = None
@@ -345,9 +347,9 @@ class CodecContract:
 
 
 def pooled_draws_needed(codec, g: np.ndarray, delta: float, seed: int = 11) -> tuple[int, str]:
-    """(R, note): the draws at which a pilot of POOLED_PILOT draws says |bias| >= 0.75 delta is
-    detected in directions g and sign(g) with power 0.99; the note says what POOLED_MAX_DRAWS
-    would detect when R is above it."""
+    """(R, note) for `codec` on the layer g: the draws at which a pilot of POOLED_PILOT draws (seeded
+    from `seed`) says |bias| >= 0.75 delta is detected in directions g and sign(g) with power 0.99;
+    the note says what POOLED_MAX_DRAWS would detect when R is above it."""
     from tgsim.analysis.pooled_bias import decoded_draws, directions, draws_needed, pooled_bias_test
 
     g = np.asarray(g, np.float32).reshape(-1)
@@ -363,9 +365,9 @@ def pooled_draws_needed(codec, g: np.ndarray, delta: float, seed: int = 11) -> t
 
 def pooled_controls(codec, g: np.ndarray, delta: float, seed: int = 11, draws: int | None = None) -> dict:
     """The pooled test (tgsim.analysis.pooled_bias) of `codec` on layer g, and of two biased copies
-    on the same draws: "bias" multiplies every decoded value by 1 + delta; "floor" zeroes the
-    coordinates with |g| below the 10th percentile of |g|. R (`draws`) defaults to what a pilot of
-    POOLED_PILOT draws says detects |bias| >= 0.75 delta in directions g and sign(g) with power
+    on the same draws (seeded from `seed`): "bias" multiplies every decoded value by 1 + delta; "floor"
+    zeroes the coordinates with |g| below the 10th percentile of |g|. R (`draws`) defaults to what a
+    pilot of POOLED_PILOT draws says detects |bias| >= 0.75 delta in directions g and sign(g) with power
     0.99 (pytest.skip above POOLED_MAX_DRAWS). Returns {"codec"|"bias"|"floor": PooledBiasResult}."""
     from tgsim.analysis.pooled_bias import decoded_draws, deterministic_draw, directions, pooled_bias_test
 
