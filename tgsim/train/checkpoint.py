@@ -34,7 +34,8 @@ class NoUsableCheckpointError(ConfigError):
 
 
 def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
-    """{'a': {'b': x}} -> {'a/b': x} (dict keys must not contain '/')."""
+    """{'a': {'b': x}} -> {'a/b': x}: the nested dict `tree` as one level of host arrays, each key
+    prefixed with `prefix` (dict keys must not contain '/')."""
     out = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
@@ -46,6 +47,7 @@ def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
 
 
 def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}}: the nested dict of the flat dict `flat` (`flatten` undone)."""
     tree: dict = {}
     for key, v in flat.items():
         node = tree
@@ -68,7 +70,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save(directory: str | Path, step: int, state: dict, keep: int = 3) -> Path:
-    """Write state (nested dict of arrays) as checkpoint `step`; keep the newest `keep` files."""
+    """Write `state` (nested dict of arrays) as checkpoint `step` in `directory` (atomically, with a
+    sha256 trailer); keep the newest `keep` files. Returns the checkpoint's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
@@ -88,6 +91,7 @@ def save(directory: str | Path, step: int, state: dict, keep: int = 3) -> Path:
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
+    """The checkpoint files (ckpt-<step>.tgck) in `directory`, oldest step first; [] when it does not exist."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -95,7 +99,8 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
 
 
 def read(path: str | Path) -> dict:
-    """Load one checkpoint; ValueError if truncated or its checksum does not match."""
+    """The state (nested dict of arrays) of the checkpoint file `path`; ValueError if truncated or its
+    checksum does not match."""
     raw = Path(path).read_bytes()
     if len(raw) < 36 or raw[-4:] != _TRAILER:
         raise ValueError(f"checkpoint {path} is truncated (no trailer)")
