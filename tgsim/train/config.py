@@ -85,8 +85,8 @@ _LEGACY_FLAT = frozenset({"name", "clip", "clip_factor", "packing", "min_size", 
 
 
 def codec_section(values: dict) -> CodecConfig:
-    """The CodecConfig of a flat [codec] table: name, error_feedback and kernels, the rest the codec's
-    options (ConfigError naming the codec and its valid keys for a key it does not have)."""
+    """The CodecConfig of a flat [codec] table `values`: name, error_feedback and kernels, the rest the
+    codec's options (ConfigError naming the codec and its valid keys for a key it does not have)."""
     from tgsim.codecs import options as codec_options
 
     if not isinstance(values, dict):
@@ -171,6 +171,8 @@ def _section(cls, name: str, values: dict):
 
 
 def from_dict(d: dict[str, Any]) -> Config:
+    """The validated Config of the nested dict `d` (a parsed TOML file: one table per section);
+    ConfigError on an unknown section or key, or a value `validate` refuses."""
     unknown = sorted(set(d) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; valid: {sorted(_SECTIONS)}")
@@ -190,7 +192,7 @@ def builtin_names() -> tuple[str, ...]:
 
 
 def builtin_path(name: str) -> Path | None:
-    """tgsim/configs/NAME.toml inside the installed package, or None when there is none."""
+    """tgsim/configs/NAME.toml inside the installed package for NAME = `name`, or None when there is none."""
     from importlib import resources
 
     path = resources.files("tgsim") / "configs" / f"{name}.toml"
@@ -268,6 +270,8 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
 
 
 def validate(cfg: Config) -> None:
+    """Check the combination of `cfg`'s values (worker count and batch, run lengths, codec, exchange,
+    optimizer, schedule, data); returns None, raises ConfigError naming the section and key at fault."""
     w, r = cfg.workers, cfg.run
     if w.n < 1:
         raise ConfigError(f"[workers] n must be >= 1, got {w.n}")
@@ -386,13 +390,13 @@ def codec_dict(c: CodecConfig) -> dict:
 
 
 def to_dict(cfg: Config) -> dict:
-    """The config as nested plain dicts (what config.toml and config_hash store; `from_dict` reads it
-    back): the [codec] section flat (codec_dict)."""
+    """The config `cfg` as nested plain dicts (what config.toml and config_hash store; `from_dict` reads
+    it back): the [codec] section flat (codec_dict)."""
     d = dataclasses.asdict(cfg)
     d["codec"] = codec_dict(cfg.codec)
     return d
 
 
 def config_hash(cfg: Config) -> str:
-    """sha256 of the resolved config (what ranks compare at start-up)."""
+    """sha256 (hex) of the resolved config `cfg` (what ranks compare at start-up)."""
     return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()
