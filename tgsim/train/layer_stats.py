@@ -63,7 +63,7 @@ def _row_stats_par(G, cb, out):
 
 def row_abs_stats(G: np.ndarray, clip_bounds=None) -> np.ndarray:
     """float64 (W, 4): per row of G (W, n) float32, (Σ|g|, Σ g^2, #(|g| > clip_bounds[w]), max|g|),
-    in one pass (0.3 ns per element). Deterministic (a fixed order of float64 additions, see
+    in one pass. Deterministic (a fixed order of float64 additions, see
     _row_stats) but not the order of np.sum; for metrics, not for the codec's bits. NaN-free input
     assumed (a NaN is not counted above any bound and does not raise max|g|)."""
     G = np.asarray(G)
