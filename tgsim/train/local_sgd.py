@@ -85,33 +85,36 @@ from tgsim.train.schedules import learning_rate
 
 
 def enabled(cfg) -> bool:
-    """True when the run takes local steps ([exchange] local is not "none")."""
+    """True when the run of config `cfg` takes local steps ([exchange] local is not "none")."""
     return cfg.exchange.local != "none"
 
 
 def period_lr(cfg, step: int) -> float:
-    """γ_k: the schedule at the first step of the period holding `step` (constant within a period)."""
+    """γ_k: the schedule of `cfg` at the first step of the period holding `step` (constant within a period)."""
     p = cfg.exchange.every
     return learning_rate(cfg.schedule, (step // p) * p, cfg.run.steps)
 
 
 def is_sync_step(cfg, step: int) -> bool:
-    """Step `step` (0-based) ends a period: (step + 1) mod every == 0, or it is the run's last step."""
+    """Whether step `step` (0-based) of the run of `cfg` ends a period: (step + 1) mod every == 0, or it
+    is the run's last step."""
     return (step + 1) % cfg.exchange.every == 0 or step + 1 == cfg.run.steps
 
 
 def replica(params: dict, acc: dict, i: int, lr: float) -> dict:
-    """Local worker i's model x_s - γ A^i, in float32 as the sgd optimizer computes p - γ g."""
+    """Local worker i's model x_s - γ A^i from the synchronized `params` x_s, the accumulated gradients
+    `acc` {name: (W, *shape)} and γ = `lr`, in float32 as the sgd optimizer computes p - γ g."""
     xp = array_module(next(iter(params.values())))
     f = xp.float32(lr)
     return {k: p - f * acc[k][i] for k, p in params.items()}
 
 
 def local_gradients(model, params: dict, acc: dict | None, lr: float, x, y):
-    """(losses (W,), grads {name: (W, *shape)}) of the W local workers, each at its own replica.
+    """(losses (W,), grads {name: (W, *shape)}) of the W local workers of `model` on their batches x, y,
+    each at its own replica of `params` (replica(params, acc, i, lr)).
 
-    With no accumulated gradient (the period's first step) every replica is x_s: one batched call;
-    else one call per worker on x[i:i+1] with x^i. Both give a worker the same bits
+    With no accumulated gradient (`acc` None: the period's first step) every replica is x_s: one
+    batched call; else one call per worker on x[i:i+1] with x^i. Both give a worker the same bits
     (tgsim/models/base.py, "Bit-for-bit per worker").
     """
     if acc is None:
@@ -127,7 +130,8 @@ def local_gradients(model, params: dict, acc: dict | None, lr: float, x, y):
 
 
 def first_nonfinite(layers: dict):
-    """(layer, local worker index, count) of the first layer holding NaN/Inf for some worker, or None."""
+    """(layer, local worker index, count) of the first of `layers` {name: (W, *shape)} holding NaN/Inf for
+    some worker, or None."""
     for name, g in layers.items():
         xp = array_module(g)
         flat = g.reshape(g.shape[0], -1)
