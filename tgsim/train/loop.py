@@ -75,7 +75,9 @@ def _model_options(model_name: str, options: dict, dataset) -> dict:
 
 
 def build(cfg: Config, exchange=None) -> Setup:
-    """Everything a run needs, checked before the first step (ConfigError on a bad combination)."""
+    """The Setup of a run of config `cfg` (data set, shards, model, codec, optimizer and the exchange:
+    `exchange`, or an in-process one of all workers), checked before the first step (ConfigError on a
+    bad combination)."""
     from tgsim.data import load, shard
     from tgsim.exchange import InProcessExchange
     from tgsim.models import make_model
@@ -117,7 +119,7 @@ def to_device(tree, xp):
 
 
 def local_batch(setup: Setup, step: int):
-    """(x, y) of this process's workers at `step`: shapes (n_local, B, *features), (n_local, B)."""
+    """(x, y) of this process's workers of `setup` at `step`: shapes (n_local, B, *features), (n_local, B)."""
     from tgsim.data.batching import batch_indices_many
 
     cfg = setup.cfg
@@ -192,8 +194,9 @@ def _layer_stats(grads: dict, scalers, scalings, decoded=None, mean=None, ex=Non
 
 
 def shared_scalers(setup: Setup, stats) -> tuple[bool, np.ndarray | None]:
-    """(share, the shared per-layer scalers or None): where the config shares them and the codec
-    declares a rule, the MAX or the mean over all workers of the local workers' scalers."""
+    """(share, the shared per-layer scalers or None) of a step of `setup` from its statistics `stats`:
+    where the config shares them and the codec declares a rule, the MAX or the mean over all workers
+    of the local workers' scalers."""
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     how = codec.properties.shared_stats
     share = bool(cfg.exchange.share_scalers and how is not None)
@@ -204,7 +207,9 @@ def shared_scalers(setup: Setup, stats) -> tuple[bool, np.ndarray | None]:
 
 
 def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: bool = False, codec_state=None):
-    """One synchronous step; returns (params, opt_state, StepInfo). Non-finite gradients never reach params.
+    """One synchronous step `step` of `setup` from `params` and `opt_state`; returns (params, opt_state,
+    StepInfo), its per-layer metric rows computed only when `with_stats`. Non-finite gradients never
+    reach params.
 
     The codec works on all local workers at once (prepare_many / encode_many: for a packed-code
     codec one kernel call per layer for the W local workers), with the bits of per-worker calls.
@@ -279,10 +284,11 @@ def _replace(state: dict, new: dict) -> None:
 
 
 def run_rounds(codec, ex, layers: dict, seed: int, step: int, workers, state: dict):
-    """(aggregate, CommBytes summed over the rounds, new state) of a codec with R = rounds > 1
-    (tgsim.codecs.base.MultiRound): round 0 `start_rounds`, rounds 1..R-1 `next_round` on the
-    previous round's mean, then `finish_rounds` on the last mean; every round's messages are
-    combined by `ex.mean_fp32` (the ordered fp32 mean over all workers)."""
+    """(aggregate, CommBytes summed over the rounds, new state) of the step `step` (run seed `seed`) of a
+    codec with R = rounds > 1 (tgsim.codecs.base.MultiRound) on the local workers' `layers`, with the
+    exchange `ex`, the local `workers` and the codec state `state`: round 0 `start_rounds`, rounds
+    1..R-1 `next_round` on the previous round's mean, then `finish_rounds` on the last mean; every
+    round's messages are combined by `ex.mean_fp32` (the ordered fp32 mean over all workers)."""
     msgs, ctx = codec.start_rounds(layers, seed, step, workers, state)
     mean, comm = ex.mean_fp32(msgs)
     for _ in range(1, codec.properties.rounds):
@@ -304,10 +310,10 @@ def step_function(setup: Setup):
 
 
 def start_codec_state(setup: Setup, state: dict) -> dict | None:
-    """The local workers' codec state at the first step (None for a stateless codec): the codec's
-    `init_state`, or on resume this process's rows of the checkpoint's "codec_state" (all N workers'
-    rows); a checkpoint of an older tgsim holds error feedback's residuals as "ef_residual"
-    {layer: (N, *shape)}, read as the state {"residual/<layer>": ...}."""
+    """The local workers' codec state of `setup` at the first step (None for a stateless codec): the
+    codec's `init_state`, or on resume (`state`: the checkpoint read) this process's rows of its
+    "codec_state" (all N workers' rows); a checkpoint of an older tgsim holds error feedback's
+    residuals as "ef_residual" {layer: (N, *shape)}, read as the state {"residual/<layer>": ...}."""
     codec = setup.codec
     if not codec.properties.stateful:
         return None
@@ -378,8 +384,12 @@ class RunResult:
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
         exchange=None, writer: bool = True, results_base: str | Path = "results") -> RunResult:
-    """Train per `cfg`, writing a results directory (only where `writer`); see module docstring.
+    """Train per `cfg`, writing a results directory (only where `writer`); see module docstring. Returns
+    the RunResult.
 
+    out: the results directory (default: a new one under `results_base`); resume: continue the run in
+    `out` from its newest usable checkpoint; exchange: the exchange (default: in-process, all workers);
+    quiet: no progress output.
     Progress, only where `writer` and not `quiet`: a tqdm bar on stderr where stderr is a terminal, and
     plain lines on stdout (tgsim.train.progress: every `run.log_every` steps and at the last) where stdout
     is not a terminal or there is no bar, so a batch job's log shows how far the run is.
