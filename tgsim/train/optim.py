@@ -31,7 +31,7 @@ def _decayed(g, p, weight_decay: float):
 
 
 def sgd(weight_decay: float = 0.0) -> Optimizer:
-    """w <- w - γ (g + λw)."""
+    """Optimizer (init, update) of plain SGD: w <- w - γ (g + λw), λ = `weight_decay`."""
 
     def init(params):
         return {}
@@ -45,7 +45,8 @@ def sgd(weight_decay: float = 0.0) -> Optimizer:
 
 
 def momentum(beta: float = 0.9, nesterov: bool = False, weight_decay: float = 0.0) -> Optimizer:
-    """Heavy ball: v <- βv + g; w <- w - γv.  Nesterov: w <- w - γ(g + βv) with the new v."""
+    """Optimizer (init, update) of momentum SGD, β = `beta`, λ = `weight_decay` added to the gradient:
+    heavy ball v <- βv + g; w <- w - γv; with `nesterov`: w <- w - γ(g + βv) with the new v."""
 
     def init(params):
         xp = array_module(next(iter(params.values())))
@@ -66,7 +67,8 @@ def momentum(beta: float = 0.9, nesterov: bool = False, weight_decay: float = 0.
 
 
 def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> Optimizer:
-    """Adam (Kingma & Ba 2015) with bias correction; L2 decay added to the gradient."""
+    """Optimizer (init, update) of Adam (Kingma & Ba 2015) with bias correction, β1 = `b1`, β2 = `b2`,
+    ε = `eps`; L2 decay λ = `weight_decay` added to the gradient."""
 
     def init(params):
         xp = array_module(next(iter(params.values())))
@@ -109,6 +111,8 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 
 
 def make_optimizer(cfg: OptimizerConfig) -> Optimizer:
+    """The Optimizer of the [optimizer] config `cfg` (sgd, momentum, nesterov or adam with its
+    hyper-parameters); ValueError for an unknown name."""
     if cfg.name == "sgd":
         return sgd(cfg.weight_decay)
     if cfg.name in ("momentum", "nesterov"):
