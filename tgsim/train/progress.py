@@ -47,7 +47,8 @@ def is_due(done: int, total: int, every: int) -> bool:
 
 def rate_and_eta(done: int, start: int, total: int, elapsed: float) -> tuple[float, float]:
     """(steps per second, seconds left) from the `done - start` steps this process made in `elapsed`
-    seconds; (nan, nan) before a step is done or while no time has passed; seconds left is 0 at the end."""
+    seconds, of `total` steps; (nan, nan) before a step is done or while no time has passed; seconds
+    left is 0 at the end."""
     made = done - start
     if made <= 0 or not elapsed > 0:
         return float("nan"), (0.0 if done >= total else float("nan"))
@@ -69,8 +70,8 @@ def format_duration(seconds: float) -> str:
 
 
 def format_rate(rate: float) -> str:
-    """Steps per second with three significant digits and no exponent ("1234", "12.3", "0.0512"); "?"
-    if unknown."""
+    """The steps per second `rate` with three significant digits and no exponent ("1234", "12.3",
+    "0.0512"); "?" if unknown."""
     if not math.isfinite(rate):
         return "?"
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
@@ -78,7 +79,9 @@ def format_rate(rate: float) -> str:
 
 def format_line(done: int, total: int, loss: float, bits_up: float, bits_down: float, rate: float, eta: float,
                 evaluation: Evaluation | None = None, skipped: int = 0, bits_label: str = "bits/worker") -> str:
-    """One progress line (module docstring: the fields)."""
+    """One progress line (module docstring: the fields): step `done`/`total`, the `loss`, the last
+    `evaluation` when given, the bits up and down (`bits_up`, `bits_down`, labelled `bits_label`), the
+    `skipped` steps when any, the `rate` in steps/s and the `eta` in seconds."""
     parts = [f"step {done}/{total}", f"loss {loss:.4g}"]
     if evaluation is not None:
         if math.isfinite(evaluation.accuracy):
