@@ -30,7 +30,8 @@ METRIC_COLUMNS = ["step", "split", "layer", "loss", "accuracy", "dist_opt", "bit
 
 
 def new_run_dir(base: str | Path, name: str) -> Path:
-    """results/<name>-<UTC time>, with a numeric suffix if that exists already."""
+    """The path `base`/<name>-<UTC time> for a new run named `name`, with a numeric suffix if that
+    exists already (not created)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     path = Path(base) / f"{name}-{stamp}"
     k = 2
@@ -41,6 +42,8 @@ def new_run_dir(base: str | Path, name: str) -> Path:
 
 
 def prepare(out: Path, cfg: Config, resume: bool) -> None:
+    """Create the results directory `out` and write `cfg` to its config.toml; FileExistsError when `out`
+    is not empty and this is not a `resume` (a resumed run keeps its config.toml)."""
     if out.exists() and any(out.iterdir()) and not resume:
         raise FileExistsError(f"results directory {out} exists and is not empty; pass --resume to continue "
                               "that run or choose another --out")
@@ -72,6 +75,8 @@ def _version(pkg: str) -> str:
 
 
 def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
+    """Write `out`/manifest.json: versions, git commit, seed and config hash of `cfg`, host, CPU, BLAS,
+    command line and time, and the fields of `extra`."""
     manifest = {
         "tgsim": _version("tgsim"),
         "python": sys.version.split()[0],
@@ -128,6 +133,7 @@ class MetricsWriter:
 
 
 def save_params(out: Path, params: dict) -> None:
+    """Write the parameters `params` {name: array} as host arrays to `out`/params.npz (atomically)."""
     path = out / "params.npz"
     tmp = out / "params.tmp.npz"
     np.savez(tmp, **{k: to_numpy(v) for k, v in params.items()})
