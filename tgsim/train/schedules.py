@@ -19,6 +19,9 @@ class ScheduleConfig:
 
 
 def learning_rate(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
+    """γ_t of the schedule `cfg` at step t = `step` (0-based) of a run of `total_steps` steps:
+    constant γ0, step γ0 gamma^(t // every), poly end + (γ0 - end)(1 - t/T)^power, robbins_monro
+    γ0 / (1 + t/τ); ValueError for an unknown name."""
     if cfg.name == "constant":
         return cfg.lr
     if cfg.name == "step":
