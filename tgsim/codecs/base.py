@@ -115,22 +115,23 @@ class CodecProperties:
 
 
 def layer_shapes(layers_or_shapes: Mapping) -> dict[str, tuple[int, ...]]:
-    """{name: shape} of one worker's layers, given as {name: shape (tuple or list)} or {name: array}."""
+    """{name: shape} of one worker's layers `layers_or_shapes`, given as {name: shape (tuple or list)} or
+    {name: array}."""
     return {k: tuple(int(d) for d in v) if isinstance(v, (tuple, list)) else tuple(np.shape(v))
             for k, v in layers_or_shapes.items()}
 
 
 def per_element_bits(nbytes: int, layers_or_shapes: Mapping) -> float:
-    """8 · nbytes / Σ_l n_l: the bits of a message of `nbytes` bytes per element of the layers (0.0
-    for layers without elements)."""
+    """8 · nbytes / Σ_l n_l: the bits of a message of `nbytes` bytes per element of the layers
+    `layers_or_shapes` ({name: shape} or {name: array}; 0.0 for layers without elements)."""
     total = sum(math.prod(s) for s in layer_shapes(layers_or_shapes).values())
     return 8.0 * nbytes / total if total else 0.0
 
 
 def encode_one(codec, layers: Mapping, key, shared_scalers=None):
-    """One worker's message: its layers {name: array} (no worker axis) encoded under the stream key
-    `key` (tgsim.rng.StreamKey: seed, step, worker) as `encode_many` encodes that worker, after
-    `prepare_many` (its checks, its statistics), so the same bits as the worker's row of a batched
+    """One worker's message from `codec`: its layers {name: array} (no worker axis) encoded under the
+    stream key `key` (tgsim.rng.StreamKey: seed, step, worker) as `encode_many` encodes that worker,
+    after `prepare_many` (its checks, its statistics), so the same bits as the worker's row of a batched
     call. shared_scalers: the per-layer shared statistics, or None for the worker's own."""
     from tgsim.backend import array_module
 
