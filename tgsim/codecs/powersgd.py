@@ -97,8 +97,8 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
 
 
 def compressed_rank(shape: Sequence[int], rank: int, min_compression_rate: float) -> int:
-    """r_l = min(rank, n, m) for a layer of two or more dimensions with
-    min_compression_rate · r_l (n + m) < n m; 0 (sent as float32) otherwise."""
+    """r_l = min(rank, n, m) for a layer of `shape` with two or more dimensions ((n, m) its matrix_shape)
+    and min_compression_rate · r_l (n + m) < n m; 0 (sent as float32) otherwise."""
     if len(shape) < 2:
         return 0
     n, m = matrix_shape(shape)
@@ -129,8 +129,9 @@ def start_q(q, key: StreamKey, warm_start: bool = True):
 
 
 def project(delta, q):
-    """P = Δ Q, (n, m) x (m, r) -> (n, r) float32: P_ij = f32(Σ_k f64(Δ_ik) f64(Q_kj)), each sum
-    NumPy's sum along the contiguous axis of the float64 products (an order fixed by m alone)."""
+    """P = Δ Q of Δ = `delta` (n, m) and Q = `q` (m, r) -> (n, r) float32: P_ij = f32(Σ_k f64(Δ_ik)
+    f64(Q_kj)), each sum NumPy's sum along the contiguous axis of the float64 products (an order fixed
+    by m alone)."""
     xp = array_module(delta)
     d = xp.asarray(delta, dtype=xp.float64)
     q = xp.asarray(q, dtype=xp.float64)
@@ -141,8 +142,9 @@ def project(delta, q):
 
 
 def back_project(delta, p_hat):
-    """Q = Δᵀ P̂, (n, m) and (n, r) -> (m, r) float32: Q_kj = f32(Σ_i f64(Δ_ik) f64(P̂_ij)), each
-    sum NumPy's sum over axis 0 of the float64 products (an order fixed by n alone)."""
+    """Q = Δᵀ P̂ of Δ = `delta` (n, m) and P̂ = `p_hat` (n, r) -> (m, r) float32: Q_kj = f32(Σ_i
+    f64(Δ_ik) f64(P̂_ij)), each sum NumPy's sum over axis 0 of the float64 products (an order fixed by
+    n alone)."""
     xp = array_module(delta)
     d = xp.asarray(delta, dtype=xp.float64)
     p = xp.asarray(p_hat, dtype=xp.float64)
@@ -153,7 +155,8 @@ def back_project(delta, p_hat):
 
 
 def low_rank(p_hat, q):
-    """P̂ Qᵀ, (n, r) and (m, r) -> (n, m) float32: f32(Σ_j f64(P̂_ij) f64(Q_kj)), j in order."""
+    """P̂ Qᵀ of P̂ = `p_hat` (n, r) and Q = `q` (m, r) -> (n, m) float32: f32(Σ_j f64(P̂_ij) f64(Q_kj)),
+    j in order."""
     xp = array_module(p_hat)
     p = xp.asarray(p_hat, dtype=xp.float64)
     q = xp.asarray(q, dtype=xp.float64)
