@@ -216,9 +216,9 @@ def bits_errors(codec, layers: dict | None = None) -> list[str]:
 def single_encode_errors(codec, layers: dict | None = None) -> list[str]:
     """Where the single-worker API of `codec` differs from the batched one on `layers` (W, *shape;
     default contract_layers()), one line each ([] when it does not): `encode(layers_w, StreamKey(seed,
-    step, w))` gives the bytes of worker w's message of `encode_many` (own statistics) and `decode` reads it. For a codec of R > 1
-    rounds, whose rounds average over the workers, `encode` is worker w alone (the rounds' means are
-    its own): checked only that `decode` gives every layer in its shape."""
+    step, w))` gives the bytes of worker w's message of `encode_many` (own statistics) and `decode`
+    reads it. For a codec of R > 1 rounds, whose rounds average over the workers, `encode` is worker w
+    alone (the rounds' means are its own): checked only that `decode` gives every layer in its shape."""
     from tgsim.rng import StreamKey
 
     if not callable(getattr(codec, "encode", None)):
