@@ -121,6 +121,58 @@ def method_sections(method: str) -> tuple[dict, dict]:
     return section, dict(LOCAL_VARIANTS[local]) if local else {}
 
 
+OPTIONS_COLUMN = "codec_options"       # the compare tables' column of each row's resolved codec options
+
+
+def _option_text(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_option_text(x) for x in v) + "]"
+    return str(v)
+
+
+@functools.lru_cache(maxsize=None)
+def _codec_options(label: str, knob: tuple) -> str:
+    from tgsim.codecs import options, registry
+
+    name, opts, _, _ = split_label(label)
+    cfg = registry.default_config(name, **{**opts, **dict(knob)})
+    return ";".join(f"{k}={_option_text(v)}" for k, v in
+                    sorted(options.resolved(registry.codec_class(name), cfg).items()))
+
+
+def codec_options(label: str, knob: dict | None = None) -> str:
+    """Every option of the codec of comparison label `label` (`split_label`), the label's values and
+    `knob`'s (a swept option: {key: value}) over the codec's defaults (tgsim.codecs.options.resolved),
+    as "key=value;key=value" with the keys sorted (floats to 6 significant digits, booleans true/false,
+    lists [a,b]); "" for a codec without options. E.g. "qsgd" -> "bucket=512;coding=paper;levels=7;norm=l2"."""
+    return _codec_options(label, tuple(sorted((knob or {}).items())))
+
+
+def with_codec_options(df: pd.DataFrame, label: str = "method") -> pd.DataFrame:
+    """A copy of `df` with OPTIONS_COLUMN (`codec_options` of each row's `label`, and of its swept
+    option where the row has "knob" (the key, else empty or NaN) and "knob_value" columns) inserted right
+    after `label`; replaced where it is already there; `df` unchanged when it has no `label` column."""
+    if label not in df.columns:
+        return df
+    knob = ["knob", "knob_value"] if {"knob", "knob_value"} <= set(df.columns) else None
+    out = df.drop(columns=[OPTIONS_COLUMN], errors="ignore")
+
+    def one(r) -> str:
+        if knob is not None and isinstance(r[knob[0]], str) and r[knob[0]]:
+            value = r[knob[1]]
+            value = int(value) if isinstance(value, float) and value.is_integer() else value
+            return codec_options(r[label], {r[knob[0]]: value})
+        return codec_options(r[label])
+
+    values = [one(r) for _, r in out.iterrows()] if len(out) else []
+    out.insert(list(out.columns).index(label) + 1, OPTIONS_COLUMN, pd.Series(values, index=out.index, dtype=object))
+    return out
+
+
 def codec_config(method: str):
     """The CodecConfig (tgsim.train.config) of a comparison label."""
     from tgsim.train.config import codec_section

@@ -42,7 +42,9 @@ Outputs (`--out DIR`, default results/compare-bits):
                     one bar per rule
 Each CSV has a column `quick`: True when written by --quick (a smoke test, numbers not for reporting);
 the figure's title and the printed summary then say QUICK. `tgsim compare time` refuses such rows
-unless asked with --allow-quick (`QUICK_COLUMN`).
+unless asked with --allow-quick (`QUICK_COLUMN`). Each CSV's `codec_options`, after `method`: every
+option of the method's codec, defaults filled in (tgsim.analysis.common.codec_options), e.g. QSGD's
+coding.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from tgsim.analysis.common import with_codec_options
 
 DEFAULT_OUT = "results/compare-bits"
 FACTOR = 1.25              # threshold = FACTOR x fp32's minimum smoothed training loss (mean over seeds)
@@ -79,15 +83,15 @@ def method_sections(method: str) -> tuple[dict, dict]:
     return sections(method)
 
 
-RUN_COLUMNS = ["problem", "rule", "method", "seed", "lr", "cap", "steps", "window", "threshold", "status", "K", "bits_up",
-               "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element", "loss_smoothed",
-               "accuracy", "seconds", "quick"]
-COLUMNS = ["problem", "rule", "method", "lr", "seeds", "reached", "threshold", "K_mean", "bits_total_mean", "ratio_mean",
-           "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean", "quick"]
+RUN_COLUMNS = ["problem", "rule", "method", "codec_options", "seed", "lr", "cap", "steps", "window", "threshold",
+               "status", "K", "bits_up", "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element",
+               "loss_smoothed", "accuracy", "seconds", "quick"]
+COLUMNS = ["problem", "rule", "method", "codec_options", "lr", "seeds", "reached", "threshold", "K_mean",
+           "bits_total_mean", "ratio_mean", "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean", "quick"]
 QUICK_COLUMN = "quick"     # True in every row of a --quick run (1 seed, a few steps): a smoke test, not a result
 
-GRID_COLUMNS = ["problem", "method", "lr", "seed", "steps", "status", "val_loss", "val_accuracy", "chosen_fp32_lr",
-                "chosen_own_lr", "seconds"]
+GRID_COLUMNS = ["problem", "method", "codec_options", "lr", "seed", "steps", "status", "val_loss", "val_accuracy",
+                "chosen_fp32_lr", "chosen_own_lr", "seconds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +211,7 @@ def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame,
     fp = {p.name: own[(p.name, baseline())] for p in problems}
     grid["chosen_fp32_lr"] = [lr == fp[p] for p, lr in zip(grid.problem, grid.lr)]
     grid["chosen_own_lr"] = [lr == own[(p, m)] for p, m, lr in zip(grid.problem, grid.method, grid.lr)]
-    return grid[GRID_COLUMNS], own
+    return with_codec_options(grid)[GRID_COLUMNS], own
 
 
 def t_interval(x) -> tuple[float, float, float]:
@@ -236,7 +240,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          bits_up_per_element=float(g.bits_up_per_element.mean()),
                          accuracy_mean=float(g.accuracy.mean()),
                          quick=bool(g[QUICK_COLUMN].astype(bool).any()) if QUICK_COLUMN in g else False))
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return with_codec_options(pd.DataFrame(rows, columns=COLUMNS))
 
 
 def _figure(runs: pd.DataFrame, path: Path, quick: bool = False) -> None:
@@ -323,7 +327,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
     fp = runs.apply(lambda r: ref.get((r.problem, r.seed), float("nan")), axis=1)
     runs["ratio"] = np.where(runs.K.notna() & np.isfinite(fp), runs.bits_total / fp, np.nan)
     runs[QUICK_COLUMN] = bool(quick)
-    runs, grid = runs[RUN_COLUMNS], grid.assign(**{QUICK_COLUMN: bool(quick)})
+    runs, grid = with_codec_options(runs)[RUN_COLUMNS], grid.assign(**{QUICK_COLUMN: bool(quick)})
     table = summarize(runs)
     res = {"bits_lr_grid": grid, "bits_runs": runs, "bits": table}
     seconds = time.perf_counter() - t0

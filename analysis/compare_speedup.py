@@ -58,6 +58,8 @@ Outputs (`--out DIR`, default results/compare-speedup):
                      rises above -0.8 ends it)
   speedup.png        K against M (log-log, one line per method, ideal 1/M from fp32's M = 1) and K
                      against the compression ratio at the fixed M
+Each CSV's `codec_options`, after `method`: every option of the row's codec (at its knob in the
+compression sweep), defaults filled in (tgsim.analysis.common.codec_options).
 """
 
 from __future__ import annotations
@@ -70,14 +72,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tgsim.analysis.common import with_codec_options
+
 DEFAULT_OUT = "results/compare-speedup"
 LINEAR_SLOPE = -0.8          # a local slope above this ends the linear regime
 LR_GRID = (0.0625, 0.125, 0.25, 0.5)    # γ0 tried on the validation split
 VALIDATION = 0.2
 TUNE_SEED = 100
 RULES = ("fp32-lr", "own-lr")
-GRID_COLUMNS = ["method", "lr", "workers", "seed", "steps", "status", "val_loss", "chosen_fp32_lr", "chosen_own_lr",
-                "seconds"]
+GRID_COLUMNS = ["method", "codec_options", "lr", "workers", "seed", "steps", "status", "val_loss", "chosen_fp32_lr",
+                "chosen_own_lr", "seconds"]
 
 def default_methods() -> tuple[str, ...]:
     """Every registered codec, plugins included (tgsim.analysis.common.default_methods)."""
@@ -404,7 +408,7 @@ def tune(problem: Problem, methods, lr_grid, M: int, steps: int, jobs: int, bar)
         own[m] = float(g.lr.to_numpy()[order[0]])
     grid["chosen_fp32_lr"] = grid.lr == own[baseline()]
     grid["chosen_own_lr"] = [lr == own[m] for m, lr in zip(grid.method, grid.lr)]
-    return grid[GRID_COLUMNS], own
+    return with_codec_options(grid)[GRID_COLUMNS], own
 
 
 def _map(fn, items, jobs: int, bar):
@@ -426,8 +430,8 @@ def _map(fn, items, jobs: int, bar):
         return out
 
 
-RUN_COLUMNS = ["sweep", "rule", "method", "lr", "knob", "knob_value", "workers", "seed", "eps", "cap", "K", "status",
-               "steps", "dist_final", "bits_up", "seconds", "compression"]
+RUN_COLUMNS = ["sweep", "rule", "method", "codec_options", "lr", "knob", "knob_value", "workers", "seed", "eps",
+               "cap", "K", "status", "steps", "dist_final", "bits_up", "seconds", "compression"]
 
 
 def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=None, seeds=(0, 1, 2),
@@ -482,9 +486,10 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=None, seed
     runs = pd.DataFrame(rows)
     runs = runs[(runs.method != base) | runs.workers.isin(workers)].reset_index(drop=True)
     runs["compression"] = 32.0 / runs.bits_up
-    runs = runs[RUN_COLUMNS]
+    runs = with_codec_options(runs)[RUN_COLUMNS]
     table, fits = summarize(runs)
-    res = {"speedup_lr_grid": grid, "speedup_runs": runs, "speedup": table, "speedup_fit": fits}
+    res = {k: with_codec_options(v) for k, v in
+           {"speedup_lr_grid": grid, "speedup_runs": runs, "speedup": table, "speedup_fit": fits}.items()}
     seconds = time.perf_counter() - t0
     out = write_tables(out, res, lambda d: _figure(table, d / "speedup.png", fixed_M, fp32_K))
     if not quiet:

@@ -60,7 +60,8 @@ mean(measured_r - exact_r) = 0 (exact_r varies by round only with the rotation).
 
 Outputs (`--out DIR`, default results/compare-variance): variance.csv (one row per codec x budget x
 N x kind) and variance.png (MSE / ||v̄||^2 against measured bits per element, log-log, one line per
-codec, panels N x kind; fp32's MSE of 0 cannot be drawn and is listed in the CSV).
+codec, panels N x kind; fp32's MSE of 0 cannot be drawn and is listed in the CSV). Column codec_options:
+every option of the row's codec at its knob, defaults filled in (tgsim.analysis.common.codec_options).
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ WORKERS = (1, 8, 32)
 KINDS = ("gaussian", "student_t2", "lognormal", "sparse", "mnist1d")
 TOL = 0.05
 ALPHA = 0.05
-COLUMNS = ["kind", "codec", "budget", "workers", "status", "knob", "bits_per_element", "bits_max", "R", "mse",
-           "mse_lo", "mse_hi", "exact_mse", "rel_mse", "rel_mse_lo", "rel_mse_hi", "exact_rel_mse", "z", "p_value",
-           "unbiased", "deterministic", "n", "seed"]
+COLUMNS = ["kind", "codec", "codec_options", "budget", "workers", "status", "knob", "bits_per_element", "bits_max",
+           "R", "mse", "mse_lo", "mse_hi", "exact_mse", "rel_mse", "rel_mse_lo", "rel_mse_hi", "exact_rel_mse", "z",
+           "p_value", "unbiased", "deterministic", "n", "seed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,7 +498,7 @@ def run(out=DEFAULT_OUT, *, codecs=None, kinds=KINDS, budgets=BUDGETS, workers=W
     codecs: labels (NAME[key=value;...]); None: every registered codec (default_codecs)."""
     from tqdm import tqdm
 
-    from tgsim.analysis.common import single_thread
+    from tgsim.analysis.common import codec_options, single_thread
 
     t0 = time.perf_counter()
     rows = []
@@ -511,8 +512,8 @@ def run(out=DEFAULT_OUT, *, codecs=None, kinds=KINDS, budgets=BUDGETS, workers=W
             spec_ = spec(label)
             size = int(sum(np.prod(v.shape[1:]) for v in layers.values()))
             for B, (knob, info) in choose(label, layers, budgets).items():
-                base = dict(kind=kind, codec=label, budget=B, unbiased=spec_.unbiased,
-                            deterministic=spec_.deterministic, n=size, seed=seed)
+                base = dict(kind=kind, codec=label, codec_options=codec_options(label), budget=B,
+                            unbiased=spec_.unbiased, deterministic=spec_.deterministic, n=size, seed=seed)
                 if knob is None:
                     rows += [dict(base, workers=N, status=info, knob="") for N in workers]
                     continue
@@ -520,7 +521,7 @@ def run(out=DEFAULT_OUT, *, codecs=None, kinds=KINDS, budgets=BUDGETS, workers=W
                 if (kind, label, text) not in measured:        # the same knob at several budgets: measured once
                     measured[(kind, label, text)] = measure(label, knob, layers, identical, R, seed, workers)
                 for r in measured[(kind, label, text)]:
-                    rows.append(dict(base, status="ok", knob=text, **r))
+                    rows.append(dict(base, status="ok", knob=text, codec_options=codec_options(label, knob), **r))
     df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     res = {"variance": df}
     if out is not None:

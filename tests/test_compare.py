@@ -103,8 +103,8 @@ def test_bits_per_element_from_payload_within_budget(variance):
     assert (searched.bits_per_element >= 0.5 * searched.budget).all()
 
 
-SPEEDUP_RUN_COLUMNS = ["sweep", "rule", "method", "lr", "knob", "knob_value", "workers", "seed", "eps", "cap", "K", "status",
-                       "steps", "dist_final", "bits_up", "seconds", "compression"]
+SPEEDUP_RUN_COLUMNS = ["sweep", "rule", "method", "codec_options", "lr", "knob", "knob_value", "workers", "seed",
+                       "eps", "cap", "K", "status", "steps", "dist_final", "bits_up", "seconds", "compression"]
 
 
 def test_speedup_writes_csvs_and_figure(speedup):
@@ -121,7 +121,8 @@ def test_speedup_writes_csvs_and_figure(speedup):
     assert set(w.method) == {"fp32", "terngrad", "topk+ef"} and set(w.workers) == {1, 2, 4, 8}
     assert w.groupby(["rule", "method", "workers"]).seed.nunique().eq(3).all()
     assert set(w.rule) == set(cs.RULES) and set(runs[runs.sweep == "compression"].rule) == {"fp32-lr"}
-    assert set(runs[runs.sweep == "compression"].knob_value) == {1.0, 7.0}
+    key, values = options.sweep(registry.codec_class("qsgd"))
+    assert set(runs[runs.sweep == "compression"].knob_value) == {values[0], values[len(values) // 2]}
     fp32 = w[w.method == "fp32"]
     assert fp32.K.notna().all() and (fp32.bits_up == 32).all()
     assert ((runs.K.isna()) == ~runs.status.eq("reached")).all()
@@ -210,3 +211,44 @@ def test_analysis_names_no_codec():
         found = [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs
                  and isinstance(n.value, str) and names & set(re.split(r"[,+\[\]]", n.value))]
         assert not found, (mod, found)
+
+
+def _options(text) -> dict:
+    """The {key: value text} of a codec_options cell ("" or NaN: a codec without options)."""
+    return dict(item.split("=", 1) for item in str(text).split(";")) if isinstance(text, str) and text else {}
+
+
+def test_variance_rows_name_every_option_of_their_codec(variance):
+    """Column codec_options: every option of the row's codec (defaults filled in), keys sorted; QSGD's
+    rows name its coding (the default "paper" where no knob was chosen) and the chosen knob's values."""
+    _, df = variance
+    assert list(df.columns).index("codec_options") == list(df.columns).index("codec") + 1
+    for codec, g in df.groupby("codec"):
+        keys = sorted(options.keys(registry.codec_class(codec)))
+        for text in g.codec_options:
+            assert list(_options(text)) == keys, (codec, text)
+    q = df[df.codec == "qsgd"]
+    assert not q.empty and q.codec_options.str.contains("coding=").all()
+    for r in q.itertuples():
+        got = _options(r.codec_options)
+        knob = dict(item.split("=", 1) for item in r.knob.split(", ")) if r.status == "ok" else {}
+        want = {**{k: str(v) for k, v in options.resolved(registry.codec_class("qsgd")).items()}, **knob}
+        assert got == want, (r.codec_options, r.knob)
+    assert _options(common.codec_options("qsgd"))["coding"] == "paper"
+
+
+def test_speedup_rows_name_their_codec_options(speedup):
+    """Every CSV of compare speedup has codec_options after method: the method's codec at its options,
+    and in the compression sweep at the row's knob value."""
+    _, t = speedup
+    for name, df in t.items():
+        cols = list(df.columns)
+        assert cols.index("codec_options") == cols.index("method") + 1, name
+    runs = t["speedup_runs"]
+    for r in runs.itertuples():
+        if r.sweep == "compression":
+            want = common.codec_options(r.method, {r.knob: int(r.knob_value)})
+            assert _options(r.codec_options)[r.knob] == str(int(r.knob_value))
+        else:
+            want = common.codec_options(r.method)
+        assert (r.codec_options if isinstance(r.codec_options, str) else "") == want, r

@@ -111,3 +111,33 @@ def test_terngrad_uplink_under_a_tenth_of_fp32(bits):
     for prob, g in runs[runs.rule == "fp32-lr"].groupby("problem"):
         per = g.set_index("method").bits_up_per_step
         assert 0 < per["terngrad"] < per["fp32"] / 10, prob
+
+
+def test_rows_name_their_codec_options(bits):
+    """Each of the three CSVs has codec_options after method: every option of the method's codec with
+    its defaults, keys sorted (common.codec_options); fp32 has none."""
+    from tgsim.analysis import common
+
+    _, runs, table, grid = bits
+    for df in (runs, table, grid):
+        cols = list(df.columns)
+        assert cols.index("codec_options") == cols.index("method") + 1
+        got = df.codec_options.fillna("")
+        assert (got == [common.codec_options(m) for m in df.method]).all()
+        assert (got[df.method == "fp32"] == "").all() and (got[df.method == "terngrad"] != "").all()
+
+
+def test_codec_options_name_qsgd_coding():
+    """QSGD's options with its defaults: the paper's coding unless the label says otherwise; a knob
+    overrides the label; keys sorted; with_codec_options puts them next to the label."""
+    from tgsim.analysis import common
+    from tgsim.codecs import options, registry
+
+    assert common.codec_options("qsgd") == "bucket=512;coding=paper;levels=7;norm=l2"
+    assert common.codec_options("qsgd[coding=elias]+ef") == "bucket=512;coding=elias;levels=7;norm=l2"
+    assert common.codec_options("qsgd[levels=3]", {"levels": 31}).endswith("levels=31;norm=l2")
+    keys = [k.split("=")[0] for k in common.codec_options("terngrad").split(";")]
+    assert keys == sorted(options.keys(registry.codec_class("terngrad")))
+    df = common.with_codec_options(pd.DataFrame({"method": ["qsgd", "qsgd[coding=fixed]"], "x": [1, 2]}))
+    assert list(df.columns) == ["method", "codec_options", "x"]
+    assert [s.split(";")[1] for s in df.codec_options] == ["coding=paper", "coding=fixed"]

@@ -290,7 +290,7 @@ class QSGD:
         """The [codec] keys of qsgd (defaults: s = 7 levels, buckets of 512, the l2 norm)."""
 
         levels: int = options.option(7, "s: quantization levels of |v|/norm per bucket", min=1, max=MAX_LEVELS,
-                                     sweep=(1, 3, 7, 31, 255))
+                                     sweep=(1, 3, 7, 31, 255, 1023, 4095, 32767))
         bucket: int = options.option(512, "elements per bucket, one norm each (0: the whole layer)", min=0,
                                      max=2**32 - 1, sweep=(0, 8192, 2048, 512, 128))
         norm: str = options.option("l2", "the bucket norm: l2 (Alistarh et al.) or max (max-norm variant)",
