@@ -20,11 +20,20 @@ numbers measured in this run:
            server per node), allgather, and for TernGrad's packed codes a ring all-reduce of int8/int16
            code sums. fp32, fp16 and bf16 may also travel as a ring all-reduce of 4, 2 and 2 bytes
            per element (the optimized uncompressed baselines: NCCL reduces fp16/bf16 natively), and
-           fp32 through the sharded ps, 4 bytes each way. The model sends one message per layer
-           (no bucketing): a ring pays 2 (N-1) latencies per layer, a ps one.
+           fp32 through the sharded ps, 4 bytes each way. A float-mean codec (properties.float_mean:
+           PowerSGD's factors) travels as a ring all-reduce of its float32 values only.
+           Multi-round codecs (properties.rounds = R > 1, PowerSGD's two): the bytes of all rounds,
+           and as their messages are functions of each tensor's shape (rank-r factors of the weight
+           as a matrix, vectors as float32), the bytes per element measured on the 1-D layer are
+           scaled per layer of the net by bits_per_element(the layer's parameter shapes) /
+           bits_per_element(the 1-D layer) (`shape_factor`, perfmodel_nets' Layer.shapes): the
+           codec's own count of the bytes of its rounds on the real layers. The model sends one
+           message per layer and round (no bucketing): a ring pays 2 (N-1) latencies per layer and
+           round, a ps one per stage and round.
   compute  encode (prepare + encode of 8 workers' copies, per worker) and decode-and-add (the
            exchange's aggregate of 8 messages, per message) on one core of this host, seconds per
-           element (`tgsim.bench.timing.time_call`, medians). `codec_cost`:
+           element, on a 1-D layer (a multi-round codec: a near-square matrix, `cost_shape`)
+           (`tgsim.bench.timing.time_call`, medians). `codec_cost`:
              "gpu"   (default) host seconds x TernGrad's GPU/host ratio: GPU_TERNGRAD_ENCODE, its
                      CUDA encode time per element (docs/MEASUREMENTS.md), over its host encode
                      measured here; the SAME factor for every codec (an assumption: only TernGrad's
@@ -47,6 +56,8 @@ Outputs (`--out DIR`, default results/compare-time):
                   (> 1: the codec wins against every uncompressed baseline)
   time.png        speedup_best against N, one panel per (net, link), one line per method (own-lr, where
                   every method has its own rate; fp32-lr is in time.csv)
+Each CSV's `codec_options`, after `method`: every option of the method's codec, defaults filled in
+(tgsim.analysis.common.codec_options).
 
 QUICK input. `compare bits --quick` (1 seed, a few steps; written to results/compare-bits unless told
 otherwise) marks its rows (compare_bits.QUICK_COLUMN). Such a bits_runs.csv is refused with one line
@@ -66,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tgsim.analysis.common import baseline
+from tgsim.analysis.common import baseline, with_codec_options
 from tgsim.errors import ConfigError
 
 DEFAULT_OUT = "results/compare-time"
@@ -96,7 +107,7 @@ NETS = ("alexnet", "vgg_a", "googlenet", "resnet50")
 WORKERS = (8, 16, 32, 64, 128, 256, 512)
 LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
 CODEC_COSTS = ("gpu", "host", "none")
-COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "lr", "K", "pattern", "t_step", "compute",
+COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "codec_options", "lr", "K", "pattern", "t_step", "compute",
            "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo",
            "speedup_best_hi", "best_float", "codec_cost", "quick"]
 QUICK_MARK = "QUICK (a --quick smoke test, numbers not for reporting)"
@@ -141,7 +152,46 @@ def _encode(codec, layers: dict, ids):
 
 
 def patterns(codec) -> tuple[str, ...]:
+    """The exchange patterns the codec's messages can travel in: a float-mean codec (properties.float_mean)
+    only a ring all-reduce of its float32 values (what the exchange runs for it in every mode); packed
+    codes that sum exactly also ps, all-gather; other codecs ps and all-gather."""
+    if codec.properties.float_mean:
+        return ("allreduce",)
     return ("ps", "allgather", "allreduce") if codec.properties.sums_exactly else ("ps", "allgather")
+
+
+@functools.lru_cache(maxsize=None)
+def _codec(method: str):
+    """The codec of a method label (its options; error feedback aside: it does not change the bytes)."""
+    from tgsim.codecs import registry
+
+    return registry.make_codec(_config(method)[0])
+
+
+def rounds(method: str) -> int:
+    """Communication rounds per step of the method's codec (properties.rounds)."""
+    return int(getattr(_codec(method).properties, "rounds", 1))
+
+
+def cost_shape(method: str, n: int) -> tuple[int, ...]:
+    """The layer the codec seconds are measured on: (n,) for a one-round codec; for a multi-round one
+    (whose work is on the layer as a matrix: PowerSGD's products with its rank-r factors) the matrix
+    (2^floor(log2(n) / 2), n / that) of n elements."""
+    if rounds(method) == 1:
+        return (n,)
+    rows = 1 << (max(n, 1).bit_length() - 1) // 2
+    return (rows, n // rows)
+
+
+def shape_factor(method: str, n: int):
+    """None for a one-round codec; for a multi-round one (whose bytes are its factors' sizes, a function
+    of each tensor's shape) the Wire's shape_factor: shapes -> bits_per_element of a layer of those
+    parameter shapes over bits_per_element of the 1-D layer of n elements that `measure_wire` encodes."""
+    if rounds(method) == 1:
+        return None
+    codec = _codec(method)
+    base = codec.bits_per_element({"g": (int(n),)})
+    return lambda shapes: codec.bits_per_element({str(i): tuple(s) for i, s in enumerate(shapes)}) / base
 
 
 def _bar(items, desc: str, quiet: bool):
@@ -182,7 +232,7 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quie
                     f = dict(up=0.0, down=0.0, reduce=b.sent / (2 * (N - 1) / N) / n)
                 rows.append(dict(method=method, workers=N, pattern="ring" if pat == "allreduce" else pat,
                                  sent=b.sent / n, **f))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(elements=int(n))
 
 
 def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int = 3,
@@ -204,10 +254,11 @@ def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int
                 continue
             cfg, _ = _config(method)
             codec = registry.make_codec(cfg)
-            te = time_call(lambda: _encode(codec, {"g": g}, ids), repeats)
+            layer = {"g": g.reshape(workers, *cost_shape(method, n))}
+            te = time_call(lambda: _encode(codec, layer, ids), repeats)
             msgs, shared = te.result
             ex = InProcessExchange(workers)
-            ta = time_call(lambda: ex.aggregate(codec, msgs, "ps", shared), repeats)
+            ta = time_call(lambda: ex.aggregate(codec, msgs, patterns(codec)[0], shared), repeats)
             rows.append(dict(method=method, encode_host=te.median / workers / n, decode_host=ta.median / workers / n))
     return pd.DataFrame(rows)
 
@@ -258,11 +309,15 @@ def cost_scale(cost: pd.DataFrame, codec_cost: str) -> float:
 
 
 def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
+    """The perf model's Wire of `method` in `pattern`: the measured bytes per element (time_wire), the
+    codec seconds, its rounds, and for a multi-round codec the factor from the model's layer shapes
+    (`shape_factor`)."""
     from tgsim.analysis.perfmodel_throughput import Wire
 
     rows = w[(w.method == method) & (w.pattern == pattern)]
     per = {int(r.workers): {"up": r.up, "down": r.down, "reduce": r.reduce} for r in rows.itertuples()}
-    return Wire(method, per, enc, dec)
+    n = int(rows.elements.iloc[0]) if "elements" in rows and len(rows) else 1 << 15
+    return Wire(method, per, enc, dec, rounds=rounds(method), shape_factor=shape_factor(method, n))
 
 
 def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
@@ -311,7 +366,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     df["speedup_best"], df["speedup_best_lo"], df["speedup_best_hi"] = _seed_speedups(df, steps)
     df["best_float"] = best_f.method.reindex(idx).to_numpy()
     df["quick"] = bool(quick)
-    return df[COLUMNS]
+    return with_codec_options(df)[COLUMNS]
 
 
 def figure_title(rule: str, quick: bool) -> str:
@@ -406,7 +461,8 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     factor = cost_scale(cost, codec_cost)
     cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
     table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet, quick=quick)
-    res = {"time_wire": wire.assign(quick=quick), "time_codec": cost.assign(quick=quick), "time": table}
+    res = {"time_wire": with_codec_options(wire.assign(quick=quick)),
+           "time_codec": with_codec_options(cost.assign(quick=quick)), "time": table}
     seconds = time.perf_counter() - t0
     out = write_tables(out, res, lambda d: _figure(table, d / "time.png"))
     if not quiet:

@@ -8,6 +8,10 @@ FORWARD order, with
   params   trainable elements of the layer (what crosses the wire)
   macs     forward multiply-accumulates per example (how long its backward pass takes, relative)
   kind     "conv" | "fc" (fully-connected / any dense matmul weight, incl. attention and embeddings)
+  shapes   the layer's parameter tensors, in PyTorch's layout: a conv weight (c_out, c_in / groups, k, k),
+           a dense weight (n_out, n_in), biases and BN/LayerNorm scale and shift (c,); their sizes sum to
+           params. A codec whose bytes depend on a tensor's shape (PowerSGD's rank-r factors of the
+           weight as a c_out x (c_in k k) matrix) is costed on them; () for a layer built without them
 and the per-GPU time of one forward + backward pass of `batch` examples on paper-era GPUs.
 
 Counts are computed here from the architectures, not typed in, and checked in the tests against
@@ -49,6 +53,7 @@ class Layer:
     params: int
     macs: int           # forward multiply-accumulates per example
     kind: str           # "conv" | "fc"
+    shapes: tuple = ()  # the parameter tensors' shapes (their sizes sum to params); () where not given
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,19 @@ class Net:
 def _conv(name, cin, cout, k, hout, groups=1, bias=True, bn=False):
     w = cout * (cin // groups) * k * k
     extra = (cout if bias else 0) + (2 * cout if bn else 0)
-    return Layer(name, w + extra, w * hout * hout, "conv")
+    shapes = ((cout, cin // groups, k, k),) + ((cout,),) * ((1 if bias else 0) + (2 if bn else 0))
+    return Layer(name, w + extra, w * hout * hout, "conv", shapes)
 
 
 def _fc(name, nin, nout, bias=True, macs_per_example=None):
     return Layer(name, nin * nout + (nout if bias else 0), nin * nout if macs_per_example is None else macs_per_example,
-                 "fc")
+                 "fc", ((nout, nin),) + (((nout,),) if bias else ()))
+
+
+def _group(name, parts, kind) -> Layer:
+    """One layer of several parts (an inception module, a residual block): their params, MACs and shapes."""
+    return Layer(name, sum(p.params for p in parts), sum(p.macs for p in parts), kind,
+                 tuple(s for p in parts for s in p.shapes))
 
 
 def alexnet() -> Net:
@@ -123,9 +135,9 @@ _INCEPTION = [  # name, in, 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj, sp
 def googlenet() -> Net:
     layers = [_conv("conv1", 3, 64, 7, 112), _conv("conv2_reduce", 64, 64, 1, 56), _conv("conv2", 64, 192, 3, 56)]
     for name, cin, n1, r3, n3, r5, n5, pp, h in _INCEPTION:
-        w = cin * (n1 + r3 + r5 + pp) + r3 * 9 * n3 + r5 * 25 * n5
-        b = n1 + r3 + n3 + r5 + n5 + pp
-        layers.append(Layer(f"inception_{name}", w + b, w * h * h, "conv"))
+        parts = [_conv("1x1", cin, n1, 1, h), _conv("3x3_reduce", cin, r3, 1, h), _conv("3x3", r3, n3, 3, h),
+                 _conv("5x5_reduce", cin, r5, 1, h), _conv("5x5", r5, n5, 5, h), _conv("pool_proj", cin, pp, 1, h)]
+        layers.append(_group(f"inception_{name}", parts, "conv"))
     layers.append(_fc("fc", 1024, 1000))
     return Net("googlenet", tuple(layers), batch=64, ref_ms=470.0, ref_batch=128, fwd_frac=130 / 470,
                source="convnet-benchmarks: GoogLeNet V1 b128 Titan X cuDNN R4 fp32 130+340 ms")
@@ -154,8 +166,7 @@ def resnet50() -> Net:
                      _conv("c", width, 4 * width, 1, h, bias=False, bn=True)]
             if b == 0:
                 parts.append(_conv("down", cin, 4 * width, 1, h, bias=False, bn=True))
-            layers.append(Layer(f"res{stage + 2}{chr(97 + b)}", sum(p.params for p in parts), sum(p.macs for p in parts),
-                                "conv"))
+            layers.append(_group(f"res{stage + 2}{chr(97 + b)}", parts, "conv"))
             cin = 4 * width
     layers.append(_fc("fc", 2048, 1000))
     return _estimated("resnet50", layers, 64, "estimated from 4.1 GMACs/image (no convnet-benchmarks row)")
@@ -164,13 +175,14 @@ def resnet50() -> Net:
 def bert_base(seq: int = 128) -> Net:
     h, ff, vocab = 768, 3072, 30522
     emb = vocab * h + 512 * h + 2 * h + 2 * h          # word + position + token type + LayerNorm
-    layers = [Layer("embeddings", emb, 0, "fc")]
+    layers = [Layer("embeddings", emb, 0, "fc", ((vocab, h), (512, h), (2, h), (h,), (h,)))]
     for i in range(12):
         attn = 4 * (h * h + h) + 2 * h
         ffn = h * ff + ff + ff * h + h + 2 * h
         macs = seq * (4 * h * h + 2 * h * ff) + 2 * seq * seq * h
-        layers.append(Layer(f"layer{i}", attn + ffn, macs, "fc"))
-    layers.append(Layer("pooler", h * h + h, h * h, "fc"))
+        shapes = ((h, h), (h,)) * 4 + ((h,), (h,), (ff, h), (ff,), (h, ff), (h,), (h,), (h,))
+        layers.append(Layer(f"layer{i}", attn + ffn, macs, "fc", shapes))
+    layers.append(Layer("pooler", h * h + h, h * h, "fc", ((h, h), (h,))))
     return _estimated("bert_base", layers, 32, f"estimated from MACs, sequence length {seq}", unit="sequences")
 
 

@@ -44,7 +44,7 @@ qualitative claims on any model function with `iteration`'s signature.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from tgsim.analysis.perfmodel_nets import Net, get_net
 from tgsim.codecs.fp32 import Float32
@@ -144,15 +144,27 @@ class Wire:
     buffer (reduce), at that worker count. encode / decode: seconds per element to encode one worker's
     gradient and to decode-and-add one message. Decoding: a ps server decodes its share of the G
     messages (G/M of them for M shards) and the worker decodes the answer; an all-gather worker
-    decodes G-1 messages; a ring all-reduce decodes its summed buffer once."""
+    decodes G-1 messages; a ring all-reduce decodes its summed buffer once.
+
+    rounds: the codec's communication rounds per step (`properties.rounds`; PowerSGD 2): each layer's
+    exchange pays its per-message latency terms once per round (`message_seconds`); `per_element`
+    holds the bytes of all rounds together. shape_factor: None, or for a codec whose bytes depend on a
+    tensor's shape (a multi-round codec's low-rank factors), shapes -> the factor on `per_element` for
+    a layer of those parameter shapes (`perfmodel_nets.Layer.shapes`): the codec's bits per element on
+    those shapes over its bits per element on the layer the bytes were measured on."""
 
     name: str
     per_element: dict = field(hash=False)
     encode: float = 0.0
     decode: float = 0.0
+    rounds: int = 1
+    shape_factor: Callable | None = field(default=None, hash=False, compare=False)
 
-    def layer_bytes(self, n: int, gpus: int) -> dict:
-        return {k: v * n for k, v in self.per_element[gpus].items()}
+    def layer_bytes(self, n: int, gpus: int, shapes: tuple = ()) -> dict:
+        """Bytes of a layer of n elements at `gpus` workers: per_element x n, times
+        shape_factor(shapes) where both are given."""
+        f = self.shape_factor(shapes) if (self.shape_factor is not None and shapes) else 1.0
+        return {k: v * n * f for k, v in self.per_element[gpus].items()}
 
     def decode_seconds(self, n: int, gpus: int, ex: "Exchange", nodes: int) -> float:
         if ex.pattern == "ps":
@@ -160,28 +172,33 @@ class Wire:
         return self.decode * n * ((gpus - 1) if ex.pattern == "allgather" else 1)
 
 
-def message_seconds(codec: "str | Wire", n: int, gpus: int, cluster: Cluster, ex: Exchange) -> tuple[float, float]:
-    """(uplink-stage, downlink-stage) seconds of one layer's exchange; a one-stage pattern returns (t, 0)."""
+def message_seconds(codec: "str | Wire", n: int, gpus: int, cluster: Cluster, ex: Exchange,
+                    shapes: tuple = ()) -> tuple[float, float]:
+    """(uplink-stage, downlink-stage) seconds of one layer's exchange (n elements, parameter `shapes`);
+    a one-stage pattern returns (t, 0). A Wire of R rounds sends the bytes of all its rounds and pays
+    the pattern's latency terms R times (each round is a message of its own)."""
     net = cluster.network
     g = min(gpus, cluster.gpus_per_node)
     nodes = -(-gpus // cluster.gpus_per_node)
-    b = codec.layer_bytes(n, gpus) if isinstance(codec, Wire) else layer_bytes(codec, n, gpus, ex.packing, ex.downlink)
+    b = codec.layer_bytes(n, gpus, shapes) if isinstance(codec, Wire) else \
+        layer_bytes(codec, n, gpus, ex.packing, ex.downlink)
+    R = codec.rounds if isinstance(codec, Wire) else 1
     intra = Network("intra-node", cluster.intra_bandwidth, 1e-6, 1.0)
     if net.medium == "shared":
         if ex.pattern == "ps":
-            return net.seconds(gpus * b["up"]) + net.latency, net.seconds(gpus * b["down"]) + net.latency
+            return net.seconds(gpus * b["up"]) + R * net.latency, net.seconds(gpus * b["down"]) + R * net.latency
         if ex.pattern == "ring":
-            return net.seconds(2 * (gpus - 1) * b["reduce"]) + 2 * (gpus - 1) * net.latency, 0.0
-        return net.seconds(gpus * (gpus - 1) * b["up"]) + (gpus - 1) * net.latency, 0.0
+            return net.seconds(2 * (gpus - 1) * b["reduce"]) + R * 2 * (gpus - 1) * net.latency, 0.0
+        return net.seconds(gpus * (gpus - 1) * b["up"]) + R * (gpus - 1) * net.latency, 0.0
     if ex.pattern == "ps":
         m = ex.servers or nodes
-        up = max(net.seconds(g * b["up"]), net.seconds(gpus * b["up"] / m)) + net.latency
-        down = max(net.seconds(g * b["down"]), net.seconds(gpus * b["down"] / m)) + net.latency
+        up = max(net.seconds(g * b["up"]), net.seconds(gpus * b["up"] / m)) + R * net.latency
+        down = max(net.seconds(g * b["down"]), net.seconds(gpus * b["down"] / m)) + R * net.latency
         return up, down
     link = net if nodes > 1 else intra
     if ex.pattern == "ring":
-        return link.seconds(2 * (gpus - 1) / gpus * b["reduce"]) + 2 * (gpus - 1) * link.latency, 0.0
-    return link.seconds((gpus - 1) * b["up"]) + (gpus - 1) * link.latency, 0.0
+        return link.seconds(2 * (gpus - 1) / gpus * b["reduce"]) + R * 2 * (gpus - 1) * link.latency, 0.0
+    return link.seconds((gpus - 1) * b["up"]) + R * (gpus - 1) * link.latency, 0.0
 
 
 def iteration(net: Net | str, codec: "str | Wire", gpus: int, cluster: Cluster | str = "ethernet",
@@ -210,7 +227,7 @@ def iteration(net: Net | str, codec: "str | Wire", gpus: int, cluster: Cluster |
             enc, dec = codec.encode * layer.params, codec.decode_seconds(layer.params, gpus, ex, nodes)
         else:
             enc = ex.codec_seconds_per_element * layer.params if codec == TERNGRAD else 0.0
-        up, down = message_seconds(codec, layer.params, gpus, cluster, ex)
+        up, down = message_seconds(codec, layer.params, gpus, cluster, ex, layer.shapes)
         if shared:                               # one medium: uplink and downlink share it
             up, down = up + down, 0.0
         if down > 0:

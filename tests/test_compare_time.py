@@ -160,3 +160,65 @@ def test_allow_quick_marks_the_output(tmp_path, capsys):
     assert printed.count("QUICK own-lr") == 2 and printed.count("QUICK fp32-lr") == 2 and ct.QUICK_MARK in printed
     res = ct.run(tmp_path / "t2", bits=_bits_dir(tmp_path / "b2", False), **small)
     assert not any(df.quick.any() for df in res.values()) and "QUICK" not in capsys.readouterr().out
+
+
+def test_a_multi_round_codecs_bytes_are_its_own_count_on_the_layer_shapes():
+    """PowerSGD (properties.rounds = 2): its bytes per element are measured on a 1-D layer (4 bytes,
+    float32), but on AlexNet's real layers the modeled bytes of each layer equal its
+    bits_per_element(the layer's parameter shapes) / 8 x params, the rank-r factors of both rounds;
+    the whole net's too. Positive control: the 1-D measurement alone (4 bytes an element) differs."""
+    from tgsim.analysis.perfmodel_nets import get_net
+    from tgsim.codecs import registry
+
+    wire = ct.measure_wire(["powersgd"], workers=(8,), n=1 << 10)
+    assert list(wire.pattern) == ["ring"] and wire.reduce.iloc[0] == 4.0      # a float-mean codec: its ring
+    w = ct._wire("powersgd", wire, "ring", 0.0, 0.0)
+    assert w.rounds == 2
+    codec, net = registry.make("powersgd"), get_net("alexnet")
+    modeled = [w.layer_bytes(layer.params, 8, layer.shapes)["reduce"] for layer in net.layers]
+    own = [codec.bits_per_element({str(i): s for i, s in enumerate(layer.shapes)}) / 8 * layer.params
+           for layer in net.layers]
+    np.testing.assert_allclose(modeled, own, rtol=1e-12)
+    all_shapes = {f"{layer.name}/{i}": s for layer in net.layers for i, s in enumerate(layer.shapes)}
+    assert math.isclose(sum(modeled), codec.bits_per_element(all_shapes) / 8 * net.params, rel_tol=1e-12)
+    assert sum(modeled) < 0.1 * 4 * net.params       # the 1-D measurement alone would be 4 bytes an element
+
+
+def test_a_multi_round_codec_pays_its_latency_once_per_round(monkeypatch):
+    """A fake codec of properties.rounds = 3 (a stand-in for the registry's codec of that label): its
+    Wire has 3 rounds, and each layer's exchange pays the pattern's latency terms 3 times: with the
+    same bytes, a step without overlap (compute + every message in turn) is longer than the 1-round
+    one by exactly 2 x Σ_layers latencies: ps 2 a (uplink and downlink), ring 2 (G-1) a, all-gather
+    (G-1) a. The latency alone: the bytes are the same."""
+    from types import SimpleNamespace
+
+    from tgsim.analysis.perfmodel_nets import get_net
+    from tgsim.codecs.base import CodecProperties
+
+    fake = SimpleNamespace(properties=CodecProperties(unbiased=False, float_mean=True, stateful=True, rounds=3),
+                           bits_per_element=lambda shapes: 32.0)
+    monkeypatch.setattr(ct, "_codec", lambda method: fake)
+    assert ct.rounds("fake3") == 3
+    G, cl, net = 16, CLUSTERS["ethernet"], get_net("alexnet")
+    per = {G: {"up": 0.5, "down": 0.5, "reduce": 0.5}}
+    rows = pd.DataFrame([dict(method="fake3", workers=G, pattern=p, elements=1 << 10, **per[G])
+                         for p in ("ps", "ring", "allgather")])
+    lat = cl.network.latency
+    for pat, terms in (("ps", 2), ("ring", 2 * (G - 1)), ("allgather", G - 1)):
+        three = ct._wire("fake3", rows, pat, 0.0, 0.0)
+        one = Wire("one", per)
+        assert three.rounds == 3 and one.rounds == 1
+        ex = Exchange(pat, servers=0, overlap=False)
+        t3, t1 = iteration(net, three, G, cl, ex)["iteration"], iteration(net, one, G, cl, ex)["iteration"]
+        assert math.isclose(t3 - t1, 2 * terms * lat * len(net.layers), rel_tol=1e-9), pat
+
+
+def test_the_nets_layer_shapes_hold_their_parameters():
+    """Each layer of every net lists its parameter tensors (what a shape-dependent codec is costed on):
+    their sizes sum to the layer's params; dense weights are matrices, conv weights 4-D."""
+    from tgsim.analysis.perfmodel_nets import NETS
+
+    for name, make in NETS.items():
+        for layer in make().layers:
+            assert layer.shapes and sum(math.prod(s) for s in layer.shapes) == layer.params, (name, layer.name)
+            assert all(len(s) in ((2, 1) if layer.kind == "fc" else (4, 1)) for s in layer.shapes), (name, layer.name)
