@@ -214,3 +214,19 @@ def paper_rule(df):
     """Rows of the paper's rule (every method at fp32's tuned learning rate) when the CSV has a `rule`
     column (compare bits / speedup write fp32-lr and own-lr rows); all rows otherwise."""
     return df[df["rule"] == "fp32-lr"] if "rule" in df.columns and (df["rule"] == "fp32-lr").any() else df
+
+
+def coding_of(codec_options) -> str | None:
+    """The `coding` option named in a compare CSV's codec_options cell ("key=value;...",
+    tgsim.analysis.common.codec_options): which wire coding the codec ran with (QSGD's "paper" Elias
+    coding of Alistarh et al. §3.2, "elias", "fixed"); None when the cell names none (NaN, or a CSV
+    written before the column existed)."""
+    if not isinstance(codec_options, str):
+        return None
+    return dict(item.split("=", 1) for item in codec_options.split(";") if "=" in item).get("coding")
+
+
+def with_coding(label: str, codec_options) -> str:
+    """`label` followed by " (CODING coding)" when the row's codec_options name a coding (`coding_of`)."""
+    coding = coding_of(codec_options)
+    return f"{label} ({coding} coding)" if coding else label

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, compare_outputs  # noqa: E402
+from _common import coding_of, command_line, compare_outputs  # noqa: E402
 from _theme import claim, save, sns, theme  # noqa: E402
 
 from tgsim.analysis.compare_variance import reach_terngrad  # noqa: E402
@@ -78,6 +78,15 @@ def ratio_1_to_32(codec):
 tg, tk = ratio_1_to_32("terngrad"), ratio_1_to_32("topk")
 reach = reach_terngrad(raw, N=1)
 q = reach[reach.codec == "qsgd"]
+# the wire coding of QSGD's row at the budget that reaches TernGrad's error (codec_options of the CSV)
+q_rows = ok[(ok.codec == "qsgd") & (ok.workers == 1)].set_index(["kind", "budget"])
+
+
+def q_coding(kind, budget):
+    cell = q_rows.codec_options.get((kind, budget)) if "codec_options" in q_rows else None
+    return f", {coding_of(cell)} coding" if coding_of(cell) else ""
+
+
 claims = [
     claim("unbiased encodings average out: error ∝ 1/N", "TernGrad Sec. 3 (independent workers' codes)",  # vectors every worker holds
 
@@ -87,7 +96,7 @@ claims = [
           f"top-k error N = 1 / N = 32: x{tk.min():.2f}-x{tk.max():.2f}" if len(tk) else "top-k not measured",
           bool(len(tk) and (tk < 4).all()) if len(tk) else None),
     claim("QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance", "QSGD: Elias-coded levels beat 2 bits",
-          "; ".join(f"{r.kind}: {r.bits:.2f} bits" for r in q.itertuples()) or "not reached",
+          "; ".join(f"{r.kind}: {r.bits:.2f} bits{q_coding(r.kind, r.budget)}" for r in q.itertuples()) or "not reached",
           bool(len(q) and (q.bits < 2).all())),
 ]
 save(g.figure, "fig07_compare_variance", pd.concat([df.assign(drawn=True), exact.assign(drawn=False)],

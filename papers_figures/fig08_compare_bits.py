@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, compare_outputs, paper_rule  # noqa: E402
+from _common import command_line, compare_outputs, paper_rule, with_coding  # noqa: E402
 from _theme import claim, plt, save, sns, theme  # noqa: E402
 
 QUICK, OUT = command_line("Bits to a loss target per method: tgsim compare bits, plotted.")
@@ -27,13 +27,15 @@ df = paper_rule(pd.read_csv(compare_outputs("bits", QUICK) / "bits.csv")).copy()
 theme()    # the compare run may have set its own
 df["err_lo"] = (df.ratio_mean - df.ratio_lo).clip(lower=0)
 df["err_hi"] = (df.ratio_hi - df.ratio_mean).clip(lower=0)
+# the tick label says which wire coding a codec ran with (QSGD's), from the CSV's codec_options
+df["shown"] = [with_coding(m, o) for m, o in zip(df.method, df.get("codec_options", [None] * len(df)))]
 
 # %% figure: (a) total bits relative to fp32, (b) accuracy when the target is reached
 fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
-order = list(dict.fromkeys(df.method))
-sns.barplot(data=df, x="method", y="ratio_mean", hue="problem", order=order, ax=axes[0], errorbar=None)
+order = list(dict.fromkeys(df.shown))
+sns.barplot(data=df, x="shown", y="ratio_mean", hue="problem", order=order, ax=axes[0], errorbar=None)
 for bars, (_, d) in zip(axes[0].containers, df.groupby("problem", sort=False)):   # 95 % interval over seeds
-    d = d.set_index("method")
+    d = d.set_index("shown")
     for b in bars:   # a method that missed the target on some seed has no bar (ratio NaN)
         x = b.get_x() + b.get_width() / 2
         r = d.loc[order[int(round(x))]]
@@ -42,7 +44,7 @@ for bars, (_, d) in zip(axes[0].containers, df.groupby("problem", sort=False)): 
 axes[0].set(yscale="log", xlabel="method", ylabel="bits up + down to the loss target / fp32's  (ratio)",
             title="(a) communication to 1.25 x fp32's minimum loss\n(no bar: target missed on some seed)")
 axes[0].axhline(1, color="black", lw=0.8)
-sns.barplot(data=df, x="method", y="accuracy_mean", hue="problem", order=order, ax=axes[1], errorbar=None)
+sns.barplot(data=df, x="shown", y="accuracy_mean", hue="problem", order=order, ax=axes[1], errorbar=None)
 axes[1].set(xlabel="method", ylabel="test accuracy (fraction)", ylim=(0, 1),
             title="(b) test accuracy, mean over seeds")
 for ax in axes:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, compare_outputs  # noqa: E402
+from _common import coding_of, command_line, compare_outputs  # noqa: E402
 from _theme import claim, plt, save, sns, theme  # noqa: E402
 
 from tgsim.analysis.bound import mlp_ratios  # noqa: E402
@@ -40,8 +40,9 @@ m["clip"] = m["clip"].map({"ratio_none": "no clipping", "ratio_explicit": "clipp
 ok = cv[cv.status == "ok"]
 pick = pd.concat([ok[ok.codec == "terngrad"], ok[ok.codec == "fp16"], ok[(ok.codec == "qsgd") & (ok.budget == 4.0)]])
 pick["label"] = pick.codec.map({"terngrad": "TernGrad, 2 bits", "fp16": "fp16, 16 bits", "qsgd": "QSGD, 4-bit budget"})
-df = pd.concat([m.assign(panel="a"), pick.assign(panel="b")[["panel", "kind", "codec", "label", "workers", "budget",
-                                                               "knob", "bits_per_element", "rel_mse"]]], ignore_index=True)
+df = pd.concat([m.assign(panel="a"), pick.assign(panel="b")[["panel", "kind", "codec", "label", "workers", "budget", "knob",
+                                                               *(["codec_options"] if "codec_options" in pick else []),
+                                                               "bits_per_element", "rel_mse"]]], ignore_index=True)
 
 # %% figure
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
@@ -66,13 +67,16 @@ med = m.groupby(["scaler", "clip"]).ratio.median()
 n1 = b.pivot_table(index="kind", columns="codec", values="rel_mse")
 bits = b.pivot_table(index="kind", columns="codec", values="bits_per_element")
 per_bit = (n1["terngrad"] * bits["terngrad"]) / (n1["qsgd"] * bits["qsgd"])
+# QSGD's wire coding per kind, from the CSV's codec_options (its best knob under the 4-bit budget)
+q_cells = b[b.codec == "qsgd"].set_index("kind").get("codec_options", pd.Series(dtype=object))
+q_coding = {k: f" ({coding_of(q_cells.get(k))} coding)" if coding_of(q_cells.get(k)) else "" for k in n1.index}
 claims = [
     claim("one scaler per layer narrows the gap (MLP)", "Sec. 3.3: layer-wise ternarizing tightens the bound",
           f"median gap {med['one per layer', 'no clipping']:.2f} per layer vs {med['one for the model', 'no clipping']:.2f} "
           f"for the model (clipped: {med['one per layer', 'clipping 2.5σ']:.2f} vs {med['one for the model', 'clipping 2.5σ']:.2f})",
           med["one per layer", "no clipping"] < med["one for the model", "no clipping"]),
     claim("TernGrad against 4-bit QSGD at N = 1", "reviewers: is 2-bit TernGrad better than 4-bit QSGD?",
-          "; ".join(f"{k}: TernGrad error x{n1.loc[k, 'terngrad'] / n1.loc[k, 'qsgd']:.3g} QSGD's at "
+          "; ".join(f"{k}: TernGrad error x{n1.loc[k, 'terngrad'] / n1.loc[k, 'qsgd']:.3g} QSGD's{q_coding[k]} at "
                     f"{bits.loc[k, 'terngrad'] / bits.loc[k, 'qsgd']:.2f}x its bits" for k in n1.index),
           bool((per_bit < 1).all())),
     claim("fp16's error is negligible", "reviewers: fp16 halves the bits at no cost",

@@ -209,3 +209,18 @@ def test_fig06_names_the_bench_csv_it_read_when_it_was_written_and_quick(tmp_pat
         assert "written 2026-11-20T10:00:00+00:00, QUICK (tgsim bench exchange --quick)" in measured, measured
     data = pd.read_csv(tmp_path / "quick" / "fig06_perfmodel.csv", low_memory=False)
     assert data.bench_source.dropna().str.contains(when, regex=False).all() and data.quick.all()
+
+
+def test_figures_name_qsgd_coding_from_the_codec_options_column(monkeypatch):
+    """fig07, fig08 and fig10 say which wire coding QSGD ran with, read from a compare CSV's
+    codec_options cell (tgsim.analysis.common.codec_options): "paper" by default; nothing for a codec
+    without a coding, an empty cell or a CSV without the column (NaN)."""
+    monkeypatch.syspath_prepend(str(FIGURES))
+    from _common import coding_of, with_coding
+
+    from tgsim.analysis.common import codec_options
+
+    assert coding_of(codec_options("qsgd")) == "paper"
+    assert with_coding("qsgd", codec_options("qsgd[coding=elias]")) == "qsgd (elias coding)"
+    assert with_coding("terngrad", codec_options("terngrad")) == "terngrad"
+    assert with_coding("fp32", "") == "fp32" and with_coding("fp32", float("nan")) == "fp32"
