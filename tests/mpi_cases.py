@@ -114,7 +114,8 @@ def config_dict(model: str, mode: str, **sections) -> dict:
     }
     for extra in (MODELS[model], MODES[mode], sections):
         for sec, values in extra.items():
-            d[sec] = {**d[sec], **values}
+            switch = sec == "codec" and values.get("name", d[sec].get("name")) != d[sec].get("name")
+            d[sec] = dict(values) if switch else {**d[sec], **values}   # another codec: not terngrad's keys
     return d
 
 

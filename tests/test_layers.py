@@ -80,7 +80,8 @@ def test_errors_are_one_family_and_keep_their_old_bases():
 # The exchange and the trainer see codecs only through the protocol and the public wire modules.
 PUBLIC_CODEC_MODULES = {"tgsim.codecs", "tgsim.codecs.base", "tgsim.codecs.registry", "tgsim.codecs.message",
                         "tgsim.codecs.packing", "tgsim.codecs.ordered_mean",
-                        "tgsim.codecs.error_feedback"}   # the wrapper of any codec (names none)
+                        "tgsim.codecs.error_feedback",   # the wrapper of any codec (names none)
+                        "tgsim.codecs.options"}          # how every codec declares and checks its Options
 
 
 def _codec_leaks(path: Path) -> list[str]:

@@ -275,7 +275,7 @@ def test_bad_options_are_value_and_config_errors():
     for name in ("topk", "randomk"):
         with pytest.raises(ConfigError, match="density must be a number in"):
             from_dict({**base, "codec": {"name": name, "density": 0.0}})
-        with pytest.raises(ConfigError, match="k must be an integer"):
+        with pytest.raises(ConfigError, match=f"codec '{name}' option 'k' must be >= 0, got -2"):
             from_dict({**base, "codec": {"name": name, "k": -2}})
     assert [kept_elements(n, 0, 0.01) for n in (0, 1, 49, 150, 250, 251)] == [0, 1, 1, 2, 2, 3]
     assert [kept_elements(n, 7, 0.5) for n in (0, 3, 100)] == [0, 3, 7]

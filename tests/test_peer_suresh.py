@@ -349,8 +349,9 @@ def test_rotated_messages_carry_their_stream_key():
 
 def test_bad_options_are_config_errors():
     base = {"data": {"name": "least_squares"}, "model": {"name": "least_squares"}}
-    for options, says in (({"levels": 1}, r"levels \(k, both ends included\) must be an integer in \[2, 65536\]"),
-                          ({"levels": 65537}, "levels"), ({"rotate": 1}, "rotate must be true or false")):
+    for options, says in (({"levels": 1}, r"codec 'suresh' option 'levels' must be >= 2, got 1"),
+                          ({"levels": 65537}, r"codec 'suresh' option 'levels' must be <= 65536, got 65537"),
+                          ({"rotate": 1}, "codec 'suresh' option 'rotate' must be true or false")):
         with pytest.raises(ConfigError, match=says):
             from_dict({**base, "codec": {"name": "suresh", **options}})
 

@@ -25,7 +25,9 @@ nothing until it is built.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from dataclasses import dataclass, field
 from importlib import metadata
 
 from tgsim.codecs import options
@@ -104,11 +106,27 @@ def make_codec(cfg):
     return cls.from_config(cfg)
 
 
-def default_config(name: str, error_feedback: bool = False, **opts):
-    """A [codec] config (tgsim.train.config.CodecConfig) of codec `name`, wrapped in error feedback when
-    `error_feedback`, with the codec's options `opts`."""
-    from tgsim.train.config import CodecConfig   # the config layer sits above the codecs; loaded on use
+@dataclass(frozen=True)
+class CodecConfig:
+    """The [codec] section: the codec's name, error feedback, the kernel set, and `options`, a dict of
+    the codec's own keys (its `Options`, tgsim.codecs.options; `tgsim codecs` lists them). Keys left
+    out take the codec's defaults. In TOML the options are flat keys of [codec] next to name, kernels
+    and error_feedback."""
 
+    name: str = DEFAULT             # a codec name, plugin or "module:Class" (codec_class)
+    error_feedback: bool = False    # wrap the codec in error feedback (tgsim.codecs.error_feedback)
+    kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
+    options: dict = field(default_factory=dict)   # the codec's own keys (tgsim.codecs.options.parse)
+
+    def with_options(self, **changes) -> "CodecConfig":
+        """A copy with `changes` merged into `options`."""
+        return dataclasses.replace(self, options={**self.options, **changes})
+
+
+
+def default_config(name: str, error_feedback: bool = False, **opts):
+    """A [codec] config (CodecConfig) of codec `name`, wrapped in error feedback when
+    `error_feedback`, with the codec's options `opts`."""
     return CodecConfig(name=name, error_feedback=error_feedback, options=dict(opts))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tgsim.codecs import registry
+from tgsim.codecs.registry import CodecConfig  # noqa: F401  (re-exported: tgsim.train.config.CodecConfig)
 from tgsim.errors import ConfigError  # noqa: F401  (re-exported: tgsim.train.config.ConfigError)
 from tgsim.train.optim import OPTIMIZERS, OptimizerConfig
 from tgsim.train.schedules import SCHEDULES, ScheduleConfig
@@ -60,21 +61,7 @@ class WorkersConfig:
         return self.batch // self.n if self.batch_mode == "total" else self.batch
 
 
-@dataclass(frozen=True)
-class CodecConfig:
-    """The [codec] section: the codec's name, error feedback, the kernel set, and `options`, a dict of
-    the codec's own keys (its `Options`, tgsim.codecs.options; `tgsim codecs` lists them). Keys left
-    out take the codec's defaults. In TOML the options are flat keys of [codec] next to name, kernels
-    and error_feedback."""
-
-    name: str = registry.DEFAULT    # a codec name, plugin or "module:Class": tgsim.codecs.registry
-    error_feedback: bool = False    # wrap the codec in error feedback (tgsim.codecs.error_feedback)
-    kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
-    options: dict = field(default_factory=dict)   # the codec's own keys (tgsim.codecs.options.parse)
-
-    def with_options(self, **changes) -> "CodecConfig":
-        """A copy with `changes` merged into `options`."""
-        return dataclasses.replace(self, options={**self.options, **changes})
+# CodecConfig, the [codec] section, lives with the registry (the codec layer builds codecs from it)
 
 
 _CODEC_KEYS = ("name", "error_feedback", "kernels")
