@@ -24,8 +24,11 @@ ARGS ?=
 demo: $(STAMP)
 	$(BIN)/tgsim demo $(ARGS)
 
+# TEST_JOBS pytest-xdist workers, each taking whole files (--dist loadfile: a file's module fixtures
+# run once, its tests in order); TEST_JOBS=0 runs in this process, one test at a time.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 # The slow statistical tier (e.g. the pooled unbiasedness test at 0.1 % on 10^6 elements).
 test-slow: $(STAMP)

@@ -7,6 +7,10 @@ tests/cuda_harness.py).
 * `h` (session): the built harness, loaded (cuda_harness.Harness).
 * `batched_builds` (module): nvcc builds tgsim/cuda/batched_harness.cu and the PTX of batched.cu;
   `fake_cp`: tgsim.models.cuda_ops on the stand-in cuda_harness.FakeCupy over that harness.
+
+`pytest_collection_modifyitems` moves the files of LONG_FIRST to the front, each file's tests in
+their order: under `make test` (pytest-xdist, whole files per worker) the longest files start
+first instead of leaving one worker alone with them at the end.
 """
 
 from __future__ import annotations
@@ -74,3 +78,14 @@ def fake_cp(batched_builds, monkeypatch):
     monkeypatch.setattr(cuda_ops, "_cp", lambda: cp)
     yield cp
     cuda_ops._reset_cache()
+
+
+# the files whose tests take longest in all (`make test PYTEST_ADDOPTS=--durations=0`), longest first
+LONG_FIRST = ("test_figures_report.py", "test_mpi.py", "test_wheel.py", "test_figures.py", "test_mpi_openmpi.py",
+              "test_readme_commands.py", "test_compare.py", "test_analysis.py", "test_peer_numba_kernels.py",
+              "test_numba_kernels.py", "test_peer_numba_kernels_more.py", "test_run_health.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))     # stable: order kept within
