@@ -71,7 +71,9 @@ def _error(status: int, k: int, pos: int, n: int, nbits: int, s: int, what: str)
     return PayloadError(f"{what}: {why}")
 
 
-def _check_padding(buf, nbits: int, what: str) -> None:
+def check_padding(buf, nbits: int, what: str) -> None:
+    """PayloadError (naming `what`) unless `buf` holds exactly ceil(nbits / 8) bytes whose bits after
+    bit `nbits` are 0: the framing of every bit stream of tgsim's variable-length codes."""
     nbytes = -(-nbits // 8)
     if int(buf.size) != nbytes:
         raise PayloadError(f"{what}: {int(buf.size)} payload bytes for {nbits} bits (needs {nbytes})")
@@ -112,7 +114,7 @@ def decode_array(buf, nbits: int, n: int, s: int, what: str = "Elias-gamma paylo
     first m starts and J the position m codes on, S <- S ++ J[S], J <- J[J].
     """
     xp = array_module(buf)
-    _check_padding(buf, nbits, what)
+    check_padding(buf, nbits, what)
     if n == 0:
         if nbits:
             raise _error(EXTRA_BITS, 0, 0, 0, nbits, s, what)
@@ -257,7 +259,7 @@ def decode(buf, nbits: int, n: int, s: int, what: str = "Elias-gamma payload") -
     """decode_array in Numba: the n signed levels (int32) of the `nbits`-bit stream `buf` coded for s
     levels, or decode_array's PayloadError (naming `what`)."""
     buf = np.ascontiguousarray(to_numpy(buf), dtype=np.uint8).reshape(-1)
-    _check_padding(buf, nbits, what)
+    check_padding(buf, nbits, what)
     out = np.empty(n, dtype=np.int32)
     status, k, pos = _decode_kernel(buf, np.int64(nbits), np.int64(s), out)
     if status != OK:

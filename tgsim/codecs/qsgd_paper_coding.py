@@ -47,6 +47,7 @@ import numpy as np
 from numba import njit
 
 from tgsim.backend import array_module, to_numpy
+from tgsim.codecs.elias import check_padding
 from tgsim.errors import PayloadError
 
 OK, GAP_BIG, BEYOND, LEVEL_BIG, TRUNCATED = 0, 1, 2, 3, 4
@@ -87,14 +88,6 @@ def _error(status: int, k: int, pos: int, elem: int, n: int, nbits: int, s: int,
     else:
         why = f"nonzero {k}: the {nbits}-bit stream ends inside its code (which starts at bit {pos})"
     return PayloadError(f"{what}: {why}")
-
-
-def _check_padding(buf, nbits: int, what: str) -> None:
-    nbytes = -(-nbits // 8)
-    if int(buf.size) != nbytes:
-        raise PayloadError(f"{what}: {int(buf.size)} payload bytes for {nbits} bits (needs {nbytes})")
-    if nbits % 8 and int(buf[nbytes - 1]) & ((1 << (8 - nbits % 8)) - 1):
-        raise PayloadError(f"{what}: non-zero padding bits after bit {nbits}")
 
 
 # -- array code (NumPy or CuPy) ------------------------------------------------------------------
@@ -183,7 +176,7 @@ def decode_array(buf, nbits: int, n: int, s: int, what: str = "QSGD paper-coded 
     """The n signed levels (int32) of the stream `buf` (uint8, NumPy or CuPy) of `nbits` bits coded for s
     levels; PayloadError naming `what` on a malformed stream."""
     xp = array_module(buf)
-    _check_padding(buf, nbits, what)
+    check_padding(buf, nbits, what)
     q = xp.zeros(n, dtype=xp.int32)
     if nbits == 0:
         return q
@@ -379,7 +372,7 @@ def decode(buf, nbits: int, n: int, s: int, what: str = "QSGD paper-coded payloa
     """decode_array in Numba: the n signed levels (int32) of the `nbits`-bit stream `buf` coded for s
     levels, or decode_array's PayloadError (naming `what`)."""
     buf = np.ascontiguousarray(to_numpy(buf), dtype=np.uint8).reshape(-1)
-    _check_padding(buf, nbits, what)
+    check_padding(buf, nbits, what)
     out = np.zeros(n, dtype=np.int32)
     status, k, pos, elem = _decode_kernel(buf, np.int64(nbits), np.int64(n), np.int64(s), out)
     if status != OK:
