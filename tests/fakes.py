@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import threading
 import types
@@ -442,3 +443,17 @@ def train_loss_curve(out) -> np.ndarray:
 
     m = pd.read_csv(out / "metrics.csv")
     return m[(m["split"] == "train") & (m["layer"] == "model")].sort_values("step")["loss"].to_numpy()
+
+
+@contextlib.contextmanager
+def one_numba_thread():
+    """Numba with one thread inside the block, as the MPI ranks run: the bits do not depend on it, but
+    small kernels on a busy 2-core machine run much faster without a thread team."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)

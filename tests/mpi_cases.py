@@ -14,7 +14,6 @@ module: `from mpi_cases import mpiexec, config_dict, simulate`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import shutil
 import sys
@@ -33,6 +32,7 @@ if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
 
 from mpi_launch import DEFAULT as MPI_INSTALL, Job  # noqa: E402
+from fakes import one_numba_thread  # noqa: E402
 
 
 def _find_mpiexec() -> str | None:
@@ -124,20 +124,6 @@ def write_toml(d: dict, path: Path) -> Path:
 
     path.write_bytes(tomli_w.dumps(d).encode())
     return path
-
-
-@contextlib.contextmanager
-def one_numba_thread():
-    """Like the ranks: the bits do not depend on it, but tiny kernels on a busy 2-core machine run
-    much faster without a thread team."""
-    import numba
-
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
 
 
 def simulate(d: dict, out: Path):

@@ -27,12 +27,12 @@ problem (tgsim/configs/demo.toml).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 import pytest
 
+from fakes import one_numba_thread
 from tgsim.codecs import registry
 from tgsim.train.config import from_dict
 
@@ -55,20 +55,6 @@ def config(codec: str, lr: float | None = None, steps: int = STEPS):
         "optimizer": {"name": "momentum", "momentum": 0.9},
         "schedule": {"name": "constant", "lr": LR.get(codec, DEFAULT_LR) if lr is None else lr},
     })
-
-
-@contextlib.contextmanager
-def one_numba_thread():
-    """The bits do not depend on it; the small kernels of this model run much faster without a
-    thread team on a busy machine."""
-    import numba
-
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
 
 
 def initial_test_loss(cfg) -> float:

@@ -19,8 +19,9 @@ import pytest
 
 import mpi_launch
 from mpi_cases import (CORE_MODES, HAVE_MPI4PY, MODELS, MPI_INSTALL, MPIEXEC, OWN_WIRE, _DRIVER,  # noqa: F401
-                       config_dict, load_params, mpiexec, needs_mpi, one_numba_thread, params_bits, params_digest,
-                       simulate, train_losses, write_toml)   # (HAVE_MPI4PY, MPIEXEC: test_peer_qsgd.py imports them here)
+                       config_dict, load_params, mpiexec, needs_mpi, params_bits, params_digest,
+                       simulate, train_losses, write_toml)
+from fakes import one_numba_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
