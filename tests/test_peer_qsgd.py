@@ -496,7 +496,6 @@ def test_qsgd_over_mpi_equals_the_simulator_bit_for_bit(tmp_path):
     }
     for d in cases.values():
         d["run"].update(steps=30, eval_every=10)
-        d["codec"].pop("clip")                        # config_dict's terngrad key: not a qsgd option
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
