@@ -309,7 +309,7 @@ def fake_cupy(harness: Harness, launches: list) -> types.ModuleType:
     """A `cupy` whose arrays are NumPy arrays and whose RawModule kernels run on the harness.
 
     Its functions are NumPy's wrapped by cupy_api.strict: a keyword real CuPy does not accept is a
-    TypeError here too (issue 23: the stand-in used to accept whatever NumPy accepts)."""
+    TypeError here too, where NumPy would accept it."""
     cp = types.ModuleType("cupy")
     for name in ("ndarray", "float32", "float64", "int8", "int16", "int32", "uint8", "uint64"):
         setattr(cp, name, getattr(np, name))

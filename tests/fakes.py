@@ -448,7 +448,7 @@ def train_loss_curve(out) -> np.ndarray:
 @contextlib.contextmanager
 def one_numba_thread():
     """Numba with one thread inside the block, as the MPI ranks run: the bits do not depend on it, but
-    small kernels on a busy 2-core machine run much faster without a thread team."""
+    small kernels run faster without a thread team on a loaded machine."""
     import numba
 
     threads = numba.get_num_threads()
