@@ -1,0 +1,241 @@
+"""Verdicts of the figures' claims from stated statistical tests, with three outcomes.
+
+Every function returns a dict with `verdict` one of "confirmed", "not confirmed", "inconclusive",
+the numbers it was decided on, and `test`: one line naming the test, its margin, α and the number
+of seeds, which the claims table prints beside the verdict.
+
+`equivalence(a, b, margin, alpha)`: "a is within `margin` of b" by two one-sided t-tests (TOST,
+Schuirmann 1987) on the per-seed differences d_i = a_i - b_i (paired by seed) or on the two
+samples (Welch). With d̄ the mean difference, se its standard error and t* = t_{1-α, dof}, the
+(1 - 2α) interval is [d̄ - t* se, d̄ + t* se]:
+
+    inside (-margin, margin)          -> "confirmed"      (both one-sided tests reject at α)
+    entirely outside [-margin, margin] -> "not confirmed"  (the difference exceeds the margin at α)
+    otherwise                          -> "inconclusive", with `seeds_needed`: the smallest n with
+                                          t_{1-α, n-1} s/√n < margin - |d̄| at the observed mean d̄ and
+                                          spread s (None when |d̄| >= margin: no n would confirm).
+
+`noninferiority(a, b, margin, alpha)`: "a loses at most `margin` against b" (one-sided): the lower
+end of the same interval above -margin confirms, its upper end below -margin refutes.
+
+`slope_fit(M, K, seed, alpha)`: the slope β of log K = α_seed + β log M (one intercept per seed,
+least squares) with its (1 - α) t-interval. `slopes_common_range(runs, ...)`: every method's slope
+over one common range of M (the M at which every method reached the target on every seed, up to
+`M_max`), and per method its difference to the reference method's slope with the interval of the
+difference; "keeps the linear speedup" is `equivalence` of the two slopes within `margin` (a
+difference of two independent estimates: se = √(se_a² + se_b²), dof the smaller of the two).
+
+Non-finite values (a diverged run) are never dropped silently: `equivalence` and `noninferiority`
+take `nonfinite="drop"` (count them in `dropped` and leave the pair out) or "fail" (verdict
+"not confirmed": a diverged run is a loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+VERDICTS = ("confirmed", "not confirmed", "inconclusive")
+
+
+def _t(q: float, dof: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(q, dof))
+
+
+def _clean(a, b, paired: bool, nonfinite: str):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64) if b is not None else np.zeros_like(a)
+    if paired and a.shape != b.shape:
+        raise ValueError(f"paired samples differ in length: {a.shape} vs {b.shape}")
+    if nonfinite not in ("drop", "fail"):
+        raise ValueError(f"nonfinite must be 'drop' or 'fail', not {nonfinite!r}")
+    if paired:
+        keep = np.isfinite(a) & np.isfinite(b)
+        return a[keep], b[keep], int((~keep).sum())
+    ka, kb = np.isfinite(a), np.isfinite(b)
+    return a[ka], b[kb], int((~ka).sum() + (~kb).sum())
+
+
+def _interval(a, b, paired: bool, alpha: float):
+    """(mean difference, standard error, dof, sd of the differences, n) of a - b."""
+    if paired:
+        d = a - b
+        n = d.size
+        if n < 2:
+            return (float(d.mean()) if n else float("nan")), float("nan"), 0, float("nan"), n
+        sd = float(d.std(ddof=1))
+        return float(d.mean()), sd / math.sqrt(n), n - 1, sd, n
+    na, nb = a.size, b.size
+    if na < 2 or nb < 2:
+        diff = float(a.mean() - b.mean()) if na and nb else float("nan")
+        return diff, float("nan"), 0, float("nan"), min(na, nb)
+    va, vb = a.var(ddof=1) / na, b.var(ddof=1) / nb
+    se = math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if va + vb > 0 else na + nb - 2
+    sd = math.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2)      # per-seed spread, for the seeds-needed estimate
+    return float(a.mean() - b.mean()), se, dof, sd, min(na, nb)
+
+
+def seeds_needed(diff: float, sd: float, margin: float, alpha: float = 0.05, paired: bool = True,
+                 limit: int = 100000) -> int | None:
+    """The smallest n (seeds; per sample when not paired) with t_{1-α, dof} s_n < margin - |diff|, where
+    s_n = sd/√n paired and sd·√(2/n) for two samples of n (dof n-1, resp. 2n-2): the seeds a TOST at the
+    observed mean `diff` and spread `sd` would need to confirm equivalence. None when |diff| >= margin or
+    no n <= limit does."""
+    return _n_for_room(margin - abs(diff), sd, alpha, paired, limit)
+
+
+def _n_for_room(room: float, sd: float, alpha: float, paired: bool, limit: int = 100000) -> int | None:
+    """The smallest n with t_{1-α, dof} s_n < room (see `seeds_needed`); None when room <= 0 or no n <= limit."""
+    if not (room > 0) or not math.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    from scipy import stats
+
+    n = np.arange(2, limit + 1, dtype=np.float64)
+    s_n = sd / np.sqrt(n) if paired else sd * np.sqrt(2.0 / n)
+    ok = np.flatnonzero(stats.t.ppf(1 - alpha, n - 1 if paired else 2 * n - 2) * s_n < room)
+    return int(n[ok[0]]) if ok.size else None
+
+
+def _describe(name, margin, alpha, n, dropped, unit, extra=""):
+    parts = [f"{name}, margin {margin:g}{unit}, alpha {alpha:g}, {n} seed(s)"]
+    if dropped:
+        parts.append(f"{dropped} non-finite value(s) left out")
+    return "; ".join(parts) + extra
+
+
+def equivalence(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "drop",
+                scale: float = 1.0, unit: str = "") -> dict:
+    """TOST of "mean(a) - mean(b) lies within ±margin" (see the module docstring). `b` None: a itself
+    against 0. `scale` multiplies the reported differences (e.g. 100 for accuracy points); `margin` is
+    in the data's own units. Returns verdict, diff, lo, hi (the 1 - 2α interval), p (the larger of the
+    two one-sided p-values), n, dropped, sd, seeds_needed, test."""
+    from scipy import stats
+
+    a, b, dropped = _clean(a, b, paired, nonfinite)
+    diff, se, dof, sd, n = _interval(a, b, paired, alpha)
+    out = dict(diff=diff * scale, n=n, dropped=dropped, sd=sd * scale, margin=margin * scale, alpha=alpha)
+    test = _describe("TOST equivalence (paired t)" if paired else "TOST equivalence (Welch t)", margin * scale,
+                     alpha, n, dropped, unit)
+    if dropped and nonfinite == "fail":
+        return dict(out, verdict="not confirmed", lo=float("nan"), hi=float("nan"), p=float("nan"), seeds_needed=None,
+                    test=test + " (a non-finite run counts as a failure)")
+    if not (dof >= 1) or not math.isfinite(se):
+        return dict(out, verdict="inconclusive", lo=float("nan"), hi=float("nan"), p=float("nan"),
+                    seeds_needed=seeds_needed(diff, sd, margin, alpha, paired) if math.isfinite(sd) else None,
+                    test=test + " (fewer than 2 usable seeds)")
+    h = _t(1 - alpha, dof) * se
+    lo, hi = diff - h, diff + h
+    if se > 0:
+        p = max(float(stats.t.sf((diff + margin) / se, dof)), float(stats.t.cdf((diff - margin) / se, dof)))
+    else:
+        p = 0.0 if abs(diff) < margin else 1.0
+    if -margin < lo and hi < margin:
+        v = "confirmed"
+    elif lo >= margin or hi <= -margin:
+        v = "not confirmed"
+    else:
+        v = "inconclusive"
+    need = seeds_needed(diff, sd, margin, alpha, paired) if v == "inconclusive" else None
+    return dict(out, verdict=v, lo=lo * scale, hi=hi * scale, p=p, seeds_needed=need, test=test)
+
+
+def noninferiority(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "drop",
+                   scale: float = 1.0, unit: str = "") -> dict:
+    """One-sided test of "mean(a) >= mean(b) - margin": the (1 - 2α) interval's lower end above
+    -margin confirms, its upper end below -margin refutes, else inconclusive (with `seeds_needed`
+    at the observed mean and spread: the smallest n with t_{1-α} s_n < diff + margin). Same results
+    as `equivalence`."""
+    a, b, dropped = _clean(a, b, paired, nonfinite)
+    diff, se, dof, sd, n = _interval(a, b, paired, alpha)
+    out = dict(diff=diff * scale, n=n, dropped=dropped, sd=sd * scale, margin=margin * scale, alpha=alpha, p=float("nan"))
+    test = _describe("one-sided non-inferiority t-test" + (" (paired)" if paired else " (Welch)"), margin * scale,
+                     alpha, n, dropped, unit)
+    if dropped and nonfinite == "fail":
+        return dict(out, verdict="not confirmed", lo=float("nan"), hi=float("nan"), seeds_needed=None,
+                    test=test + " (a non-finite run counts as a failure)")
+    if not (dof >= 1) or not math.isfinite(se):
+        return dict(out, verdict="inconclusive", lo=float("nan"), hi=float("nan"), seeds_needed=None,
+                    test=test + " (fewer than 2 usable seeds)")
+    h = _t(1 - alpha, dof) * se
+    lo, hi = diff - h, diff + h
+    v = "confirmed" if lo > -margin else "not confirmed" if hi < -margin else "inconclusive"
+    need = _n_for_room(diff + margin, sd, alpha, paired) if v == "inconclusive" else None
+    return dict(out, verdict=v, lo=lo * scale, hi=hi * scale, seeds_needed=need, test=test)
+
+
+def slope_fit(M, K, seed, alpha: float = 0.05) -> dict:
+    """Slope β of log K = α_seed + β log M (least squares, one intercept per seed; finite K only) with
+    its (1 - α) t-interval: slope, lo, hi, se, dof, points."""
+    d = pd.DataFrame({"x": np.log(np.asarray(M, np.float64)), "y": np.log(np.asarray(K, np.float64)),
+                      "seed": np.asarray(seed)})
+    d = d[np.isfinite(d.y)]
+    d = d[d.groupby("seed").x.transform("nunique") >= 2]
+    nan = float("nan")
+    out = dict(slope=nan, lo=nan, hi=nan, se=nan, dof=0, points=len(d))
+    if len(d) < 2:
+        return out
+    x = d.x - d.groupby("seed").x.transform("mean")
+    y = d.y - d.groupby("seed").y.transform("mean")
+    sxx = float((x * x).sum())
+    beta = float((x * y).sum()) / sxx
+    dof = len(d) - d.seed.nunique() - 1
+    if dof < 1:
+        return dict(out, slope=beta)
+    se = math.sqrt(float(((y - beta * x) ** 2).sum()) / dof / sxx)
+    h = _t(1 - alpha / 2, dof) * se
+    return dict(out, slope=beta, lo=beta - h, hi=beta + h, se=se, dof=dof)
+
+
+def common_range(runs: pd.DataFrame, M_max: float | None = None) -> list:
+    """The worker counts M (ascending, <= M_max) up to the first M at which some method missed the
+    target on some seed (K non-finite): one range every method reached on every seed."""
+    ok = runs.assign(fin=np.isfinite(runs.K.astype(float))).groupby("workers").fin.all()
+    Ms = []
+    for M, good in ok.sort_index().items():
+        if (M_max is not None and M > M_max) or not good:
+            break
+        Ms.append(M)
+    return Ms
+
+
+def slopes_common_range(runs: pd.DataFrame, *, reference: str = "fp32", M_max: float | None = None,
+                        margin: float = 0.15, alpha: float = 0.05) -> pd.DataFrame:
+    """Per method of `runs` (columns method, workers, seed, K): the slope over the common range
+    (`common_range`), its (1 - α) interval, the difference to `reference`'s slope with the (1 - 2α)
+    interval of the difference, and the TOST verdict of |difference| < margin (`verdict`); for the
+    reference itself the TOST of |slope + 1| < margin (linear speedup). Columns: method, M_lo, M_hi,
+    slope, lo, hi, diff, diff_lo, diff_hi, verdict, test."""
+    Ms = common_range(runs, M_max)
+    r = runs[runs.workers.isin(Ms)]
+    fits = {m: slope_fit(g.workers, g.K, g.seed, alpha) for m, g in r.groupby("method", sort=False)}
+    ref = fits.get(reference)
+    rows = []
+    for m, f in fits.items():
+        if m == reference:
+            d, se, dof = f["slope"] + 1.0, f["se"], f["dof"]
+            what = "slope + 1"
+        else:
+            d, se, dof = f["slope"] - ref["slope"], math.hypot(f["se"], ref["se"]), min(f["dof"], ref["dof"])
+            what = f"slope - {reference}'s"
+        if dof >= 1 and math.isfinite(se):
+            h = _t(1 - alpha, dof) * se
+            lo, hi = d - h, d + h
+            v = ("confirmed" if -margin < lo and hi < margin else
+                 "not confirmed" if lo >= margin or hi <= -margin else "inconclusive")
+        else:
+            lo = hi = float("nan")
+            v = "inconclusive"
+        seeds = r[r.method == m].seed.nunique()
+        rows.append(dict(method=m, M_lo=min(Ms) if Ms else float("nan"), M_hi=max(Ms) if Ms else float("nan"),
+                         slope=f["slope"], lo=f["lo"], hi=f["hi"], diff=d, diff_lo=lo, diff_hi=hi, verdict=v,
+                         test=f"TOST on {what} over M = {min(Ms) if Ms else '-'}..{max(Ms) if Ms else '-'} "
+                              f"(log-log least squares, one intercept per seed), margin {margin:g}, "
+                              f"alpha {alpha:g}, {seeds} seed(s)"))
+    return pd.DataFrame(rows)

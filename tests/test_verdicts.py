@@ -1,0 +1,106 @@
+"""The verdict functions of tgsim.analysis.verdicts on synthetic data whose truth is known.
+
+Each test has a positive control (the claim true by construction: confirmed), a negative control
+(false by construction: not confirmed) and, where the test can fail to decide, a case with too few
+seeds for the spread (inconclusive, with the seeds a decision would need). α = 0.05 throughout;
+the data come from numpy's default_rng with the seed named in each test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tgsim.analysis import verdicts as V
+
+
+def test_equivalence_positive_negative_and_inconclusive():
+    rng = np.random.default_rng(0)
+    b = 0.90 + 0.01 * rng.standard_normal(30)
+    same = b + 0.001 + 0.002 * rng.standard_normal(30)          # true gap 0.1 point, margin 1 point
+    far = b - 0.05 + 0.002 * rng.standard_normal(30)            # true gap -5 points
+    r = V.equivalence(same, b, margin=0.01, scale=100, unit=" points")
+    assert r["verdict"] == "confirmed" and r["p"] < 0.05 and -1 < r["lo"] < r["hi"] < 1, r
+    assert "TOST" in r["test"] and "alpha 0.05" in r["test"] and "30 seed(s)" in r["test"]
+    r = V.equivalence(far, b, margin=0.01)
+    assert r["verdict"] == "not confirmed" and r["hi"] < -0.01, r
+    noisy = b[:3] + 0.004 + 0.02 * rng.standard_normal(3)        # 3 seeds, 2-point spread
+    r = V.equivalence(noisy, b[:3], margin=0.01)
+    assert r["verdict"] == "inconclusive" and r["seeds_needed"] and r["seeds_needed"] > 3, r
+
+
+def test_equivalence_seeds_needed_is_the_first_n_that_decides():
+    """At the observed mean and spread, seeds_needed seeds put the TOST interval inside the margin and
+    one seed fewer does not (checked with exactly that mean and spread)."""
+    n = V.seeds_needed(0.002, 0.01, 0.01)
+    assert n is not None
+    for k, inside in ((n, True), (n - 1, False)):
+        z = np.array([1.0, -1.0] * (k // 2) + [0.0] * (k % 2))
+        d = 0.002 + 0.01 * z / z.std(ddof=1)
+        assert (V.equivalence(d, margin=0.01)["verdict"] == "confirmed") is inside, k
+    assert V.seeds_needed(0.02, 0.01, 0.01) is None                 # |diff| >= margin: no n confirms
+
+
+def test_equivalence_nonfinite_runs_are_counted_not_hidden():
+    a = np.array([0.9, 0.91, np.nan, 0.9])
+    b = np.array([0.9, 0.9, 0.9, 0.91])
+    r = V.equivalence(a, b, margin=0.05)
+    assert r["dropped"] == 1 and r["n"] == 3 and "1 non-finite" in r["test"]
+    assert V.equivalence(a, b, margin=0.05, nonfinite="fail")["verdict"] == "not confirmed"
+
+
+def test_welch_equivalence_controls():
+    rng = np.random.default_rng(1)
+    a, b = 1 + 0.1 * rng.standard_normal(40), 1 + 0.1 * rng.standard_normal(50)
+    assert V.equivalence(a, b, margin=0.1, paired=False)["verdict"] == "confirmed"
+    assert V.equivalence(a + 0.5, b, margin=0.1, paired=False)["verdict"] == "not confirmed"
+
+
+def test_noninferiority_controls():
+    rng = np.random.default_rng(2)
+    b = 0.8 + 0.01 * rng.standard_normal(20)
+    better = b + 0.03 + 0.003 * rng.standard_normal(20)          # better by 3 points: no loss
+    assert V.noninferiority(better, b, margin=0.01)["verdict"] == "confirmed"
+    assert V.equivalence(better, b, margin=0.01)["verdict"] == "not confirmed"   # but not within 1 point
+    worse = b - 0.03 + 0.003 * rng.standard_normal(20)
+    assert V.noninferiority(worse, b, margin=0.01)["verdict"] == "not confirmed"
+    r = V.noninferiority(b[:2] - 0.005 + np.array([0.02, -0.02]), b[:2], margin=0.01)
+    assert r["verdict"] == "inconclusive" and r["seeds_needed"] > 2, r
+
+
+def _runs(slopes: dict, Ms=(1, 2, 4, 8, 16, 32), seeds=(0, 1, 2), noise=0.03, miss=None, rng_seed=3):
+    """Synthetic K = C_seed · M^slope · exp(noise·z) per method; `miss` = (method, M): K NaN there."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for m, b in slopes.items():
+        for s in seeds:
+            c = 1000 * (1 + 0.2 * s)
+            for M in Ms:
+                k = c * M ** b * np.exp(noise * rng.standard_normal())
+                rows.append(dict(method=m, workers=M, seed=s, K=np.nan if miss == (m, M) else k))
+    return pd.DataFrame(rows)
+
+
+def test_slope_fit_recovers_a_known_slope():
+    f = V.slope_fit(*(_runs({"x": -0.7}, noise=0.01)[c] for c in ("workers", "K", "seed")))
+    assert f["lo"] < -0.7 < f["hi"] and f["hi"] - f["lo"] < 0.05
+
+
+def test_slopes_common_range_controls():
+    """Positive: every method at slope -1 (confirmed for fp32 against -1, and for each against fp32).
+    Negative: a method at slope -0.5. Common range: a method missing its target at M = 32 cuts the
+    range to M <= 16 for every method, and the verdicts use that range only."""
+    t = V.slopes_common_range(_runs({"fp32": -1.0, "good": -1.0, "bad": -0.5}, miss=("bad", 32))).set_index("method")
+    assert (t.M_hi == 16).all()
+    assert t.loc["fp32", "verdict"] == "confirmed" and t.loc["good", "verdict"] == "confirmed"
+    assert t.loc["bad", "verdict"] == "not confirmed" and t.loc["bad", "diff_lo"] > 0.15
+    assert "margin 0.15" in t.loc["good", "test"] and "M = 1..16" in t.loc["good", "test"]
+    noisy = V.slopes_common_range(_runs({"fp32": -1.0, "n": -1.0}, Ms=(1, 2), seeds=(0, 1), noise=0.3))
+    assert set(noisy.verdict) == {"inconclusive"}
+
+
+@pytest.mark.parametrize("bad", ["a", "b"])
+def test_paired_lengths_must_match(bad):
+    with pytest.raises(ValueError):
+        V.equivalence([1.0, 2.0], [1.0], margin=0.1) if bad == "a" else V.equivalence([1.0], [1, 2], margin=0.1)
