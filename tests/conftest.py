@@ -10,12 +10,15 @@ tests/cuda_harness.py).
 
 `pytest_collection_modifyitems` moves the files of LONG_FIRST to the front, each file's tests in
 their order: under `make test` (pytest-xdist, whole files per worker) the longest files start
-first instead of leaving one worker alone with them at the end.
+first instead of leaving one worker alone with them at the end. It also skips the tests marked
+`heavy` (the larger forms of cases `make test` runs in a smaller form) unless TGSIM_SLOW is set, as
+`make test-slow` does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import types
 
@@ -86,6 +89,13 @@ LONG_FIRST = ("test_figures_report.py", "test_mpi.py", "test_wheel.py", "test_fi
               "test_numba_kernels.py", "test_peer_numba_kernels_more.py", "test_run_health.py")
 
 
+HEAVY_SKIP = pytest.mark.skip(reason="heavy: the larger form of a case make test runs smaller; `make test-slow` runs it")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))     # stable: order kept within
+    if not os.environ.get("TGSIM_SLOW"):
+        for item in items:
+            if item.get_closest_marker("heavy") is not None:
+                item.add_marker(HEAVY_SKIP)

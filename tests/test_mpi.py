@@ -98,11 +98,11 @@ def test_every_mode_gives_the_in_process_bits(tmp_path, n):
     assert f"config sha256 differs from rank 0's on rank {n - 1}" in res.stdout, res.report()
 
 
-def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
+def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150, **sections):
     """mpiexec -n 4 runs every (model, mode) of `names` in one job (cli_case through `python -m
     tgsim.mpi_runs.train`); each must end with the simulator's parameters on every rank, bit for bit, and
-    the same training losses in the metrics."""
-    driver_cases = {f"{m}-{mode}": config_dict(m, mode) for m, mode in names if (m, mode) != cli_case}
+    the same training losses in the metrics. `sections` override config_dict's (e.g. run={"steps": 30})."""
+    driver_cases = {f"{m}-{mode}": config_dict(m, mode, **sections) for m, mode in names if (m, mode) != cli_case}
     (tmp_path / "cases.json").write_text(json.dumps(driver_cases))
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
@@ -118,7 +118,7 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150):
     for model, mode in names:
         name = f"{model}-{mode}"
         out = tmp_path / "mpi" / ("cli" if (model, mode) == cli_case else name)
-        sim = simulate(config_dict(model, mode), tmp_path / "sim" / name)
+        sim = simulate(config_dict(model, mode, **sections), tmp_path / "sim" / name)
         mpi = load_params(out / "params.npz")
         assert params_bits(mpi) == params_bits(sim.params), f"{name}: MPI and simulator parameters differ"
         if name in digests:
@@ -143,9 +143,20 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
 
 
 @needs_mpi
+def test_every_own_wire_codec_over_mpi_equals_the_simulator(tmp_path):
+    """One mpiexec -n 4 job for every codec with its own wire: ps and allgather, least squares and the
+    MLP, 30 steps each (an MPI job costs about 15 s to start on 2 cores, so they share one)."""
+    assert len(OWN_WIRE) >= 8, OWN_WIRE
+    _mpi_equals_simulator(tmp_path, [(m, f"{codec}-{mode}") for codec in OWN_WIRE for m in MODELS
+                                     for mode in ("ps", "allgather")], timeout=300, run={"steps": 30})
+
+
+@needs_mpi
+@pytest.mark.heavy
 @pytest.mark.parametrize("codec", OWN_WIRE)
 def test_each_own_wire_codec_over_mpi_equals_the_simulator(tmp_path, codec):
-    """One mpiexec -n 4 job per codec with its own wire: ps and allgather, least squares and the MLP."""
+    """One mpiexec -n 4 job per codec with its own wire: ps and allgather, least squares and the MLP,
+    the full 100 steps."""
     _mpi_equals_simulator(tmp_path, [(m, f"{codec}-{mode}") for m in MODELS for mode in ("ps", "allgather")],
                           timeout=90)
 

@@ -132,7 +132,7 @@ def test_cli_runs_the_packaged_demo_and_lists_the_plugin(installed):
     codecs = sh([bin_ / "tgsim", "codecs"], cwd=job).stdout
     assert any(line.startswith("sr_bf16 ") and "plugin" in line for line in codecs.splitlines()), codecs
     assert any(line.startswith("terngrad ") for line in codecs.splitlines())
-    res = sh([bin_ / "tgsim", "run", "demo", "--out", "run", "--quiet", "--set", "run.steps=50"], cwd=job)
+    res = sh([bin_ / "tgsim", "run", "demo", "--out", "run", "--quiet", "--set", "run.steps=10"], cwd=job)
     assert "test loss" in res.stdout and (job / "run" / "params.npz").exists()
     res = sh([bin_ / "tgsim", "run", "demo", "--out", "run-plugin", "--quiet", "--set", "run.steps=10",
               "--set", "codec.name='sr_bf16'", "--set", "exchange.mode='ps'"], cwd=job)
