@@ -239,3 +239,15 @@ def slopes_common_range(runs: pd.DataFrame, *, reference: str = "fp32", M_max: f
                               f"(log-log least squares, one intercept per seed), margin {margin:g}, "
                               f"alpha {alpha:g}, {seeds} seed(s)"))
     return pd.DataFrame(rows)
+
+
+def interval_verdict(lo: float, hi: float, low: float = -math.inf, high: float = math.inf) -> str:
+    """An interval [lo, hi] against the claimed region (low, high): inside it "confirmed", disjoint from
+    it "not confirmed", overlapping its edge "inconclusive" (a NaN end: "inconclusive")."""
+    if not (math.isfinite(lo) or lo == -math.inf) or not (math.isfinite(hi) or hi == math.inf):
+        return "inconclusive"
+    if low < lo and hi < high:
+        return "confirmed"
+    if hi <= low or lo >= high:
+        return "not confirmed"
+    return "inconclusive"

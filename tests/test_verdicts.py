@@ -104,3 +104,11 @@ def test_slopes_common_range_controls():
 def test_paired_lengths_must_match(bad):
     with pytest.raises(ValueError):
         V.equivalence([1.0, 2.0], [1.0], margin=0.1) if bad == "a" else V.equivalence([1.0], [1, 2], margin=0.1)
+
+
+def test_interval_verdict_three_outcomes():
+    assert V.interval_verdict(-1.05, -0.95, -1.15, -0.85) == "confirmed"
+    assert V.interval_verdict(-0.7, -0.5, -1.15, -0.85) == "not confirmed"
+    assert V.interval_verdict(-1.02, -0.82, -1.15, -0.85) == "inconclusive"
+    assert V.interval_verdict(-0.4, -0.3, low=-0.5) == "confirmed"
+    assert V.interval_verdict(float("nan"), 1.0, 0.0, 2.0) == "inconclusive"
