@@ -13,13 +13,20 @@ their order: under `make test` (pytest-xdist, whole files per worker) the longes
 first instead of leaving one worker alone with them at the end. It also skips the tests marked
 `heavy` (the larger forms of cases `make test` runs in a smaller form) unless TGSIM_SLOW is set, as
 `make test-slow` does.
+
+With TGSIM_CPU_LOG=FILE, each test appends one line to FILE: its node id, the CPU seconds it used
+in this process and in the child processes it waited for (MPI ranks, CLI runs, figure scripts),
+and its wall seconds. Under `make test` the wall time of a test depends on what the other worker
+runs beside it; the CPU seconds do not, and their sum over 2 cores bounds the suite's wall time.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import subprocess
+import time
 import types
 
 import pytest
@@ -99,3 +106,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("heavy") is not None:
                 item.add_marker(HEAVY_SKIP)
+
+
+def _cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    log = os.environ.get("TGSIM_CPU_LOG")
+    if not log:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    with open(log, "a") as f:
+        f.write(f"{item.nodeid}\t{_cpu_seconds() - cpu:.2f}\t{time.monotonic() - wall:.2f}\n")
