@@ -227,6 +227,10 @@ def coding_of(codec_options) -> str | None:
 
 
 def with_coding(label: str, codec_options) -> str:
-    """`label` followed by " (CODING coding)" when the row's codec_options name a coding (`coding_of`)."""
-    coding = coding_of(codec_options)
-    return f"{label} ({coding} coding)" if coding else label
+    """`label` followed by " (CODING coding)" when the row's codec_options name a coding (`coding_of`),
+    and by " (SHARING sharing)" when they name a scaler-sharing mode (TernGrad's max / mean / none)."""
+    opts = dict(item.split("=", 1) for item in codec_options.split(";") if "=" in item) \
+        if isinstance(codec_options, str) else {}
+    coding, sharing = coding_of(codec_options), opts.get("sharing")
+    extra = ([f"{coding} coding"] if coding else []) + ([f"{sharing.upper()} sharing"] if sharing else [])
+    return f"{label} ({', '.join(extra)})" if extra else label

@@ -6,9 +6,14 @@ with TGSIM_FIGURES_OUT, as `_common` does):
 
     NAME.png, NAME.pdf   the figure
     NAME.csv             the tidy data frame drawn in it (one row per plotted value)
-    NAME_claims.csv      optional: one row per paper claim checked by the figure, with columns
-                         claim, paper (what the paper reported, in words and numbers), measured
-                         (computed here from `df`), verdict ("confirmed", "not confirmed", "n/a")
+    NAME_claims.csv      optional: one row per claim checked by the figure (`claim(...)`), with
+                         the columns CLAIM_COLUMNS: claim; paper (the paper's exact words in quotes
+                         with section, table or figure, or "paraphrase: ..."); measured (computed
+                         here from `df`); verdict (VERDICTS); kind (KINDS: a claim of Wen et al. or
+                         Jiang & Agrawal, another paper's result, or a self-check of tgsim's code);
+                         setting (the setting the paper made it in); test (the test behind the
+                         verdict: its name, margin, alpha and seeds); scale (how the row depends on
+                         this repository's small models and emulated links, SCALE)
 
 and prints one `wrote PATH` line per file. `make_report.py` embeds the PNG and renders the claims
 table in REPORT.md. `label_points(ax, xs, ys, texts)` writes a label beside each point where it
@@ -36,7 +41,22 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from _common import OUT, QUICK_MARK, QUICK_OUT, print_written, write_csv  # noqa: E402
 from _layout import LayoutError, check_layout  # noqa: E402,F401
 
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict"]
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale"]
+KINDS = ("paper claim", "other paper's result", "self-check")
+VERDICTS = ("confirmed", "not confirmed", "inconclusive", "n/a", "untestable here")
+PAPERS = {"terngrad": "Wen et al., NeurIPS 2017 (TernGrad)",
+          "jiang": "Jiang & Agrawal, NeurIPS 2018 (linear speedup, PQASGD)"}
+# What each scale-dependent row rests on; REPORT.md's caveat lists them at the top.
+SCALE = {
+    "convnet": "MNIST-1D convnet, 23,882 parameters, 4,000 training samples (the paper: AlexNet, GoogLeNet, "
+               "VGG on ImageNet)",
+    "logreg": "logistic regression, 640 weights",
+    "lsq": "least squares, 64 dimensions (synthetic)",
+    "mlp": "MLP on scikit-learn's digits (1,797 samples)",
+    "synthetic": "synthetic vectors and the convnet's gradients",
+    "model": "model only: the performance model's formulas, no measured time",
+    "link": "emulated 1 Gb/s link on loopback (tc), 2-4 ranks on one machine",
+}
 
 
 def theme() -> None:
@@ -56,15 +76,56 @@ def out_dir(quick: bool) -> Path:
 
 
 def verdict(ok) -> str:
-    """'confirmed' / 'not confirmed' / 'n/a' (None or NaN)."""
+    """'confirmed' (true) / 'not confirmed' (false) / 'n/a' (None or NaN); a string in VERDICTS as is; a
+    dict (a tgsim.analysis.verdicts result) by its 'verdict'."""
+    if isinstance(ok, dict):
+        ok = ok["verdict"]
+    if isinstance(ok, str):
+        if ok not in VERDICTS:
+            raise ValueError(f"verdict {ok!r} is not one of {VERDICTS}")
+        return ok
     if ok is None or (isinstance(ok, float) and ok != ok):
         return "n/a"
     return "confirmed" if bool(ok) else "not confirmed"
 
 
-def claim(claim: str, paper: str, measured: str, ok) -> dict:
-    """One row of a claims table (see the module docstring)."""
-    return {"claim": claim, "paper": paper, "measured": measured, "verdict": verdict(ok)}
+def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str = "", test: str = "",
+          scale: str = "") -> dict:
+    """One row of a claims table (CLAIM_COLUMNS, see the module docstring).
+
+    `paper`: the paper's words, quoted exactly with their place ('"..." (Sec. 3.3)'), or a line
+    starting "paraphrase:" (a self-check may name its reference instead). `ok`: bool, None, a verdict
+    string or a tgsim.analysis.verdicts result (its `test` is used when `test` is empty). `kind`: one of
+    KINDS. `scale`: keys of SCALE joined by "+" (expanded) or free text. A verdict other than n/a needs a
+    named test; a paper claim or another paper's result needs a quote or a marked paraphrase
+    (ValueError otherwise)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    if isinstance(ok, dict) and not test:
+        test = ok["test"]
+    v = verdict(ok)
+    if v in ("confirmed", "not confirmed", "inconclusive") and not test.strip():
+        raise ValueError(f"claim {claim!r}: a verdict ({v}) needs the test it came from")
+    if kind != "self-check" and not (paper.lstrip().startswith(('"', "“")) or paper.startswith("paraphrase:")):
+        raise ValueError(f"claim {claim!r}: the paper's words must be quoted or marked 'paraphrase:'")
+    if scale and all(k in SCALE for k in scale.split("+")):
+        scale = "; ".join(SCALE[k] for k in scale.split("+"))
+    return {"claim": claim, "paper": paper, "measured": measured, "verdict": v, "kind": kind, "setting": setting,
+            "test": test, "scale": scale}
+
+
+def untestable(claim: str, paper: str, why: str, would_test: str, *, kind: str = "paper claim",
+               setting: str = "") -> dict:
+    """A claim out of reach at this scale: verdict "untestable here", `measured` says why and what
+    would test it."""
+    return {**globals()["claim"](claim, paper, f"not measured: {why}. Would test it: {would_test}", "untestable here",
+                                 kind=kind, setting=setting), "test": "none (out of reach here)"}
+
+
+def seeds_note(seeds) -> str:
+    """'N seed(s): a, b, c' for a figure's title or caption: every figure states its seeds."""
+    seeds = sorted({int(s) for s in seeds})
+    return f"{len(seeds)} seed(s): " + ", ".join(str(s) for s in seeds)
 
 
 # Offsets (points) tried in order for a label: right-above, right-below, left-above, left-below, above,

@@ -16,7 +16,10 @@
 # workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the scaler shared as the MAX (it
 # collapses) and as the MEAN, from each run's metrics.csv: test accuracy, the largest shared/median
 # scaler ratio over layers, the largest noise-to-signal over layers, and the largest fraction of
-# dead units (elements with a zero gradient on every worker); quick: 200 steps. Run times:
+# dead units (elements with a zero gradient on every worker); quick: 200 steps. Verdicts: TOST
+# equivalence to fp32's accuracy per (optimizer, N), paired by seed, margin 1 point, α = 0.05
+# (tgsim.analysis.verdicts.equivalence; "inconclusive" with the seeds a decision would need); the
+# bands are 95 % t-intervals; a diverged run is drawn as x at 0 and counted. Run times:
 # docs/MEASUREMENTS.md.
 
 # %%
@@ -33,7 +36,8 @@ from matplotlib.ticker import NullLocator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import command_line, t_half_width, train_many  # noqa: E402
-from _theme import claim, log_ticks, plt, save, sns  # noqa: E402
+from _theme import claim, log_ticks, plt, save, seeds_note, sns  # noqa: E402
+from tgsim.analysis.verdicts import equivalence  # noqa: E402
 
 QUICK, OUT = command_line("Accuracy against workers at a fixed total batch, per sharing mode (from the sweep's CSV).")
 csv = OUT / "terngrad_workers_scaling.csv"
@@ -62,7 +66,7 @@ diag = pd.concat(diag, ignore_index=True)
 
 # %% figure: (a) accuracy, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
 fig = plt.figure(figsize=(13, 11.5))
-grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.5, wspace=0.7, top=0.94, bottom=0.11)
+grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.5, wspace=0.7, top=0.92, bottom=0.11)
 axes = np.empty((2, 2), dtype=object)
 for i in range(2):
     axes[i, 0] = fig.add_subplot(grid[i, 0:2], sharex=axes[0, 0] if i else None)
@@ -72,10 +76,22 @@ workers = sorted(df.workers.unique())
 variants = list(dict.fromkeys(df.variant))
 pal = dict(zip(variants, sns.color_palette("colorblind", len(variants))))
 marks = dict(zip(variants, ["o", "X", "s", "P", "D"]))
+def t_band(x):
+    """The 95 % Student-t interval of the mean (the family of intervals the verdicts use)."""
+    m, h = float(np.nanmean(x)), t_half_width(x)
+    return (m - h, m + h) if np.isfinite(h) else (m, m)
+
+
 for i, (opt, d) in enumerate(df.groupby("optimizer", sort=False)):
     sns.lineplot(data=d, x="workers", y="test_accuracy", hue="variant", style="variant", markers=marks, dashes=False,
-                 errorbar=("ci", 95), ax=axes[i, 0], legend=i == 0, palette=pal)
-    axes[i, 0].set(ylabel="test accuracy (fraction)", title=f"({'ac'[i]}) {opt}: accuracy, mean and 95 % CI over seeds")
+                 errorbar=t_band, ax=axes[i, 0], legend=i == 0, palette=pal)
+    bad = d[d.test_accuracy.isna()]          # diverged runs: no accuracy; drawn at 0, never dropped silently
+    if len(bad):
+        axes[i, 0].scatter(bad.workers, np.zeros(len(bad)), marker="x", s=60, color=[pal[v] for v in bad.variant],
+                           zorder=6, clip_on=False)
+    axes[i, 0].set(ylabel="test accuracy (fraction)", ylim=(0, 1),
+                   title=f"({'ac'[i]}) {opt}: accuracy, mean and 95 % t-interval\n"
+                         f"(x at 0: a diverged run, {len(bad)} here)")
     r = d[d.variant.str.contains("max|mean")]
     sns.lineplot(data=r, x="workers", y="ratio_max", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=None, ax=axes[i, 1], legend=False, palette=pal)
@@ -103,30 +119,69 @@ for ax, letter, (col, label) in zip(axc, "efgh", [("accuracy", "test accuracy (f
 pos = axc[0].get_position()
 fig.text(pos.x0, pos.y1 + 0.035, f"Row (e)-(h), one run each: the demo recipe ({STEPS_C} steps), MAX (orange) vs MEAN "
          "(green) sharing", ha="left", va="bottom", fontsize=10)
-steps, seeds = int(df.steps.iloc[0]), df.seed.nunique()
-fig.suptitle(f"MNIST-1D convnet, {steps} steps, {seeds} seed(s){' (quick: a smoke run)' if QUICK else ''}", y=0.985)
+steps = int(df.steps.iloc[0])
+fig.suptitle(f"MNIST-1D convnet (23,882 parameters), {steps} steps, {seeds_note(df.seed)}; row (e)-(h): one run each, "
+             f"seed {int(demo['run'].get('seed', 0))}{' (quick: a smoke run)' if QUICK else ''}", y=0.985)
 
-# %% claims, from the data
-s = (df.groupby(["optimizer", "workers", "variant"], sort=False)
-     .agg(acc=("test_accuracy", "mean"), ci=("test_accuracy", t_half_width)).reset_index())
-fp = s[s.variant == "fp32"].set_index(["optimizer", "workers"]).acc
-s["gap"] = s.acc.to_numpy() - fp.loc[list(zip(s.optimizer, s.workers))].to_numpy()
+# %% claims, from the data: TOST equivalence of each variant's accuracy to fp32's, paired by seed, per
+# (optimizer, N), margin 1 point, alpha 0.05; a diverged run (no accuracy) leaves its pair out and is counted
+MARGIN = 0.01
+SETTING = ("the paper: CIFAR-10, up to 8 workers, MAX sharing; here MNIST-1D convnet, total batch "
+           f"{int((df.workers * df.batch_per_worker).iloc[0])}, N = {min(workers)}..{max(workers)}, {steps} steps")
+div = df[df.test_accuracy.isna()].groupby(["variant", "optimizer", "workers"]).size()
 claims = []
 for v in [x for x in df.variant.unique() if x != "fp32"]:
-    g = s[s.variant == v]
-    worst = g.loc[g.gap.idxmin()]
-    claims.append(claim(f"{v}: within 1 point of fp32 at every N", "Table 1: TernGrad within ~0.5 points of fp32",
-                        f"gaps {100 * g.gap.min():+.1f} to {100 * g.gap.max():+.1f} points (worst at N = "
-                        f"{worst.workers}, {worst.optimizer})", bool((g.gap > -0.01).all())))
+    res = []
+    for (opt, n), d in df.groupby(["optimizer", "workers"], sort=False):
+        a = d[d.variant == v].set_index("seed").test_accuracy
+        b = d[d.variant == "fp32"].set_index("seed").test_accuracy.reindex(a.index)
+        res.append((opt, n, equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, scale=100, unit=" points")))
+    verdicts = [r["verdict"] for _, _, r in res]
+    joint = "not confirmed" if "not confirmed" in verdicts else \
+        "confirmed" if all(x == "confirmed" for x in verdicts) else "inconclusive"
+    worst = min(res, key=lambda x: x[2]["diff"] if np.isfinite(x[2]["diff"]) else np.inf)
+    need = [r["seeds_needed"] for _, _, r in res if r["verdict"] == "inconclusive"]
+    dropped = sum(r["dropped"] for _, _, r in res)
+    claims.append(claim(
+        f"{v}: within 1 point of fp32 at every N",
+        "paraphrase: Table 1 (CIFAR-10): TernGrad's accuracy within about 0.5 points of fp32's up to 8 workers",
+        f"{verdicts.count('confirmed')} settings equivalent, {verdicts.count('not confirmed')} not, "
+        f"{verdicts.count('inconclusive')} undecided of {len(res)}; worst gap {worst[2]['diff']:+.1f} points "
+        + (f"[{worst[2]['lo']:+.1f}, {worst[2]['hi']:+.1f}] " if np.isfinite(worst[2]["lo"]) else "(no interval) ")
+        + f"at N = {worst[1]} ({worst[0]})"
+        + (f"; undecided settings need up to {max(x for x in need if x)} seeds at the observed spread"
+           if any(need) else "")
+        + (f"; {need.count(None)} undecided setting(s) no number of seeds would confirm (|gap| >= margin, or "
+           "fewer than 2 seeds: no spread)" if None in need else "")
+        + (f"; {dropped} pair(s) left out for a diverged run" if dropped else ""),
+        joint, kind="paper claim", setting=SETTING,
+        test=f"TOST equivalence (paired t) per (optimizer, N), margin 1 point, alpha 0.05, "
+             f"{df.seed.nunique()} seed(s); confirmed when every setting is, not confirmed when any is",
+        scale="convnet"))
+claims.append(claim("fp32's diverged runs", "(the baseline's own failures, counted)",
+                    "; ".join(f"{v}, {o}, N = {n}: {k}" for (v, o, n), k in div.items()) or "none",
+                    None, kind="self-check", setting=SETTING, scale="convnet"))
 mx = df[df.variant.str.contains("max")].groupby("workers").ratio_max.median()
 claims.append(claim("MAX sharing's scaler grows with N", "(not in the paper)",
                     f"median largest shared/median ratio x{mx.iloc[0]:.3g} at N = {mx.index[0]}, x{mx.iloc[-1]:.3g} "
-                    f"at N = {mx.index[-1]}", None))
+                    f"at N = {mx.index[-1]}", None, kind="self-check", setting=SETTING, scale="convnet"))
+small = df[df.variant.str.contains("max") & (df.batch_per_worker <= 8)]
+fp_small = df[(df.variant == "fp32") & (df.batch_per_worker <= 8)].set_index(["optimizer", "workers", "seed"])
+lost = (small.set_index(["optimizer", "workers", "seed"]).test_accuracy
+        < fp_small.test_accuracy.reindex(small.set_index(["optimizer", "workers", "seed"]).index) - 0.05).fillna(True)
+collapsed = int((lost | small.dying.astype(bool).to_numpy()).sum())
+claims.append(claim("MAX sharing collapses at 8 samples per worker", "docs/THEORY.md §1.5 (not in the paper)",
+                    f"{collapsed} of {len(small)} runs at <= 8 samples per worker lost > 5 points against fp32's same "
+                    f"seed or had dying units (run-health ALERT)" if len(small) else "no run at <= 8 samples per worker",
+                    (collapsed * 2 > len(small)) if len(small) else None, kind="self-check", setting=SETTING,
+                    test=f"count over {small.seed.nunique() if len(small) else 0} seed(s) x settings: confirmed when "
+                         "most runs collapse (> 5 points below fp32's run or dying units)", scale="convnet"))
 last = diag.dropna(subset=["accuracy"]).groupby("variant").last()
 dead = diag.groupby("variant").zero_grad_fraction.max()
 ratio = diag.groupby("variant").scaler_ratio.max()
 claims.append(claim("one run: MAX sharing's collapse in its diagnostics (demo recipe)", "(not in the paper)",
                     "; ".join(f"{v}: final accuracy {last.accuracy[v]:.3f}, largest scaler ratio x{ratio[v]:.3g}, "
-                              f"dead units up to {dead[v]:.2f}" for v in last.index), None))
+                              f"dead units up to {dead[v]:.2f}" for v in last.index), None, kind="self-check",
+                    setting="8 workers, total batch 64, momentum 0.9, lr 0.1", scale="convnet"))
 save(fig, "fig03_workers_scaling", pd.concat([df.assign(panel="sweep"), diag.assign(panel="one run")],
                                              ignore_index=True), QUICK, claims)

@@ -93,6 +93,8 @@ axes[2].set(yscale="log", xlabel="registered codec (default configuration)",
             title="(c) declared unbiasedness\nagainst the test")
 plt.setp(axes[2].get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")
 axes[2].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+fig.suptitle(f"Synthetic vectors (n = {N}); every table's draws from seed 0 (tgsim compare variance: its --seed, 0)",
+             y=1.02)
 fig.tight_layout()
 
 # %% claims, from the data
@@ -100,16 +102,26 @@ tern = a[a.label.str.startswith("terngrad")]
 tern_none = a_peer[a_peer.quantizer == "terngrad[none]"]
 p90 = b[b.R == max(RS)].set_index("shape").delta_power90
 claims = [
-    claim("TernGrad's error is s||g||_1 - ||g||² (unclipped)", "Sec. 3 / Eq. 5: unbiased, variance s||g||_1 - ||g||²",
+    claim("TernGrad's error is s||g||_1 - ||g||² (unclipped)", "Sec. 3 / Eq. 5: unbiased, variance s||g||_1 - ||g||² "
+          "(docs/THEORY.md §1.2)",
           f"{int((~tern_none.reject).sum())}/{len(tern_none)} shapes inside the α = 1e-3 interval "
           f"(largest |measured/exact - 1| {np.max(np.abs(tern_none.measured / tern_none.exact - 1)):.3f})",
-          not tern_none.reject.any()),
+          not tern_none.reject.any(), kind="self-check", setting="synthetic vectors; tgsim's TernGrad codec",
+          test="the measured mean error inside its alpha = 1e-3 interval around the exact formula, every shape",
+          scale="synthetic"),
     claim("every codec's measured error matches its exact formula", "QSGD Lemma 3.1, Suresh et al., TernGrad §1.2",
           f"{int((~a.reject).sum())}/{len(a)} rows accepted ({int(a.reject.sum())} rejected; TernGrad variants "
-          f"{int((~tern.reject).sum())}/{len(tern)})", not a.reject.any()),
+          f"{int((~tern.reject).sum())}/{len(tern)})", not a.reject.any(), kind="self-check",
+          setting="every registered codec through its real encode/decode",
+          test="the measured mean error inside its alpha = 1e-3 interval around the exact formula, every row",
+          scale="synthetic"),
     claim("declared unbiasedness agrees with the test", "TernGrad, QSGD, Suresh, random-k: unbiased",
-          f"{int(c.consistent.astype(bool).sum())}/{len(c)} registered codecs consistent", bool(c.consistent.astype(bool).all())),
+          f"{int(c.consistent.astype(bool).sum())}/{len(c)} registered codecs consistent",
+          bool(c.consistent.astype(bool).all()), kind="self-check", setting="every registered codec, default options",
+          test="exact binomial unbiasedness test (tgsim.analysis.unbiased_check.codec_table) against each codec's "
+               "declaration", scale="synthetic"),
     claim("power of the unbiasedness test", "(not in the papers)",
-          f"at R = {max(RS)} a bias of {p90.min():.2%}-{p90.max():.2%} is detected with power 0.9", None),
+          f"at R = {max(RS)} a bias of {p90.min():.2%}-{p90.max():.2%} is detected with power 0.9", None,
+          kind="self-check", scale="synthetic"),
 ]
 save(fig, "fig05_unbiasedness_variance", df, QUICK, claims)

@@ -14,9 +14,12 @@ and, on a terminal, a progress bar over the scripts on stderr (hidden under CI, 
 stop the others; the report lists it and the command exits with status 1.
 
 REPORT.md: papers_figures/REPORT.md (quick: out/quick/REPORT.md; with TGSIM_FIGURES_OUT set, the full
-report goes to that folder): the table of every claim the figures check (the paper's words beside the
-number measured, computed by each script from its data, and the verdict), then per figure its PNG
-(relative link), PDF, CSV and runtime. The `tgsim compare` runs that fig05 and fig07-10 share are kept
+report goes to that folder): a scale caveat (CAVEAT: model sizes, emulated links, modeled parts); the
+summary, counting verdicts separately for the papers' claims, other papers' results and self-checks
+(`_theme.KINDS`), with every verdict's test; the reviewers' questions of both papers with the rows that
+answer them (`reviewers.QUESTIONS`); then per figure its PNG (relative link), PDF, CSV, runtime and
+claims table (the paper's words, the setting, the number measured, the test, the verdict, the scale);
+last, the claims out of reach at this scale (`reviewers.UNTESTABLE`). The `tgsim compare` runs that fig05 and fig07-10 share are kept
 in out/compare-*/ and reused by a full run (--rerun-compare runs them again); the quick form always
 runs them again. timings.csv beside REPORT.md holds the seconds per script.
 """
@@ -92,16 +95,78 @@ def run_all(paths: list[Path], quick: bool, logs: Path, quiet: bool = False) -> 
     return rows
 
 
+CAVEAT = [
+    "> **Scale.** Every measurement here is small: the MNIST-1D convnet has 23,882 parameters (4,000 training "
+    "samples), logistic regression 640 weights, least squares 64 dimensions (fig04: 16), the MLP runs on "
+    "scikit-learn's 1,797 digits; the papers trained AlexNet, GoogLeNet and VGG on ImageNet and CIFAR-10 on "
+    "GPU clusters. Workers are simulated in one process; the only link measured is an emulated 1 Gb/s "
+    "loopback (tc, 2-4 ranks on one machine). fig06 (panels a-f) is the performance model's arithmetic, "
+    "not a measurement. A verdict says what the data show at this scale; each row's `scale` column says "
+    "what it rests on.",
+]
+KIND_TITLES = {"paper claim": "Claims of the two papers (Wen et al. 2017, Jiang & Agrawal 2018)",
+               "other paper's result": "Other papers' results (QSGD, Stich et al., Suresh et al., SGD theory)",
+               "self-check": "Self-checks of tgsim's code"}
+COLUMNS = ["claim", "paper", "setting", "measured", "test", "verdict", "scale"]
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
 def claims_table(claims: pd.DataFrame) -> str:
-    out = ["| claim | paper | measured | verdict |", "|---|---|---|---|"]
-    for r in claims.fillna("").itertuples(index=False):
-        cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (r.claim, r.paper, r.measured, r.verdict)]
-        cells[3] = f"**{cells[3]}**" if cells[3] == "not confirmed" else cells[3]
+    """A claims CSV as a markdown table: claim, the paper's words, setting, measured, test, verdict
+    (bold unless confirmed or n/a), scale."""
+    c = claims.reindex(columns=COLUMNS).fillna("")
+    out = ["| claim | paper's words | setting | measured | test | verdict | scale |", "|---|---|---|---|---|---|---|"]
+    for r in c.itertuples(index=False):
+        cells = [_cell(getattr(r, k)) for k in COLUMNS]
+        cells[5] = f"**{cells[5]}**" if cells[5] not in ("confirmed", "n/a", "") else cells[5]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
+def summary_lines(s: pd.DataFrame) -> list[str]:
+    """The summary: verdict counts per kind of claim (paper claims, other papers' results, self-checks),
+    then one table per kind (figure, claim, verdict, test)."""
+    s = s.fillna("")
+    out = ["## Summary", "", "| kind | confirmed | not confirmed | inconclusive | untestable here | n/a |",
+           "|---|---|---|---|---|---|"]
+    for kind in KIND_TITLES:
+        c = s[s.kind == kind].verdict.value_counts()
+        out.append(f"| {kind} | " + " | ".join(str(c.get(v, 0)) for v in
+                                                ("confirmed", "not confirmed", "inconclusive", "untestable here", "n/a"))
+                   + " |")
+    out.append("")
+    for kind, title in KIND_TITLES.items():
+        k = s[s.kind == kind]
+        c = k.verdict.value_counts()
+        out += [f"### {title}", "", f"{c.get('confirmed', 0)} confirmed, {c.get('not confirmed', 0)} not confirmed, "
+                f"{c.get('inconclusive', 0)} inconclusive, {c.get('untestable here', 0)} untestable here, "
+                f"{c.get('n/a', 0)} measured without a verdict.", "",
+                "| figure | claim | verdict | test |", "|---|---|---|---|"]
+        out += [f"| {r.figure} | {_cell(r.claim)} | {r.verdict} | {_cell(r.test)} |" for r in k.itertuples()]
+        out.append("")
+    return out
+
+
+def reviewers_lines(s: pd.DataFrame, questions: list[dict]) -> list[str]:
+    """The reviewers' questions: each with the figure rows that answer it (their verdicts), a row
+    named but absent marked "(row missing)", and the note."""
+    have = {(r.figure, r.claim): r.verdict for r in s.itertuples()}
+    out = ["## Reviewers' questions", "", "The public reviews of both papers (../shared/seeds/), each question "
+           "in a few words, with the rows of this report that answer it or why it cannot be answered here.", "",
+           "| paper | reviewer | question | answered by | note |", "|---|---|---|---|---|"]
+    for q in questions:
+        rows = "; ".join(f"{f}: {c} ({have[(f, c)]})" if (f, c) in have else f"{f}: {c} (row missing)"
+                         for f, c in q["rows"]) or "-"
+        out.append(f"| {q['paper']} | {q['reviewer']} | {_cell(q['question'])} | {_cell(rows)} | {_cell(q['note'])} |")
+    return out + [""]
+
+
 def report(paths: list[Path], timings: list[dict], out: Path, target: Path, quick: bool, seconds: float) -> str:
+    from reviewers import QUESTIONS, UNTESTABLE
+
     rel = lambda p: os.path.relpath(p, target.parent)  # noqa: E731
     t = {r["script"]: r for r in timings}
     parts, summary = [], []
@@ -119,20 +184,17 @@ def report(paths: list[Path], timings: list[dict], out: Path, target: Path, quic
             c = pd.read_csv(claims_csv, keep_default_na=False)
             parts.append(claims_table(c) + "\n")
             summary.append(c.assign(figure=p.stem[:5]))
+    untestable = pd.DataFrame(UNTESTABLE).assign(figure="-")
+    parts += ["## Claims out of reach at this scale", "", claims_table(untestable), ""]
+    summary.append(untestable)
     lines = [f"# The papers' claims, checked{' (QUICK form)' if quick else ''}", "",
              f"Generated by `python papers_figures/make_report.py{' --quick' if quick else ''}` "
-             f"({time.strftime('%Y-%m-%d %H:%M %Z')}, {seconds / 60:.1f} min for {len(paths)} scripts).", ""]
+             f"({time.strftime('%Y-%m-%d %H:%M %Z')}, {seconds / 60:.1f} min for {len(paths)} scripts).", "", *CAVEAT, ""]
     if quick:
         lines += ["> QUICK form: every script ran its smoke-test size (few steps, few seeds). The code paths "
                   "are the full ones, the numbers are not: do not read the verdicts below as results.", ""]
-    if summary:
-        s = pd.concat(summary, ignore_index=True)
-        counts = s.verdict.value_counts()
-        lines += ["## Summary", "", f"{counts.get('confirmed', 0)} claims confirmed, {counts.get('not confirmed', 0)} "
-                  f"not confirmed, {counts.get('n/a', 0)} measured without a verdict.", "",
-                  "| figure | claim | verdict |", "|---|---|---|"]
-        lines += [f"| {r.figure} | {r.claim.replace('|', chr(92) + '|')} | {r.verdict} |" for r in s.itertuples()]
-        lines.append("")
+    s = pd.concat(summary, ignore_index=True)
+    lines += summary_lines(s) + reviewers_lines(s, QUESTIONS)
     lines += ["| script | seconds | status |", "|---|---|---|"]
     lines += [f"| {r['script']} | {r['seconds']:.0f} | {'ok' if r['returncode'] == 0 else 'FAILED'} |" for r in timings]
     return "\n".join(lines + ["", *parts])

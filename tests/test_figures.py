@@ -222,5 +222,6 @@ def test_figures_name_qsgd_coding_from_the_codec_options_column(monkeypatch):
 
     assert coding_of(codec_options("qsgd")) == "paper"
     assert with_coding("qsgd", codec_options("qsgd[coding=elias]")) == "qsgd (elias coding)"
-    assert with_coding("terngrad", codec_options("terngrad")) == "terngrad"
+    assert with_coding("terngrad", codec_options("terngrad")) == "terngrad (MAX sharing)"
+    assert with_coding("terngrad", codec_options("terngrad[sharing=mean]")) == "terngrad (MEAN sharing)"
     assert with_coding("fp32", "") == "fp32" and with_coding("fp32", float("nan")) == "fp32"

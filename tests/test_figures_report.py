@@ -62,11 +62,15 @@ def test_figure_files_exist_and_are_not_empty(quick_report, name):
         assert path.exists() and path.stat().st_size > 0, path
     assert len(pd.read_csv(out / f"{name}.csv")) > 0
     claims = pd.read_csv(out / f"{name}_claims.csv", keep_default_na=False)
-    assert list(claims.columns) == ["claim", "paper", "measured", "verdict", "quick"] and len(claims) > 0
+    assert list(claims.columns) == ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale",
+                                    "quick"] and len(claims) > 0
     assert claims.quick.astype(str).eq("True").all()
     assert pd.read_csv(out / f"{name}.csv", low_memory=False).quick.astype(bool).all()
-    assert set(claims.verdict) <= {"confirmed", "not confirmed", "n/a"}
+    assert set(claims.verdict) <= {"confirmed", "not confirmed", "inconclusive", "n/a", "untestable here"}
+    assert set(claims.kind) <= {"paper claim", "other paper's result", "self-check"}
     assert (claims.measured.str.len() > 0).all()
+    decided = claims[claims.verdict.isin(["confirmed", "not confirmed", "inconclusive"])]
+    assert (decided.test.str.len() > 0).all(), decided       # every verdict names its test
 
 
 @pytest.mark.timeout(900)
@@ -77,8 +81,11 @@ def test_report_links_every_png_and_its_claims(quick_report):
     assert sorted(links) == sorted(f"{name}.png" for name in EXPECTED)       # relative to REPORT.md
     for link in links:
         assert (out / link).stat().st_size > 0
-    assert "QUICK form" in text and text.count("| claim | paper | measured | verdict |") == len(EXPECTED)
-    assert re.search(r"\d+ claims confirmed, \d+ not confirmed", text)
+    header = "| claim | paper's words | setting | measured | test | verdict | scale |"
+    assert "QUICK form" in text and text.count(header) == len(EXPECTED) + 1      # + the untestable claims
+    for kind in ("paper claim", "other paper's result", "self-check"):
+        assert re.search(rf"\| {kind} \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \|", text), kind
+    assert "## Reviewers' questions" in text and "23,882 parameters" in text[:text.index("## Summary")]
 
 
 def _make_report(out: Path, *args: str) -> subprocess.CompletedProcess:
