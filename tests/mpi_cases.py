@@ -10,11 +10,15 @@ module: `from mpi_cases import mpiexec, config_dict, simulate`).
   `params_bits`, `params_digest`, `load_params`.
 * `_DRIVER`: the script each rank runs: every case of a JSON file through MPIExchange, the digest
   of the final parameters gathered on rank 0.
+* `cases_over_mpi_equal_the_simulator(tmp_path, cases, ranks, timeout)`: one job of `_DRIVER` over
+  `cases` (name -> config dict); each case must end with the simulator's parameters on every rank, bit
+  for bit, and the same training losses. Returns (name, MPI run dir, simulator run dir) per case.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import sys
 import textwrap
@@ -166,3 +170,32 @@ _DRIVER = textwrap.dedent("""
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
     """)
+
+
+def cases_over_mpi_equal_the_simulator(tmp_path: Path, cases: dict, ranks: int, timeout: float,
+                                       simulated: dict | None = None) -> list[tuple[str, Path, Path]]:
+    """mpiexec -n `ranks` runs every case of `cases` (name -> config dict) in one `_DRIVER` job, under
+    tmp_path/mpi/NAME; the simulator runs each under tmp_path/sim/NAME. Asserts, per case: rank 0's
+    parameters equal the simulator's bit for bit, every rank's digest equals them (the replicas agree),
+    and metrics.csv holds the same training losses. `simulated` (name -> MPI run dir) adds cases the
+    caller ran itself (e.g. through `python -m tgsim.mpi_runs.train`), checked the same way but for the
+    digests. Returns (name, MPI run dir, simulator run dir) for each case, in order."""
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    driver = tmp_path / "driver.py"
+    driver.write_text(_DRIVER)
+    res, _ = mpiexec([(ranks, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=timeout)
+    assert res.returncode == 0, res.report()
+    digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
+    runs = [(name, tmp_path / "mpi" / name, d) for name, d in cases.items()]
+    runs += [(name, out, d) for name, (out, d) in (simulated or {}).items()]
+    checked = []
+    for name, mpi_out, d in runs:
+        sim_out = tmp_path / "sim" / name
+        sim = simulate(d, sim_out)
+        assert params_bits(load_params(mpi_out / "params.npz")) == params_bits(sim.params), \
+            f"{name}: MPI and simulator parameters differ"
+        if name in digests:
+            assert set(digests[name]) == {params_digest(sim.params)}, f"{name}: replicas differ across ranks"
+        assert train_losses(mpi_out) == train_losses(sim_out), f"{name}: losses differ"
+        checked.append((name, mpi_out, sim_out))
+    return checked

@@ -19,8 +19,8 @@ import pytest
 
 import mpi_launch
 from mpi_cases import (CORE_MODES, HAVE_MPI4PY, MODELS, MPI_INSTALL, MPIEXEC, OWN_WIRE, _DRIVER,  # noqa: F401
-                       config_dict, load_params, mpiexec, needs_mpi, params_bits, params_digest,
-                       simulate, train_losses, write_toml)
+                       cases_over_mpi_equal_the_simulator, config_dict, load_params, mpiexec, needs_mpi,
+                       params_bits, simulate, train_losses, write_toml)
 from fakes import one_numba_thread
 
 
@@ -102,28 +102,16 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150, **section
     """mpiexec -n 4 runs every (model, mode) of `names` in one job (cli_case through `python -m
     tgsim.mpi_runs.train`); each must end with the simulator's parameters on every rank, bit for bit, and
     the same training losses in the metrics. `sections` override config_dict's (e.g. run={"steps": 30})."""
-    driver_cases = {f"{m}-{mode}": config_dict(m, mode, **sections) for m, mode in names if (m, mode) != cli_case}
-    (tmp_path / "cases.json").write_text(json.dumps(driver_cases))
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    res, _ = mpiexec([(4, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=timeout)
-    assert res.returncode == 0, res.report()
-    cli = None
+    cases = {f"{m}-{mode}": config_dict(m, mode, **sections) for m, mode in names if (m, mode) != cli_case}
+    cli, simulated = None, {}
     if cli_case is not None:
-        cfg = write_toml(config_dict(*cli_case), tmp_path / "cli.toml")
+        d = config_dict(*cli_case, **sections)
+        cfg = write_toml(d, tmp_path / "cli.toml")
         cli, _ = mpiexec([(4, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
                          timeout=60)
         assert cli.returncode == 0, cli.report()
-    digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
-    for model, mode in names:
-        name = f"{model}-{mode}"
-        out = tmp_path / "mpi" / ("cli" if (model, mode) == cli_case else name)
-        sim = simulate(config_dict(model, mode, **sections), tmp_path / "sim" / name)
-        mpi = load_params(out / "params.npz")
-        assert params_bits(mpi) == params_bits(sim.params), f"{name}: MPI and simulator parameters differ"
-        if name in digests:
-            assert set(digests[name]) == {params_digest(sim.params)}, f"{name}: replicas differ across ranks"
-        assert train_losses(out) == train_losses(tmp_path / "sim" / name), f"{name}: losses differ"
+        simulated = {"-".join(cli_case): (tmp_path / "mpi" / "cli", d)}
+    cases_over_mpi_equal_the_simulator(tmp_path, cases, 4, timeout, simulated)
     return cli
 
 

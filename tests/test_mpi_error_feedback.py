@@ -4,13 +4,12 @@ Three MPI launches in all; the helpers are tests/test_mpi.py's."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import numpy as np
 
-from mpi_cases import (_DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses,
-                       write_toml)
+from mpi_cases import (cases_over_mpi_equal_the_simulator, load_params, mpiexec, needs_mpi, params_bits, simulate,
+                       train_losses, write_toml)
 from tgsim.train import checkpoint
 
 BASE = {
@@ -52,18 +51,7 @@ def test_error_feedback_over_mpi_equals_the_simulator(tmp_path):
     the same training losses, and rank 0's checkpoints at steps 20 and 40 hold both workers' residuals
     with the simulator's bits."""
     cases = {name: case(**extra) for name, extra in CASES.items()}
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    res, took = mpiexec([(2, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
-    for name, d in cases.items():
-        sim = simulate(d, tmp_path / "sim" / name)
-        mpi_out, sim_out = tmp_path / "mpi" / name, tmp_path / "sim" / name
-        assert params_bits(load_params(mpi_out / "params.npz")) == params_bits(sim.params), name
-        assert set(digests[name]) == {params_digest(sim.params)}, f"{name}: replicas differ across ranks"
-        assert train_losses(mpi_out) == train_losses(sim_out), name
+    for name, mpi_out, sim_out in cases_over_mpi_equal_the_simulator(tmp_path, cases, 2, timeout=120):
         for step in (20, 40):
             assert residual_bits(mpi_out, step) == residual_bits(sim_out, step), (name, step)
         rows = checkpoint.read(mpi_out / "checkpoints" / "ckpt-00000040.tgck")["codec_state"]["residual"]["fc1.w"]

@@ -5,13 +5,12 @@ tests/test_mpi.py's)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
 import pytest
 
-from mpi_cases import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
+from mpi_cases import cases_over_mpi_equal_the_simulator, needs_mpi, params_bits, train_losses
 from tgsim.codecs.powersgd import PowerSGD
 from tgsim.exchange.base import ring_allreduce_bytes
 from tgsim.train import checkpoint
@@ -100,18 +99,7 @@ def test_powersgd_over_mpi_equals_the_simulator(tmp_path):
     steps 20 and 40 hold both workers' codec state with the simulator's bits."""
     cases = {"rank1": case(codec={"rank": 1}), "rank4": case(codec={"rank": 4}),
              "rank2-cold": case(codec={"rank": 2, "warm_start": False}, exchange={"mode": "ps"})}
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    res, _ = mpiexec([(2, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "mpi")])], timeout=150)
-    assert res.returncode == 0, res.report()
-    digests = json.loads((tmp_path / "mpi" / "digests.json").read_text())
-    for name, d in cases.items():
-        sim = simulate(d, tmp_path / "sim" / name)
-        mpi_out, sim_out = tmp_path / "mpi" / name, tmp_path / "sim" / name
-        assert params_bits(load_params(mpi_out / "params.npz")) == params_bits(sim.params), name
-        assert set(digests[name]) == {params_digest(sim.params)}, f"{name}: replicas differ across ranks"
-        assert train_losses(mpi_out) == train_losses(sim_out), name
+    for name, mpi_out, sim_out in cases_over_mpi_equal_the_simulator(tmp_path, cases, 2, timeout=150):
         for step in (20, 40):
             assert state_bits(mpi_out, step) == state_bits(sim_out, step), (name, step)
         rows = checkpoint.flatten(checkpoint.read(mpi_out / "checkpoints" / "ckpt-00000040.tgck")["codec_state"])
