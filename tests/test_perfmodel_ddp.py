@@ -1,0 +1,148 @@
+"""The DDP/NCCL step model (analysis/perfmodel_ddp.py): buckets and their latency count, node-aware
+collectives, the parameter server's NIC traffic against a flow-by-flow count, the scaler all-reduce
+as a latency and a dependency, codec seconds on the critical path. Synthetic nets, no measurement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tgsim.analysis import perfmodel_ddp as ddp
+from tgsim.analysis.perfmodel_ddp import HARDWARE, CodecCost, DDPExchange, Link, ddp_step
+from tgsim.analysis.perfmodel_nets import Layer, Net
+from tgsim.analysis.perfmodel_throughput import Wire
+
+MIB = 1 << 20
+
+
+def _net(layers: int, mib_each: float) -> Net:
+    """`layers` dense layers of mib_each MiB of float32 gradient each, equal MACs."""
+    n = int(mib_each * MIB / 4)
+    return Net("synthetic", tuple(Layer(f"l{i}", n, n, "fc", ((n,),)) for i in range(layers)), batch=32,
+               ref_ms=100.0, ref_batch=32, ref_gpu="p100")
+
+
+def _fp32(G: int) -> Wire:
+    return Wire("fp32", {G: {"up": 4.0, "down": 4.0, "reduce": 4.0}})
+
+
+def test_buckets_pay_one_latency_each():
+    """One 100 MiB layer is one bucket; 100 layers of 1 MiB in 25 MiB buckets are 4 (one per layer with
+    bucket_mb = 0: 100). The step's latency is the ring's per-message latency times the bucket count
+    (N = 64 on P100 nodes of 4: 2 (n-1) a + 2 (G-n) a_i per message)."""
+    G, hw, link = 64, HARDWARE["p100-fp32"], Link("10 Gb/s", 10e9, 50e-6)
+    ex = DDPExchange("ring", bucket_mb=25)
+    n = G // hw.gpus_per_node
+    per_msg = 2 * (n - 1) * link.latency + 2 * (G - n) * hw.intra.latency
+    one = ddp_step(_net(1, 100), _fp32(G), G, hw, link, ex)
+    many = ddp_step(_net(100, 1), _fp32(G), G, hw, link, ex)
+    flat = ddp_step(_net(100, 1), _fp32(G), G, hw, link, DDPExchange("ring", bucket_mb=0))
+    assert (one["buckets"], many["buckets"], flat["buckets"]) == (1, 4, 100)
+    assert math.isclose(one["latency"], per_msg, rel_tol=1e-9)
+    assert math.isclose(many["latency"], 4 * per_msg, rel_tol=1e-9)
+    assert math.isclose(flat["latency"], 100 * per_msg, rel_tol=1e-9)
+    assert [b.elements for b in ddp.buckets(_net(100, 1), 25)] == [25 * MIB // 4] * 4
+
+
+def test_gpus_inside_one_node_pay_no_network_latency():
+    """N = 4 on nodes of 4 GPUs: a network of 1 s latency costs nothing (NVLink hops only); N = 8 (two
+    nodes) pays it (positive control), in ring, tree, all-gather and the ps."""
+    hw, slow = HARDWARE["p100-fp32"], Link("slow", 10e9, 1.0)
+    for pat in ("ring", "tree", "allgather", "ps"):
+        for G, pays in ((4, False), (8, True)):
+            w = Wire("x", {G: {"up": 1.0, "down": 1.0, "reduce": 1.0}})
+            r = ddp_step(_net(4, 10), w, G, hw, slow, DDPExchange(pat, bucket_mb=25, overlap=False))
+            assert (r["latency"] >= 1.0) is pays, (pat, G, r["latency"])
+
+
+def test_allreduce_takes_the_faster_of_ring_and_tree():
+    """Small messages over many nodes: the tree (log2 n hops) wins; large ones on few nodes: the ring."""
+    hw, link = HARDWARE["p100-fp32"], Link("10 Gb/s", 10e9, 50e-6)
+    t, algo = ddp.collective(DDPExchange("allreduce"), {"reduce": 4e3}, 512, 4, link, hw.intra)
+    assert algo == "tree" and t < ddp.ring_allreduce(4e3, 512, 4, link, hw.intra)
+    t, algo = ddp.collective(DDPExchange("allreduce"), {"reduce": 1e8}, 8, 4, link, hw.intra)
+    assert algo == "ring" and t <= ddp.tree_allreduce(1e8, 8, 4, link, hw.intra)
+
+
+def test_allgather_traffic_grows_with_workers():
+    link, intra = Link("zero latency", 10e9, 0.0), Link("NVLink, zero latency", 320e9, 0.0, 1.0)
+    t = [ddp.allgather(1e6, G, 4, link, intra) for G in (8, 64, 512)]
+    assert t[0] < t[1] < t[2]
+    assert math.isclose(t[2], link.seconds(511 * 1e6), rel_tol=1e-12)
+
+
+def _nic_bytes_by_flows(up: float, down: float, G: int, g: int) -> float:
+    """Oracle: the ps sharded one shard per node, every flow enumerated: worker w (node w // g) pushes
+    up / M to each shard m and pulls down / M from it; a flow between nodes is charged out on the
+    sender's NIC and in on the receiver's. Returns max over NICs and directions of push + that of pull."""
+    M = -(-G // g)
+    total = 0.0
+    for phase, size in (("push", up), ("pull", down)):
+        out, inn = [0.0] * M, [0.0] * M
+        for w in range(G):
+            for m in range(M):
+                a, b = (w // g, m) if phase == "push" else (m, w // g)
+                if a != b:
+                    out[a] += size / M
+                    inn[b] += size / M
+        total += max(out + inn)
+    return total
+
+
+@pytest.mark.parametrize("G", [8, 64])
+def test_ps_on_the_workers_charges_the_workers_nics(G):
+    """The sharded ps on the worker nodes costs the busiest NIC's bytes (flow-by-flow oracle) plus one
+    latency per phase; dedicated servers (M = nodes) put every worker's whole message on its NIC
+    instead (g x S), which the oracle does not match (negative control)."""
+    hw, link = HARDWARE["p100-fp32"], Link("1 Gb/s", 1e9, 0.0)
+    up, down = 0.25e6, 0.75e6
+    t = ddp.parameter_server(up, down, G, 4, link, hw.intra)
+    assert math.isclose(t, link.seconds(_nic_bytes_by_flows(up, down, G, 4)), rel_tol=1e-12)
+    dedicated = ddp.parameter_server(up, down, G, 4, link, hw.intra, servers=G // 4)
+    assert not math.isclose(dedicated, t, rel_tol=1e-3) and dedicated > t
+
+
+def test_scaler_allreduce_is_a_latency_and_a_dependency():
+    """A codec sharing statistics pays, per bucket, an all-reduce of one float per layer: without overlap
+    the step is longer by exactly Σ buckets scaler_allreduce(its layers); with overlap the encode waits
+    for it, so the step is not shorter than without the scaler (and longer on a latency-bound link)."""
+    G, hw, link = 64, HARDWARE["p100-fp32"], Link("1 Gb/s", 1e9, 5e-3)
+    net, w = _net(40, 1), Wire("t", {G: {"up": 0.25, "down": 0.5, "reduce": 1.0}})
+    ex = DDPExchange("ring", bucket_mb=25, overlap=False)
+    a = ddp_step(net, w, G, hw, link, ex, shared_stats=True)
+    b = ddp_step(net, w, G, hw, link, ex, shared_stats=False)
+    scal = sum(ddp.scaler_allreduce(bk.layers, G, 4, link, hw.intra) for bk in ddp.buckets(net, 25))
+    assert scal > 0 and math.isclose(a["iteration"] - b["iteration"], scal, rel_tol=1e-9)
+    ov = DDPExchange("ring", bucket_mb=25)
+    assert ddp_step(net, w, G, hw, link, ov, shared_stats=True)["iteration"] > \
+        ddp_step(net, w, G, hw, link, ov, shared_stats=False)["iteration"]
+    # the dependency: one bucket, ready when the backward ends; its encode (20 ms) starts only after the
+    # scaler all-reduce, then the exchange: step = compute + scaler + encode + exchange
+    one, cost = _net(1, 1), CodecCost(encode_floor=20e-3, source="host")
+    r = ddp_step(one, w, G, hw, link, ov, cost, shared_stats=True)
+    t_s = ddp.scaler_allreduce(1, G, 4, link, hw.intra)
+    t_x, _ = ddp.collective(ov, w.layer_bytes(one.params, G), G, 4, link, hw.intra)
+    assert math.isclose(r["iteration"], r["compute"] + t_s + 20e-3 + t_x, rel_tol=1e-9)
+
+
+def test_codec_seconds_are_on_the_critical_path():
+    """On a link fast enough to hide the exchange, a codec's encode and decode still lengthen the step
+    by at least their sum (they take the GPU); with no codec cost the step is the compute (to 0.1 %:
+    the last bucket's NVLink hops stay exposed)."""
+    G, hw, link = 8, HARDWARE["p100-fp32"], Link("fast", 1e15, 0.0)
+    net, w = _net(8, 10), Wire("t", {G: {"up": 0.25, "down": 0.5, "reduce": 1.0}})
+    free = ddp_step(net, w, G, hw, link, DDPExchange("ring"))
+    cost = CodecCost(encode=1e-9, decode=1e-9, source="host")
+    paid = ddp_step(net, w, G, hw, link, DDPExchange("ring"), cost)
+    assert math.isclose(free["iteration"], free["compute"], rel_tol=1e-3)
+    assert paid["codec_seconds"] > 0 and paid["iteration"] >= free["compute"] + paid["codec_seconds"] - 1e-12
+
+
+def test_codec_cost_floor_and_hardware_speed():
+    c = CodecCost(encode=1e-12, encode_floor=1e-4, source="gpu")
+    assert c.encode_seconds(10) == 1e-4 and math.isclose(c.encode_seconds(10 ** 9), 1e-3)
+    net = _net(2, 1)
+    p100, h100 = ddp.compute_seconds(net, HARDWARE["p100-fp32"]), ddp.compute_seconds(net, HARDWARE["h100-amp"])
+    assert math.isclose(p100 / h100, HARDWARE["h100-amp"].speed)
+    assert math.isclose(ddp.compute_seconds(net, HARDWARE["p100-fp32"], compute_speed=4.0), p100 / 4)
