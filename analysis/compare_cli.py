@@ -6,7 +6,8 @@
     tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b]
                            [--lr-grid a,b] [--jobs J]
     tgsim compare time     [--quick] [--out DIR] [--bits DIR] [--allow-quick] [--problem P] [--nets a,b]
-                           [--workers 8,16,..] [--codec-cost gpu|host|none]
+                           [--workers 8,16,..] [--codec-cost gpu|host|none] [--hardware a,b] [--bucket-mb MB]
+                           [--dedicated-servers M] [--scaling weak|strong]
 
 Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
 summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
@@ -145,8 +146,10 @@ def _time(args) -> int:
     try:
         ct.run(args.out, bits=bits, bits_quick=args.quick, problem=args.problem, nets=_list(args.nets),
                workers=_list(args.workers, int), codec_cost=args.codec_cost, n_wire=args.n_wire,
-               n_cost=args.n_cost, jobs=_jobs(0) if not args.quick else 1, allow_quick=args.allow_quick)
-    except ct.QuickInputError as e:
+               n_cost=args.n_cost, jobs=_jobs(0) if not args.quick else 1, allow_quick=args.allow_quick,
+               hardware=tuple(_list(args.hardware)), bucket_mb=args.bucket_mb, dedicated_servers=args.dedicated_servers,
+               scaling=args.scaling)
+    except (ct.QuickInputError, ct.MissingBaselineError) as e:
         print(f"tgsim compare time: {e}", file=sys.stderr)
         return 2
     return 0
@@ -229,8 +232,16 @@ def register(sub) -> None:
     t.add_argument("--nets", default=None, help="comma-separated perf-model nets " + _help(TIME, "nets"))
     t.add_argument("--workers", default=None, help="comma-separated N " + _help(TIME, "workers"))
     t.add_argument("--codec-cost", default="gpu", choices=("gpu", "host", "none"),
-                   help="codec seconds: host-measured x TernGrad's GPU/host ratio (gpu), as measured (host), or "
-                        "none (default %(default)s)")
+                   help="codec seconds: a GPU measurement where that codec has one (TernGrad), else its own host "
+                        "measurement, labelled (gpu); every codec's host measurement (host); none (default %(default)s)")
+    t.add_argument("--hardware", default="p100-fp32,h100-amp", help="comma-separated hardware rows "
+                   "(perfmodel_ddp.HARDWARE; default %(default)s)")
+    t.add_argument("--bucket-mb", type=float, default=25.0, help="MiB of float32 gradient per DDP bucket, 0: one "
+                   "per layer (default %(default)s)")
+    t.add_argument("--dedicated-servers", type=int, default=0, help="parameter-server shards on servers of their "
+                   "own (their NICs charged); 0: one shard per worker node, on its NIC (default %(default)s)")
+    t.add_argument("--scaling", default="weak", choices=("weak", "strong"), help="weak: per-GPU batch fixed; "
+                   "strong: the total batch at N = 8 fixed (default %(default)s)")
     t.set_defaults(func=_time, n_wire=None, n_cost=None)
 
 

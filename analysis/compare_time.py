@@ -1,69 +1,61 @@
 """`tgsim compare time`: time to a training target on 1, 10 and 100 Gb/s links and N = 8 to 512
-workers, per method, counting each codec's own encode and decode.
+GPUs, per method, against the best of the fp32, fp16 and bf16 all-reduce, with a 95 % interval.
 
-    time to target (method, net, link, N) = K(method) x t_step(method, net, link, N)
+    time to target (method, net, link, N, hardware) = K(method) x t_step(method, net, link, N, hardware)
 
 K: the steps to the loss threshold measured by `tgsim compare bits` (its bits_runs.csv, the
-MNIST-1D convnet by default: 8 workers, total batch 64; mean over the seeds, every seed must have
-reached the threshold, else "not reached"), under both learning-rate rules (fp32-lr, own-lr).
-K is ASSUMED to carry over to the net and to N (the model's nets are not trained here; strong
-scaling at a fixed total batch is the assumption of TernGrad's Fig. 5 too). PQASGD's K counts local
-steps; it exchanges every `every` steps, so its step time is ((every - 1) t_compute + t_sync) / every.
+MNIST-1D convnet by default: 8 workers, total batch 64), per seed, under both learning-rate rules
+(fp32-lr, own-lr). fp32, fp16 and bf16 must all have rows (else `MissingBaselineError`, exit 2).
+SCALING: K is ASSUMED to carry over to the model's net and N. scaling="weak" (default): the per-GPU
+batch is the net's (`perfmodel_nets`), so the total batch grows with N (weak scaling; K was measured
+at one total batch, 64). scaling="strong": the total batch is fixed at its value at N = 8 (the
+workers K was measured with), per-GPU batch = net batch x 8 / N (at least 1), compute time linear in
+it. Neither makes the convnet's K the K of the paper's nets: that transfer is the model's largest
+assumption. PQASGD's K counts local steps; its step time is ((every - 1) t_compute + t_sync) / every.
 
-t_step: `perfmodel_throughput.iteration` (wait-free backprop, per-layer messages, the net's layers
-and per-GPU compute time; nodes of 4 P100 with NVLink inside) with a `Wire` per method, built from
-numbers measured in this run:
+t_step: `perfmodel_ddp.ddp_step` (DDP/NCCL: 25 MiB buckets overlapped with the backward pass,
+node-aware ring / tree all-reduce, all-gather, a parameter server sharded on the worker nodes or on
+dedicated servers; codec seconds on the critical path; TernGrad's scaler all-reduce before each
+bucket's encode) with a `Wire` per method, from numbers measured in this run:
   bytes    the real payloads of the codec (registry defaults of `compare_bits.METHODS`) on a layer of
-           `n_wire` elements, encoded for every N of the sweep (gradients g_w = m + e_w: a common
-           Gaussian part and a worker's own, equal power), counted by the in-process exchange
-           (`InProcessExchange.aggregate`) in each pattern the codec supports: ps (sharded, one
-           server per node), allgather, and for TernGrad's packed codes a ring all-reduce of int8/int16
-           code sums. fp32, fp16 and bf16 may also travel as a ring all-reduce of 4, 2 and 2 bytes
-           per element (the optimized uncompressed baselines: NCCL reduces fp16/bf16 natively), and
-           fp32 through the sharded ps, 4 bytes each way. A float-mean codec (properties.float_mean:
-           PowerSGD's factors) travels as a ring all-reduce of its float32 values only.
-           Multi-round codecs (properties.rounds = R > 1, PowerSGD's two): the bytes of all rounds,
-           and as their messages are functions of each tensor's shape (rank-r factors of the weight
-           as a matrix, vectors as float32), the bytes per element measured on the 1-D layer are
-           scaled per layer of the net by bits_per_element(the layer's parameter shapes) /
-           bits_per_element(the 1-D layer) (`shape_factor`, perfmodel_nets' Layer.shapes): the
-           codec's own count of the bytes of its rounds on the real layers. The model sends one
-           message per layer and round (no bucketing): a ring pays 2 (N-1) latencies per layer and
-           round, a ps one per stage and round.
-  compute  encode (prepare + encode of 8 workers' copies, per worker) and decode-and-add (the
-           exchange's aggregate of 8 messages, per message) on one core of this host, seconds per
-           element, on a 1-D layer (a multi-round codec: a near-square matrix, `cost_shape`)
-           (`tgsim.bench.timing.time_call`, medians). `codec_cost`:
-             "gpu"   (default) host seconds x TernGrad's GPU/host ratio: GPU_TERNGRAD_ENCODE, its
-                     CUDA encode time per element (docs/MEASUREMENTS.md), over its host encode
-                     measured here; the SAME factor for every codec (an assumption: only TernGrad's
-                     kernels were timed on a GPU);
-             "host"  the host seconds as measured (a CPU cluster);
-             "none"  no codec cost (what such comparisons usually assume; shown to size the effect).
-           Error feedback's residual update (two vector passes) is not counted.
-Each method takes, at each (net, link, N), the fastest pattern it supports.
+           `n_wire` elements, encoded for every N (gradients g_w = m + e_w: a common Gaussian part and
+           a worker's own, equal power), counted by the in-process exchange in each pattern the codec
+           supports: ps, allgather, and for packed codes that sum exactly an all-reduce of int8/int16
+           code sums. fp32, fp16 and bf16 travel as an all-reduce of 4, 2, 2 bytes per element (NCCL
+           reduces them natively), fp32 also through the ps, 4 bytes each way. A float-mean codec
+           (PowerSGD) travels as an all-reduce of its float32 values. A multi-round codec's bytes are
+           scaled per bucket by its bits per element on the bucket's parameter shapes (`shape_factor`)
+           and it pays the latencies once per round.
+  codec    encode (per worker) and decode-and-add (per message) seconds per element of each codec,
+           measured here on one host core (`measure_codec_cost`). `codec_cost`:
+             "gpu"   (default) a GPU figure where that codec was timed on a GPU (TernGrad, default
+                     options: docs/MEASUREMENTS.md, H100, `GPU_TERNGRAD`), with its per-call floor;
+                     every other codec its own HOST time (labelled "host" in time_codec.csv and
+                     time.csv's cost_source): no codec's ratio is applied to another;
+             "host"  every codec its host time;  "none"  no codec cost.
+           fp32/fp16/bf16: no codec cost (the cast is one GPU memory pass, not counted).
+Each method takes, at each setting, the fastest pattern it supports.
 
-Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per message), 100 Gb/s InfiniBand (2 us); 90 %
-efficiency. Nets: AlexNet, VGG-A (mostly fully-connected weights), GoogLeNet, ResNet-50
-(`perfmodel_nets`).
+Hardware (`perfmodel_ddp.HARDWARE`): "p100-fp32" (4 per node, NVLink) and "h100-amp" (8 per node,
+NVLink 4, x12 compute): both by default. Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per hop),
+100 Gb/s InfiniBand (2 us); 90 % efficiency. Nets: AlexNet, VGG-A, GoogLeNet, ResNet-50.
+
+Verdict (`perfmodel_verdict`): per setting the speedup over the best float with a 95 % t-interval of
+the per-seed log-ratio; a codec wins only when the interval's lower end is above 1.
 
 Outputs (`--out DIR`, default results/compare-time):
   time_wire.csv   one row per (method, N, pattern): measured bytes per element up / down / reduce
-  time_codec.csv  one row per method: host encode / decode seconds per element, and as used
-  time.csv        one row per (rule, net, link, N, method): `COLUMNS`; speedup_fp32 = fp32's time /
-                  the method's (mean K), speedup_best = the best of fp32 / fp16 / bf16 over the
-                  method's, per seed (each seed's own K), mean with a 95 % t-interval over the seeds
-                  (> 1: the codec wins against every uncompressed baseline)
-  time.png        speedup_best against N, one panel per (net, link), one line per method (own-lr, where
-                  every method has its own rate; fp32-lr is in time.csv)
-Each CSV's `codec_options`, after `method`: every option of the method's codec, defaults filled in
-(tgsim.analysis.common.codec_options).
+  time_codec.csv  one row per method: host encode / decode seconds per element, what is used, source
+  time.csv        one row per (rule, hardware, net, link, N, method): `COLUMNS`
+  time_settings.csv  one row per (rule, hardware, net, link, N): best float, best codec, interval, win
+  speedup_sensitivity.csv  wins per (rule, hardware) at compute speed x0.25, x0.5, x1, x2, x4
+  time.png        speedup_best against N, one panel per (net, link), the first hardware row, own-lr
+Each CSV's `codec_options`, after `method`: every option of the method's codec, defaults filled in.
 
-QUICK input. `compare bits --quick` (1 seed, a few steps; written to results/compare-bits unless told
-otherwise) marks its rows (compare_bits.QUICK_COLUMN). Such a bits_runs.csv is refused with one line
-(QuickInputError; exit 2) unless asked with --allow-quick; `compare time --quick` (a smoke test itself)
-accepts it. When the input or the run is quick, every CSV has `quick` = True, and the printed tables
-and the figure's title say QUICK.
+QUICK input. `compare bits --quick` (1 seed, a few steps) marks its rows (compare_bits.QUICK_COLUMN).
+Such a bits_runs.csv is refused with one line (QuickInputError; exit 2) unless asked with
+--allow-quick; `compare time --quick` (a smoke test itself) accepts it. When the input or the run is
+quick, every CSV has `quick` = True, and the printed tables and the figure's title say QUICK.
 """
 
 from __future__ import annotations
@@ -82,6 +74,11 @@ from tgsim.errors import ConfigError
 
 DEFAULT_OUT = "results/compare-time"
 GPU_TERNGRAD_ENCODE = 0.6e-3 / (64 * 2 ** 20)   # s per element: H100, CUDA codec, 64M-element layer
+# TernGrad's CUDA codec on one H100 (docs/MEASUREMENTS.md, "The GPU run"): encode per element from the
+# 64M rows (0.515-0.638 ms), with the 0.29 ms the 1M and 16M rows take as a per-call floor; decode-and-
+# add per message = the aggregate of 8 messages / 8 (1.355 ms at 64M; 0.474 ms at 1M as the floor)
+GPU_TERNGRAD = dict(encode=GPU_TERNGRAD_ENCODE, encode_floor=0.29e-3, decode=1.355e-3 / 8 / (64 * 2 ** 20),
+                    decode_floor=0.474e-3 / 8)
 @functools.lru_cache(maxsize=None)
 def floats() -> dict[str, int]:
     """The registered float formats, which may travel as a ring all-reduce of their bytes per element
@@ -107,14 +104,35 @@ NETS = ("alexnet", "vgg_a", "googlenet", "resnet50")
 WORKERS = (8, 16, 32, 64, 128, 256, 512)
 LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
 CODEC_COSTS = ("gpu", "host", "none")
-COLUMNS = ["rule", "problem", "net", "link_gbps", "workers", "method", "codec_options", "lr", "K", "pattern", "t_step", "compute",
-           "exposed_comm", "codec_seconds", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo",
-           "speedup_best_hi", "best_float", "codec_cost", "quick"]
+HARDWARE_ROWS = ("p100-fp32", "h100-amp")
+SCALINGS = ("weak", "strong")
+K_WORKERS = 8                                  # compare bits' workers (the convnet's K)
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0)            # compute-speed factors of speedup_sensitivity.csv
+COLUMNS = ["rule", "problem", "hardware", "net", "link_gbps", "workers", "method", "codec_options", "lr", "K",
+           "scaling", "batch", "pattern", "algorithm", "t_step", "compute", "exposed_comm", "codec_seconds",
+           "cost_source", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo", "speedup_best_hi",
+           "best_float", "win", "codec_cost", "bucket_mb", "quick"]
 QUICK_MARK = "QUICK (a --quick smoke test, numbers not for reporting)"
 
 
 class QuickInputError(ConfigError):
     """compare bits' output was written by --quick and --allow-quick was not given."""
+
+
+class MissingBaselineError(ConfigError):
+    """compare bits' output lacks one of the float baselines fp32, fp16, bf16."""
+
+
+def check_baselines(steps: pd.DataFrame, path="bits_runs.csv") -> None:
+    """MissingBaselineError (one line) unless every rule of `steps` has fp32, fp16 and bf16 rows."""
+    from tgsim.analysis.perfmodel_verdict import REQUIRED_FLOATS, missing_baselines
+
+    miss = missing_baselines(steps)
+    if miss:
+        what = "; ".join(f"{rule}: {', '.join(m)}" for rule, m in miss.items())
+        raise MissingBaselineError(f"{path} has no steps for the float baseline(s) {what}: every speedup is taken "
+                                   f"against the best of {', '.join(REQUIRED_FLOATS)}; rerun compare bits with "
+                                   f"--methods including {','.join(REQUIRED_FLOATS)}")
 
 
 def read_bits_runs(path, allow_quick: bool = False) -> tuple[pd.DataFrame, bool]:
@@ -238,7 +256,8 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quie
 def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int = 3,
                        quiet: bool = True) -> pd.DataFrame:
     """Host seconds per element: encode (per worker) and decode-and-add (per message, the exchange's
-    aggregate in ps mode), one thread; fp32 has neither (the ring adds floats on the GPU)."""
+    aggregate in ps mode), one thread; the float baselines have neither (NCCL reduces them on the GPU;
+    a cast is one memory pass there, not NumPy's software conversion)."""
     from tgsim.analysis.common import single_thread
     from tgsim.bench.timing import time_call
     from tgsim.codecs import registry
@@ -249,7 +268,7 @@ def measure_codec_cost(methods, n: int = 1 << 20, workers: int = 8, repeats: int
     rows = []
     with single_thread():
         for method in _bar(methods, "codec seconds", quiet):
-            if method == baseline():
+            if method in floats():
                 rows.append(dict(method=method, encode_host=0.0, decode_host=0.0))
                 continue
             cfg, _ = _config(method)
@@ -275,43 +294,31 @@ def steps_to_target(bits_runs: pd.DataFrame, problem: str = "convnet") -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def _seed_speedups(df: pd.DataFrame, steps: pd.DataFrame) -> tuple[list, list, list]:
-    """speedup over the best float per seed (the best float of that seed: its own K x t_step), as the
-    mean and 95 % t-interval over seeds; NaN unless every seed of the method reached the target."""
-    from tgsim.analysis.compare_bits import t_interval
-
-    ks = {(r.rule, r.method): r.K_seed for r in steps.itertuples()}
-    key = ["rule", "net", "link_gbps", "workers"]
-    t_of = df.set_index(key + ["method"]).t_step
-    mean, lo, hi = [], [], []
-    for r in df.itertuples():
-        ratios = []
-        for seed, k in ks[(r.rule, r.method)].items():
-            best = min(ks[(r.rule, f)].get(seed, math.nan) * t_of[(r.rule, r.net, r.link_gbps, r.workers, f)]
-                       for f in floats() if (r.rule, f) in ks)
-            ratios.append(best / (k * r.t_step))
-        m, a, b = t_interval(ratios) if np.isfinite(ratios).all() else (math.nan,) * 3
-        mean.append(m)
-        lo.append(a)
-        hi.append(b)
-    return mean, lo, hi
-
-
-def cost_scale(cost: pd.DataFrame, codec_cost: str) -> float:
-    """The factor on the host's codec seconds: gpu = TernGrad's GPU encode / its host encode (NaN
-    without a TernGrad row), host = 1, none = 0."""
-    if codec_cost != "gpu":
-        return {"host": 1.0, "none": 0.0}[codec_cost]
+def codec_costs(cost: pd.DataFrame, codec_cost: str = "gpu") -> dict:
+    """{method: perfmodel_ddp.CodecCost} from time_codec's host seconds per element: "gpu" = the GPU
+    measurement where that codec has one (the default TernGrad: `GPU_TERNGRAD`, source "gpu (H100)"),
+    else its host seconds (source "host"); "host" = every codec's host seconds; "none" = zero. The
+    float baselines cost nothing (source "none")."""
+    from tgsim.analysis.perfmodel_ddp import CodecCost
     from tgsim.codecs import registry
 
-    host_tern = float(cost.set_index("method").encode_host.get(registry.DEFAULT, float("nan")))
-    return GPU_TERNGRAD_ENCODE / host_tern if host_tern > 0 else float("nan")
+    if codec_cost not in CODEC_COSTS:
+        raise ValueError(f"codec_cost must be one of {CODEC_COSTS}, got {codec_cost!r}")
+    out = {}
+    for r in cost.itertuples():
+        if r.method in floats() or codec_cost == "none":
+            out[r.method] = CodecCost(source="none")
+        elif codec_cost == "gpu" and r.method == registry.DEFAULT:
+            out[r.method] = CodecCost(**GPU_TERNGRAD, source="gpu (H100)")
+        else:
+            out[r.method] = CodecCost(float(r.encode_host), float(r.decode_host), source="host")
+    return out
 
 
-def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
+def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float = 0.0, dec: float = 0.0):
     """The perf model's Wire of `method` in `pattern`: the measured bytes per element (time_wire), the
-    codec seconds, its rounds, and for a multi-round codec the factor from the model's layer shapes
-    (`shape_factor`)."""
+    codec seconds per element, its rounds, and for a multi-round codec the factor from the model's
+    layer shapes (`shape_factor`)."""
     from tgsim.analysis.perfmodel_throughput import Wire
 
     rows = w[(w.method == method) & (w.pattern == pattern)]
@@ -320,61 +327,95 @@ def _wire(method: str, w: pd.DataFrame, pattern: str, enc: float, dec: float):
     return Wire(method, per, enc, dec, rounds=rounds(method), shape_factor=shape_factor(method, n))
 
 
-def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
-                workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True, quick: bool = False) -> pd.DataFrame:
-    """Every (rule, net, link, N, method): the fastest supported pattern's step time, and the time to target
-    (column quick: the steps or the run came from --quick)."""
-    from tgsim.analysis.compare_bits import method_sections
-    from tgsim.analysis.perfmodel_nets import get_net
-    from tgsim.analysis.perfmodel_throughput import Cluster, Exchange, Network, iteration
+def _shared_stats(method: str) -> bool:
+    """Whether the method's codec all-reduces statistics before it encodes (properties.shared_stats)."""
+    return method not in floats() and _codec(method).properties.shared_stats is not None
 
-    scale = cost_scale(cost, codec_cost)
-    c = cost.set_index("method")
+
+def per_gpu_batch(net, N: int, scaling: str = "weak") -> int:
+    """weak: the net's per-GPU batch; strong: the total batch at N = K_WORKERS kept, net batch x
+    K_WORKERS / N (at least 1)."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    return net.batch if scaling == "weak" else max(1, round(net.batch * K_WORKERS / N))
+
+
+def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
+                workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True, quick: bool = False,
+                hardware=HARDWARE_ROWS, bucket_mb: float = 25.0, dedicated_servers: int = 0,
+                scaling: str = "weak", compute_speed: float = 1.0) -> pd.DataFrame:
+    """Every (rule, hardware, net, link, N, method): the fastest supported pattern's step time
+    (`perfmodel_ddp.ddp_step`), the time to target, and the speedup over the best float with its 95 %
+    interval and win (`perfmodel_verdict.best_float_speedups`); column quick: the steps or the run
+    came from --quick."""
+    from tgsim.analysis.compare_bits import method_sections
+    from tgsim.analysis.perfmodel_ddp import HARDWARE, DDPExchange, Link, ddp_step
+    from tgsim.analysis.perfmodel_nets import get_net
+    from tgsim.analysis.perfmodel_verdict import best_float_speedups
+
+    costs = codec_costs(cost, codec_cost)
+    methods = list(dict.fromkeys(steps.method))
+    exchanges = {"ring": DDPExchange("allreduce", bucket_mb=bucket_mb),
+                 "ps": DDPExchange("ps", servers=dedicated_servers, bucket_mb=bucket_mb),
+                 "allgather": DDPExchange("allgather", bucket_mb=bucket_mb)}
+    wires = {(m, p): _wire(m, wire, p) for m in methods for p in sorted(set(wire[wire.method == m].pattern))}
     rows = []
-    for net_name in _bar(nets, "step times (per net)", quiet):
-        net = get_net(net_name)
-        for gbps, lat in links.items():
-            cl = Cluster(f"{gbps:g} Gb/s", Network(f"{gbps:g} Gb/s", gbps * 1e9, lat), gpu="p100", gpus_per_node=4,
-                         intra_bandwidth=320e9)
-            for N in workers:
-                best = {}
-                for method in dict.fromkeys(steps.method):
-                    enc, dec = scale * float(c.encode_host[method]), scale * float(c.decode_host[method])
-                    sync = method_sections(method)[1]
-                    every = int(sync.get("every", 1)) if sync.get("local") else 1
-                    options = []
-                    for pat in sorted(set(wire[wire.method == method].pattern)):
-                        ex = Exchange({"ring": "ring", "ps": "ps", "allgather": "allgather"}[pat], servers=0)
-                        it = iteration(net, _wire(method, wire, pat, enc, dec), N, cl, ex)
-                        t = ((every - 1) * it["compute"] + it["iteration"]) / every
-                        options.append((t, pat, it))
-                    t, pat, it = min(options, key=lambda o: o[0])
-                    best[method] = (t, pat, it, every)
-                for r in steps.itertuples():
-                    t, pat, it, every = best[r.method]
-                    rows.append(dict(rule=r.rule, problem=r.problem, net=net_name, link_gbps=gbps, workers=N,
-                                     method=r.method, lr=r.lr, K=r.K, pattern=pat, t_step=t, compute=it["compute"],
-                                     exposed_comm=it["exposed_comm"] / every, codec_seconds=it["codec_seconds"] / every,
-                                     time_to_target=r.K * t, codec_cost=codec_cost))
+    for hw_name in hardware:
+        hw = HARDWARE[hw_name]
+        for net_name in _bar(nets, f"step times ({hw_name})", quiet):
+            net = get_net(net_name)
+            for gbps, lat in links.items():
+                link = Link(f"{gbps:g} Gb/s", gbps * 1e9, lat)
+                for N in workers:
+                    batch = per_gpu_batch(net, N, scaling)
+                    best = {}
+                    for method in methods:
+                        sync = method_sections(method)[1]
+                        every = int(sync.get("every", 1)) if sync.get("local") else 1
+                        options = []
+                        for (m, pat), w in wires.items():
+                            if m != method:
+                                continue
+                            it = ddp_step(net, w, N, hw, link, exchanges[pat], costs[method], _shared_stats(method),
+                                          batch=batch, compute_speed=compute_speed)
+                            options.append((((every - 1) * it["compute"] + it["iteration"]) / every, pat, it))
+                        best[method] = (*min(options, key=lambda o: o[0]), every)
+                    for r in steps.itertuples():
+                        t, pat, it, every = best[r.method]
+                        rows.append(dict(rule=r.rule, problem=r.problem, hardware=hw_name, net=net_name,
+                                         link_gbps=gbps, workers=N, method=r.method, lr=r.lr, K=r.K,
+                                         scaling=scaling, batch=batch, pattern=pat, algorithm=it["algorithms"],
+                                         t_step=t, compute=it["compute"], exposed_comm=it["exposed_comm"] / every,
+                                         codec_seconds=it["codec_seconds"] / every,
+                                         cost_source=costs[r.method].source, time_to_target=r.K * t,
+                                         codec_cost=codec_cost, bucket_mb=bucket_mb))
     df = pd.DataFrame(rows)
-    key = ["rule", "net", "link_gbps", "workers"]
+    key = ["rule", "hardware", "net", "link_gbps", "workers"]
     ref = df[df.method == baseline()].set_index(key).time_to_target
-    floats_ = df[df.method.isin(list(floats()))]
-    best_f = floats_.loc[floats_.groupby(key).time_to_target.idxmin().dropna()].set_index(key)
-    idx = pd.MultiIndex.from_frame(df[key])
-    df["speedup_fp32"] = ref.reindex(idx).to_numpy() / df.time_to_target.to_numpy()
-    df["speedup_best"], df["speedup_best_lo"], df["speedup_best_hi"] = _seed_speedups(df, steps)
-    df["best_float"] = best_f.method.reindex(idx).to_numpy()
+    df["speedup_fp32"] = ref.reindex(pd.MultiIndex.from_frame(df[key])).to_numpy() / df.time_to_target.to_numpy()
+    df = best_float_speedups(df, steps, tuple(floats()))
     df["quick"] = bool(quick)
     return with_codec_options(df)[COLUMNS]
+
+
+def sensitivity(steps, wire, cost, speeds=SPEEDS, **kw) -> pd.DataFrame:
+    """Settings won (`perfmodel_verdict.count_wins`) per (rule, hardware) at each compute-speed factor:
+    columns rule, hardware, compute_speed, wins, settings."""
+    from tgsim.analysis.perfmodel_verdict import count_wins, settings_table
+
+    out = []
+    for f in speeds:
+        t = settings_table(model_times(steps, wire, cost, compute_speed=f, **kw), tuple(floats()))
+        out.append(count_wins(t).assign(compute_speed=f))
+    return pd.concat(out, ignore_index=True)[["rule", "hardware", "compute_speed", "wins", "settings"]]
 
 
 def figure_title(rule: str, quick: bool) -> str:
     """time.png's title; it starts with QUICK_MARK when the steps or the run came from --quick."""
     return ((QUICK_MARK + "\n" if quick else "") +
             "time to the loss target relative to the best of fp32/fp16/bf16 (> 1: the codec wins)\n"
-            f"steps measured ({rule}), step time modeled, codec seconds counted; a missing method did not "
-            "reach the target in every seed")
+            f"steps measured ({rule}), step time modeled (DDP buckets, node-aware all-reduce), codec seconds "
+            "counted; a missing method did not reach the target in every seed")
 
 
 def _figure(df: pd.DataFrame, path: Path) -> None:
@@ -388,6 +429,7 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
 
     sns.set_theme(style="whitegrid", context="paper")
     rule = "own-lr" if "own-lr" in set(df.rule) else "fp32-lr"
+    df = df[df.hardware == df.hardware.iloc[0]]
     d = df[(df.rule == rule) & ~df.method.isin(list(floats())) & df.speedup_best.notna()]
     order = list(dict.fromkeys(d.method))
     nets, links = list(dict.fromkeys(df.net)), list(dict.fromkeys(df.link_gbps))
@@ -422,12 +464,15 @@ def _figure(df: pd.DataFrame, path: Path) -> None:
 def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bits_quick: bool = False,
         problem: str = "convnet", nets=NETS, workers=WORKERS, links=LINKS, codec_cost: str = "gpu",
         n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False,
-        allow_quick: bool = False) -> dict[str, pd.DataFrame]:
+        allow_quick: bool = False, hardware=HARDWARE_ROWS, bucket_mb: float = 25.0, dedicated_servers: int = 0,
+        scaling: str = "weak", speeds=SPEEDS) -> dict[str, pd.DataFrame]:
     """Steps from `bits`/bits_runs.csv (run `compare bits` into that directory first when it is missing,
     --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure.
     A --quick bits_runs.csv raises QuickInputError unless allow_quick or bits_quick (this run is --quick);
-    the output is marked quick when the input or this run is."""
+    one without fp32, fp16 or bf16 steps raises MissingBaselineError. The output is marked quick when
+    the input or this run is. Returns {time_wire, time_codec, time, time_settings, speedup_sensitivity}."""
     from tgsim.analysis.common import write_tables
+    from tgsim.analysis.perfmodel_verdict import settings_table
 
     if codec_cost not in CODEC_COSTS:
         raise ValueError(f"codec_cost must be one of {CODEC_COSTS}, got {codec_cost!r}")
@@ -441,7 +486,7 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
         if bits_quick:
             from tgsim.analysis.common import quick_methods
 
-            kw = dict(methods=tuple(dict.fromkeys([*list(floats())[:2], *quick_methods()])), seeds=(0,),
+            kw = dict(methods=tuple(dict.fromkeys([*list(floats())[:3], *quick_methods()])), seeds=(0,),
                       lr_grid=(0.05, 0.1),
                       problems=tuple(dataclasses.replace(p, steps=BITS_QUICK_STEPS[p.name]) for p in cb.PROBLEMS.values()
                                      if p.name == problem))
@@ -455,14 +500,22 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
         if quick and not quiet:
             print(f"{QUICK_MARK}: steps from {path}" + (" (--allow-quick)" if allow_quick else ""))
     steps = steps_to_target(runs, problem)
+    check_baselines(steps, path)
     methods = list(dict.fromkeys(steps.method))
     wire = measure_wire(methods, workers, n_wire, quiet=quiet)
     cost = measure_codec_cost(methods, n_cost, quiet=quiet)
-    factor = cost_scale(cost, codec_cost)
-    cost["encode_used"], cost["decode_used"] = cost.encode_host * factor, cost.decode_host * factor
-    table = model_times(steps, wire, cost, nets, links, workers, codec_cost, quiet=quiet, quick=quick)
+    used = codec_costs(cost, codec_cost)
+    cost["encode_used"] = [used[m].encode for m in cost.method]
+    cost["decode_used"] = [used[m].decode for m in cost.method]
+    cost["cost_source"] = [used[m].source for m in cost.method]
+    kw = dict(nets=nets, links=links, workers=workers, codec_cost=codec_cost, hardware=hardware, bucket_mb=bucket_mb,
+              dedicated_servers=dedicated_servers, scaling=scaling)
+    table = model_times(steps, wire, cost, quiet=quiet, quick=quick, **kw)
+    settings = settings_table(table, tuple(floats())).assign(quick=quick)
+    sens = sensitivity(steps, wire, cost, speeds, **kw).assign(quick=quick)
     res = {"time_wire": with_codec_options(wire.assign(quick=quick)),
-           "time_codec": with_codec_options(cost.assign(quick=quick)), "time": table}
+           "time_codec": with_codec_options(cost.assign(quick=quick)), "time": table, "time_settings": settings,
+           "speedup_sensitivity": sens}
     seconds = time.perf_counter() - t0
     out = write_tables(out, res, lambda d: _figure(table, d / "time.png"))
     if not quiet:
@@ -470,21 +523,35 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     return res
 
 
+def _fmt_interval(r) -> str:
+    if r.best_codec is None or not np.isfinite(r.speedup):
+        return "no codec reached the target in every seed"
+    ci = f"[{r.lo:.2f}, {r.hi:.2f}]" if np.isfinite(r.lo) else "[no interval: one seed]"
+    return f"{r.best_codec:<16s} {r.speedup:5.2f} {ci}{'  WIN' if r.win else ''}"
+
+
 def _print_summary(res: dict, seconds: float, out) -> None:
-    t, cost = res["time"], res["time_codec"]
+    """Codec seconds and their sources; per (rule, hardware) and setting, the best codec against the best
+    float with its 95 % interval, and the count of settings won; the sensitivity to compute speed."""
+    t, cost, st, sens = res["time"], res["time_codec"], res["time_settings"], res["speedup_sensitivity"]
     mark = "QUICK " if t.quick.any() else ""
     if mark:
         print(QUICK_MARK)
-    print(mark + "codec seconds per element (host, one core; used = " + str(t.codec_cost.iloc[0]) + "):")
+    print(mark + f"codec seconds per element (measured on one host core; used with --codec-cost "
+          f"{t.codec_cost.iloc[0]}, source per method):")
     print(cost.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for rule, d in t.groupby("rule", sort=False):
-        print(f"\n{mark}{rule}: speedup of the time to target over the best of fp32 / fp16 / bf16 (> 1: the codec wins; "
-              "nan: not reached)")
-        piv = d.pivot_table(index=["net", "link_gbps", "workers"], columns="method", values="speedup_best",
-                            dropna=False, sort=False)
-        print(piv.to_string(float_format=lambda v: f"{v:.2f}"))
-        wins = d[(d.speedup_best > 1) & ~d.method.isin(list(floats()))]
-        print(f"{mark}{rule}: a codec beats every float baseline in {wins[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} "
-              f"of {d[['net', 'link_gbps', 'workers']].drop_duplicates().shape[0]} (net, link, N) settings")
+    print(f"scaling: {t.scaling.iloc[0]} (per-GPU batch {'fixed' if t.scaling.iloc[0] == 'weak' else 'shrinking with N'})"
+          f"; buckets {t.bucket_mb.iloc[0]:g} MiB; K from the convnet at total batch 64, assumed to carry over")
+    for (rule, hw), d in st.groupby(["rule", "hardware"], sort=False):
+        print(f"\n{mark}{rule}, {hw}: best codec against the best of fp32 / fp16 / bf16, speedup of the time to "
+              "target [95 % t-interval of the per-seed log-ratio]; WIN: lower end > 1")
+        for r in d.itertuples():
+            print(f"  {r.net:<10s} {r.link_gbps:>4g} Gb/s  N = {r.workers:<4d} vs {r.best_float:<5s} {_fmt_interval(r)}")
+        print(f"{mark}{rule}, {hw}: a codec's 95 % interval is above 1 in {int(d.win.sum())} of {len(d)} "
+              "(net, link, N) settings")
+    print(f"\n{mark}settings won against compute speed (x the hardware row's):")
+    print(sens.pivot_table(index=["rule", "hardware"], columns="compute_speed", values="wins", sort=False)
+          .astype(int).to_string())
     if out is not None:
-        print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time.png ({seconds:.0f} s)")
+        print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time_settings.csv, speedup_sensitivity.csv, "
+              f"time.png ({seconds:.0f} s)")

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from tgsim.analysis import compare_time as ct
+from tgsim.analysis.perfmodel_verdict import best_float_speedups
 from tgsim.analysis.perfmodel_throughput import CLUSTERS, Exchange, Wire, iteration, uint_width
 from tgsim.cli import main
 
@@ -30,8 +31,9 @@ def test_quick_writes_csvs_and_figure(timed):
     assert (out / "time.png").stat().st_size > 10_000
     assert set(df.net) == {"alexnet", "resnet50"} and set(df.workers) == {8, 64, 512}
     assert set(df.link_gbps) == {1, 10, 100} and set(df.rule) == {"fp32-lr", "own-lr"}
-    assert set(df.method) == {"fp32", "fp16", "terngrad", "topk+ef"}
-    assert not df.duplicated(["rule", "net", "link_gbps", "workers", "method"]).any()
+    assert set(df.method) == {"fp32", "fp16", "bf16", "terngrad", "topk+ef"}
+    assert set(df.hardware) == {"p100-fp32", "h100-amp"} and set(df.scaling) == {"weak"}
+    assert not df.duplicated(["rule", "hardware", "net", "link_gbps", "workers", "method"]).any()
     np.testing.assert_allclose(df.time_to_target, df.K * df.t_step)
     assert (df[df.method == "fp32"].speedup_fp32 == 1.0).all()
     # the best float baseline is the fastest of fp32/fp16 in each setting, so no float beats it
@@ -57,8 +59,13 @@ def test_measured_wire_matches_the_codecs_formulas(timed):
 def test_codec_cost_is_measured_and_counted(timed):
     _, t = timed
     c = t["time_codec"].set_index("method")
-    assert c.loc["fp32", "encode_host"] == 0 and (c.drop("fp32").encode_host > 0).all()
+    floats = ["fp32", "fp16", "bf16"]
+    assert (c.loc[floats, "encode_host"] == 0).all() and (c.drop(floats).encode_host > 0).all()
+    # a GPU figure only where that codec was timed on a GPU; every other codec its own host seconds
     np.testing.assert_allclose(c.loc["terngrad", "encode_used"], ct.GPU_TERNGRAD_ENCODE)
+    assert c.loc["terngrad", "cost_source"] == "gpu (H100)" and c.loc["topk+ef", "cost_source"] == "host"
+    np.testing.assert_allclose(c.loc["topk+ef", ["encode_used", "decode_used"]].astype(float),
+                               c.loc["topk+ef", ["encode_host", "decode_host"]].astype(float))
     df = t["time"]
     assert (df[df.method == "terngrad"].codec_seconds > 0).all()
 
@@ -96,23 +103,30 @@ def test_steps_to_target_needs_every_seed():
     assert s.loc["a", "K_seed"] == {0: 10.0, 1: 14.0}
 
 
-def test_speedup_over_the_best_float_is_taken_per_seed():
-    """Seed 0: fp32 takes 10 steps, fp16 12, the codec 5; seed 1: 20, 14, 10; step times fp32 1.0,
-    fp16 0.5, codec 0.5. Best float per seed: fp16 (6.0, 7.0); codec 2.5, 5.0: ratios 2.4 and 1.4."""
+def test_speedup_over_the_best_float_is_a_paired_log_ratio_interval():
+    """Seeds 0, 1: fp32 takes 10, 20 steps, fp16 12, 14, the codec 5, 10; step times fp32 1.0, fp16 0.5,
+    codec 0.5. Best float by mean time: fp16 (6.5 < 15). Per seed r = K16 x 0.5 / (K x 0.5): 2.4, 1.4;
+    speedup = their geometric mean, the interval exp(mean log r -+ t_{0.975,1} sd / sqrt 2)."""
+    from scipy import stats
+
     steps = pd.DataFrame(dict(rule="r", method=["fp32", "fp16", "c"], K_seed=[{0: 10.0, 1: 20.0}, {0: 12.0, 1: 14.0},
                                                                              {0: 5.0, 1: 10.0}]))
     df = pd.DataFrame(dict(rule="r", net="n", link_gbps=1, workers=8, method=["fp32", "fp16", "c"],
                            t_step=[1.0, 0.5, 0.5]))
-    mean, lo, hi = ct._seed_speedups(df, steps)
-    np.testing.assert_allclose(mean, [(0.6 + 0.35) / 2, 1.0, 1.9])
-    assert lo[2] < 1.9 < hi[2] and math.isclose((lo[2] + hi[2]) / 2, 1.9)
+    out = best_float_speedups(df, steps, ("fp32", "fp16"))
+    r = np.log([2.4, 1.4])
+    h = stats.t.ppf(0.975, 1) * r.std(ddof=1) / math.sqrt(2)
+    assert list(out.best_float) == ["fp16"] * 3
+    np.testing.assert_allclose(out.loc[2, ["speedup_best", "speedup_best_lo", "speedup_best_hi"]].astype(float),
+                               np.exp([r.mean(), r.mean() - h, r.mean() + h]))
+    assert math.isclose(out.loc[1, "speedup_best"], 1.0) and not out.win.any()     # wide: 2 seeds straddle 1
     steps.at[2, "K_seed"] = {0: 5.0, 1: float("nan")}
-    assert math.isnan(ct._seed_speedups(df, steps)[0][2])
+    assert math.isnan(best_float_speedups(df, steps, ("fp32", "fp16")).speedup_best[2])
 
 
 def test_quick_consuming_quick_is_marked(timed):
-    """`compare time --quick` runs compare bits --quick into OUT/bits-quick (marked quick) and marks
-    its own three CSVs quick, whether it ran that step or read it back."""
+    """`compare time --quick` runs compare bits --quick into OUT/bits-quick (marked quick; with fp32,
+    fp16 and bf16) and marks its own CSVs quick, whether it ran that step or read it back."""
     out, t = timed
     assert pd.read_csv(out / "bits-quick" / "bits_runs.csv").quick.all()
     for df in t.values():
@@ -121,10 +135,11 @@ def test_quick_consuming_quick_is_marked(timed):
 
 
 def _bits_dir(path, quick):
-    """A bits_runs.csv by hand: fp32 and terngrad, 2 seeds, convnet, both rules."""
+    """A bits_runs.csv by hand: fp32, fp16, bf16 and terngrad, 2 seeds, convnet, both rules."""
     path.mkdir()
     rows = [dict(problem="convnet", rule=rule, method=m, seed=s, lr=0.1, steps=30, K=k + s, quick=quick)
-            for rule in ("fp32-lr", "own-lr") for m, k in (("fp32", 20), ("terngrad", 24)) for s in (0, 1)]
+            for rule in ("fp32-lr", "own-lr") for m, k in (("fp32", 20), ("fp16", 21), ("bf16", 22), ("terngrad", 24))
+            for s in (0, 1)]
     pd.DataFrame(rows).to_csv(path / "bits_runs.csv", index=False)
     return path
 
@@ -141,7 +156,7 @@ def test_quick_bits_are_refused_without_allow_quick(tmp_path, capsys):
     with pytest.raises(ct.QuickInputError):
         ct.read_bits_runs(bits / "bits_runs.csv")
     runs, quick = ct.read_bits_runs(bits / "bits_runs.csv", allow_quick=True)
-    assert quick and len(runs) == 8
+    assert quick and len(runs) == 16
     full = _bits_dir(tmp_path / "full", False)
     assert ct.read_bits_runs(full / "bits_runs.csv")[1] is False
     pd.read_csv(full / "bits_runs.csv").drop(columns="quick").to_csv(full / "bits_runs.csv", index=False)
@@ -151,7 +166,7 @@ def test_quick_bits_are_refused_without_allow_quick(tmp_path, capsys):
 def test_allow_quick_marks_the_output(tmp_path, capsys):
     """--allow-quick on a quick bits_runs.csv (not a quick run itself): every CSV has quick = True and
     the printed tables say QUICK; the same steps unmarked give quick = False and no QUICK."""
-    small = dict(nets=("alexnet",), workers=(8,), n_wire=1 << 10, n_cost=1 << 12)
+    small = dict(nets=("alexnet",), workers=(8,), n_wire=1 << 10, n_cost=1 << 12, hardware=("p100-fp32",))
     res = ct.run(tmp_path / "t1", bits=_bits_dir(tmp_path / "b1", True), allow_quick=True, **small)
     printed = capsys.readouterr().out
     assert all(df.quick.all() for df in res.values())
