@@ -16,7 +16,8 @@
 # workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the scaler shared as the MAX (it
 # collapses) and as the MEAN, from each run's metrics.csv: test accuracy, the largest shared/median
 # scaler ratio over layers, the largest noise-to-signal over layers, and the largest fraction of
-# dead units (elements with a zero gradient on every worker); quick: 200 steps. Verdicts: TOST
+# dead units (elements with a zero gradient on every worker); quick: 200 steps. The same recipe runs
+# with MAX, MEAN and fp32 over 3 seeds (quick: 1) for the multi-seed collapse row. Verdicts: TOST
 # equivalence to fp32's accuracy per (optimizer, N), paired by seed, margin 1 point, α = 0.05
 # (tgsim.analysis.verdicts.equivalence; "inconclusive" with the seeds a decision would need); the
 # bands are 95 % t-intervals; a diverged run is drawn as x at 0 and counted. Run times:
@@ -35,7 +36,7 @@ from matplotlib.ticker import NullLocator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import command_line, t_half_width, train_many  # noqa: E402
+from _common import collapse_signs, command_line, t_half_width, train_many  # noqa: E402
 from _theme import claim, log_ticks, plt, save, seeds_note, sns  # noqa: E402
 from tgsim.analysis.verdicts import equivalence  # noqa: E402
 
@@ -46,14 +47,22 @@ if QUICK or not csv.exists():
                    check=True, env={**os.environ, "TGSIM_FIGURES_OUT": str(OUT.parent if QUICK else OUT)})
 df = pd.read_csv(csv)
 
-# %% one run's collapse diagnostics: the demo recipe with MAX and with MEAN sharing
+# %% the demo recipe (8 workers x 8 samples) with MAX and MEAN sharing and fp32, over seeds; the first
+# seed's runs give the collapse diagnostics of row (e)-(h)
 demo = tomllib.loads((HERE.parent / "tgsim" / "configs" / "demo.toml").read_text())
 STEPS_C = 200 if QUICK else demo["run"]["steps"]
+SEEDS_C = (0,) if QUICK else (0, 1, 2)
 SHARING = ("max", "mean")
-runs = train_many([(demo, {"run": {"name": f"collapse-{m}", "steps": STEPS_C, "eval_every": max(1, STEPS_C // 20),
-                                   "log_every": max(1, STEPS_C // 40), "checkpoint_every": 0},
-                           "codec": {"sharing": m}, "schedule": {"every": int(STEPS_C * 0.75)}}) for m in SHARING],
-                  "collapse runs")
+VARIANTS_C = (*SHARING, "fp32")
+jobs = [(demo, {"run": {"name": f"collapse-{m}", "seed": seed, "steps": STEPS_C, "eval_every": max(1, STEPS_C // 20),
+                        "log_every": max(1, STEPS_C // 40), "checkpoint_every": 0},
+                "codec": {"name": "fp32"} if m == "fp32" else {"sharing": m},
+                "schedule": {"every": int(STEPS_C * 0.75)}}) for seed in SEEDS_C for m in VARIANTS_C]
+all_runs = train_many(jobs, "collapse runs")
+recipe = pd.DataFrame([{"variant": m, "seed": seed, "test_accuracy": r["test_accuracy"], "diverged": r["diverged"],
+                        **collapse_signs(r["out"])}
+                       for (seed, m), r in zip([(s_, m_) for s_ in SEEDS_C for m_ in VARIANTS_C], all_runs)])
+runs = all_runs[:len(SHARING)]           # the first seed's MAX and MEAN runs
 diag = []
 for m, r in zip(SHARING, runs):
     met = pd.read_csv(Path(r["out"]) / "metrics.csv")
@@ -117,11 +126,11 @@ for ax, letter, (col, label) in zip(axc, "efgh", [("accuracy", "test accuracy (f
         ax.set_yscale("log")
         log_ticks(ax, "y", d[col])
 pos = axc[0].get_position()
-fig.text(pos.x0, pos.y1 + 0.035, f"Row (e)-(h), one run each: the demo recipe ({STEPS_C} steps), MAX (orange) vs MEAN "
-         "(green) sharing", ha="left", va="bottom", fontsize=10)
+fig.text(pos.x0, pos.y1 + 0.035, f"Row (e)-(h), one run each (seed {SEEDS_C[0]}): the demo recipe ({STEPS_C} steps), "
+         "MAX (orange) vs MEAN (green) sharing", ha="left", va="bottom", fontsize=10)
 steps = int(df.steps.iloc[0])
 fig.suptitle(f"MNIST-1D convnet (23,882 parameters), {steps} steps, {seeds_note(df.seed)}; row (e)-(h): one run each, "
-             f"seed {int(demo['run'].get('seed', 0))}{' (quick: a smoke run)' if QUICK else ''}", y=0.985)
+             f"seed {SEEDS_C[0]}{' (quick: a smoke run)' if QUICK else ''}", y=0.985)
 
 # %% claims, from the data: TOST equivalence of each variant's accuracy to fp32's, paired by seed, per
 # (optimizer, N), margin 1 point, alpha 0.05; a diverged run (no accuracy) leaves its pair out and is counted
@@ -170,12 +179,27 @@ fp_small = df[(df.variant == "fp32") & (df.batch_per_worker <= 8)].set_index(["o
 lost = (small.set_index(["optimizer", "workers", "seed"]).test_accuracy
         < fp_small.test_accuracy.reindex(small.set_index(["optimizer", "workers", "seed"]).index) - 0.05).fillna(True)
 collapsed = int((lost | small.dying.astype(bool).to_numpy()).sum())
-claims.append(claim("MAX sharing collapses at 8 samples per worker", "docs/THEORY.md §1.5 (not in the paper)",
+claims.append(claim("MAX sharing collapses at <= 8 samples per worker (the sweep)", "docs/THEORY.md §1.5 (not in the paper)",
                     f"{collapsed} of {len(small)} runs at <= 8 samples per worker lost > 5 points against fp32's same "
                     f"seed or had dying units (run-health ALERT)" if len(small) else "no run at <= 8 samples per worker",
                     (collapsed * 2 > len(small)) if len(small) else None, kind="self-check", setting=SETTING,
                     test=f"count over {small.seed.nunique() if len(small) else 0} seed(s) x settings: confirmed when "
                          "most runs collapse (> 5 points below fp32's run or dying units)", scale="convnet"))
+fp_c = recipe[recipe.variant == "fp32"].set_index("seed").test_accuracy
+lost_c = {m: recipe[recipe.variant == m].assign(
+    gone=lambda d: (d.test_accuracy.to_numpy() < fp_c.reindex(d.seed).to_numpy() - 0.05) | d.dying.astype(bool)
+    | d.test_accuracy.isna()) for m in SHARING}
+n_max = int(lost_c["max"].gone.sum())
+claims.append(claim(
+    "MAX sharing collapses in the demo recipe (8 workers x 8 samples)", "docs/THEORY.md §1.5: 2 of 3 runs (not in "
+    "the paper, which shares the MAX)",
+    "; ".join(f"{m.upper()}: {int(d.gone.sum())} of {len(d)} runs collapsed (accuracies "
+              + ", ".join(f"{a:.3f}" for a in d.test_accuracy) + ")" for m, d in lost_c.items())
+    + "; fp32: " + ", ".join(f"{a:.3f}" for a in fp_c), n_max * 2 > len(SEEDS_C), kind="self-check",
+    setting=f"tgsim/configs/demo.toml: 8 workers, total batch 64, momentum 0.9, lr 0.1, {STEPS_C} steps",
+    test=f"count over {len(SEEDS_C)} seed(s) ({', '.join(map(str, SEEDS_C))}): a run collapsed when its accuracy is "
+         "> 5 points below fp32's same seed, it diverged, or run-health's dying ALERT fired; confirmed when most "
+         "MAX runs collapsed", scale="convnet"))
 last = diag.dropna(subset=["accuracy"]).groupby("variant").last()
 dead = diag.groupby("variant").zero_grad_fraction.max()
 ratio = diag.groupby("variant").scaler_ratio.max()
@@ -183,5 +207,6 @@ claims.append(claim("one run: MAX sharing's collapse in its diagnostics (demo re
                     "; ".join(f"{v}: final accuracy {last.accuracy[v]:.3f}, largest scaler ratio x{ratio[v]:.3g}, "
                               f"dead units up to {dead[v]:.2f}" for v in last.index), None, kind="self-check",
                     setting="8 workers, total batch 64, momentum 0.9, lr 0.1", scale="convnet"))
-save(fig, "fig03_workers_scaling", pd.concat([df.assign(panel="sweep"), diag.assign(panel="one run")],
+save(fig, "fig03_workers_scaling", pd.concat([df.assign(panel="sweep"), diag.assign(panel="one run"),
+                                              recipe.assign(panel="demo recipe over seeds")],
                                              ignore_index=True), QUICK, claims)

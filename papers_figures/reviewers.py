@@ -44,7 +44,7 @@ QUESTIONS = [
               "convnet, where it does not, and report what happens there"),
     dict(paper=TERNGRAD, reviewer="R3", question="more metrics than accuracy",
          rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss"),
-               ("fig03", "MAX sharing collapses at 8 samples per worker")),
+               ("fig03", "MAX sharing collapses in the demo recipe (8 workers x 8 samples)")),
          note="bits to a loss target, training loss, scaler and dead-unit diagnostics, throughput (fig06)"),
     dict(paper=JIANG, reviewer="R1", question="variance at a given communication budget against prior art "
                                               "(Konečný & Richtárik, Suresh et al., Wangni et al.)",
