@@ -114,12 +114,12 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
             "test": test, "scale": scale}
 
 
-def untestable(claim: str, paper: str, why: str, would_test: str, *, kind: str = "paper claim",
+def untestable(name: str, paper: str, why: str, would_test: str, *, kind: str = "paper claim",
                setting: str = "") -> dict:
-    """A claim out of reach at this scale: verdict "untestable here", `measured` says why and what
-    would test it."""
-    return {**globals()["claim"](claim, paper, f"not measured: {why}. Would test it: {would_test}", "untestable here",
-                                 kind=kind, setting=setting), "test": "none (out of reach here)"}
+    """The claim `name`, out of reach at this scale: verdict "untestable here", `measured` says why and
+    what would test it, `test` says that none ran."""
+    return {**claim(name, paper, f"not measured: {why}. Would test it: {would_test}", "untestable here", kind=kind,
+                    setting=setting), "test": "none (out of reach here)"}
 
 
 def seeds_note(seeds) -> str:
