@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from tgsim.analysis import perfmodel_ddp as ddp
@@ -146,3 +148,22 @@ def test_codec_cost_floor_and_hardware_speed():
     p100, h100 = ddp.compute_seconds(net, HARDWARE["p100-fp32"]), ddp.compute_seconds(net, HARDWARE["h100-amp"])
     assert math.isclose(p100 / h100, HARDWARE["h100-amp"].speed)
     assert math.isclose(ddp.compute_seconds(net, HARDWARE["p100-fp32"], compute_speed=4.0), p100 / 4)
+
+
+def test_bench_validation_predicts_the_allreduce_and_judges_within_20_percent():
+    """fp32_native on N = 2 ranks of a 1 Gb/s switch: the ring all-reduce of 4P bytes, 2 (N-1)/N 4P
+    bytes at 0.9 x 1 Gb/s + 2 latencies (the tree is not faster at N = 2). A row measured at the
+    prediction is within 20 % (positive control); one measured at 2x it is not (negative control);
+    shared-topology rows and unmodeled modes are left out."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    assert pv.rate_bits("10gbit") == 10e9 and pv.rate_bits("500mbit") == 500e6
+    P, lat = 1_000_000, 50e-6
+    pred = 8 * 4 * P / (0.9 * 1e9) + 2 * lat
+    assert math.isclose(pv.predict_wire("fp32_native", P, 2, Link("1gbit", 1e9, lat)), pred, rel_tol=1e-12)
+    rows = pd.DataFrame([dict(topology=t, rate="1gbit", ranks=2, params=P, mode=m, t_wire=w, t_exchange=w, t_step=w)
+                         for t, m, w in (("switch", "fp32_native", pred), ("switch", "fp32_native", 2 * pred),
+                                         ("shared", "fp32_native", pred), ("switch", "tg_ps", pred))])
+    v = pv.validate(rows, lat)
+    assert len(v) == 2 and list(v.within) == [True, False]
+    np.testing.assert_allclose(v.ratio, [1.0, 0.5])
