@@ -114,10 +114,11 @@ g.figure.subplots_adjust(hspace=0.35, wspace=0.25)
 g.figure.suptitle("Relative error of the N-worker mean at equal bits (tgsim compare variance, seed 0: the same vector "
                   "on every worker);\nbottom panel: different gradients per worker, " + seeds_note(HET_SEEDS), y=1.05)
 axh = g.figure.add_axes([0.08, -0.32, 0.5, 0.2])
-sns.lineplot(data=het, x="workers", y="mse", hue="codec", style="codec", markers=True, dashes=False, ax=axh,
-             errorbar=None)
+sns.lineplot(data=het, x="workers", y="mse", hue="codec", style="codec", markers=True, dashes=True, ax=axh,
+             errorbar=None)     # dashed styles: the own-scaler and MEAN-shared lines nearly coincide
 axh.set(xscale="log", yscale="log", xlabel="workers N (each its own gradient)",
-        ylabel="E||mean Q - mean v||²\n(squared units)", title=f"different gradients per worker (n = {HET_N})")
+        ylabel="E||mean Q - mean v||²\n(squared units)",
+        title=f"different gradients per worker (n = {HET_N}; mean over seeds)")
 axh.set_xticks(list(HET_WORKERS), [str(n) for n in HET_WORKERS])
 axh.minorticks_off()
 axh.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0))

@@ -55,8 +55,9 @@ axes[0].axvspan(sl.M_lo.iloc[0], sl.M_hi.iloc[0], color="0.92", zorder=0, label=
 axes[0].set(xscale="log", yscale="log", xlabel="workers M", ylabel="iterations K_ε to ||w-w*|| <= ε||w*||",
             title=f"(a) iterations against workers (95 % interval; {seeds})")
 h, lab = axes[0].get_legend_handles_labels()
-axes[0].legend(h, [f"{x} ({sl.loc[x].slope:.2f})" if x in sl.index else x for x in lab], fontsize=8,
-               title=f"method (slope of log K on log M, M = {sl.M_lo.iloc[0]:g}..{sl.M_hi.iloc[0]:g})")
+axes[0].legend(h, [f"{x} ({sl.loc[x].slope:.2f} [{sl.loc[x].lo:.2f}, {sl.loc[x].hi:.2f}])" if x in sl.index else x
+                   for x in lab], fontsize=8,
+               title=f"method (slope of log K on log M, 95 % t-interval,\nM = {sl.M_lo.iloc[0]:g}..{sl.M_hi.iloc[0]:g})")
 ms = sorted(w.workers.unique())
 axes[0].xaxis.set_major_locator(FixedLocator(ms))
 axes[0].xaxis.set_minor_locator(NullLocator())
