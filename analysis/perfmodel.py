@@ -8,6 +8,10 @@ Two uses, one set of byte formulas, in these modules (each imports only those li
     perfmodel_emulation   2. the emulated network of `tgsim bench exchange`: MPICH's bytes per
                           collective, `EmuParams`, the predicted components of one bench row
     perfmodel_fit         calibrate `EmuParams` on some bench rows, validate the prediction of the rest
+    perfmodel_ddp         the step as DDP over NCCL runs it (buckets, node-aware ring/tree, ps on the
+                          workers, codec seconds on the critical path): `tgsim compare time`'s model;
+                          perfmodel_verdict its intervals and wins, perfmodel_ddp_validate its check
+                          against `tgsim bench exchange`
     perfmodel             all of the above by name; `validation_summary`, `describe_params`,
                           `worst_rows`; `tgsim analyze perfmodel-fig5 | perfmodel-validate` and
                           `python -m tgsim.analysis.perfmodel fig5 | validate`
