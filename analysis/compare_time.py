@@ -124,15 +124,17 @@ class MissingBaselineError(ConfigError):
 
 
 def check_baselines(steps: pd.DataFrame, path="bits_runs.csv") -> None:
-    """MissingBaselineError (one line) unless every rule of `steps` has fp32, fp16 and bf16 rows."""
-    from tgsim.analysis.perfmodel_verdict import REQUIRED_FLOATS, missing_baselines
+    """MissingBaselineError (one line) unless every rule of `steps` has a row of every float format
+    (`floats()`: fp32, fp16 and bf16)."""
+    from tgsim.analysis.perfmodel_verdict import missing_baselines
 
-    miss = missing_baselines(steps)
+    required = tuple(floats())
+    miss = missing_baselines(steps, required)
     if miss:
         what = "; ".join(f"{rule}: {', '.join(m)}" for rule, m in miss.items())
         raise MissingBaselineError(f"{path} has no steps for the float baseline(s) {what}: every speedup is taken "
-                                   f"against the best of {', '.join(REQUIRED_FLOATS)}; rerun compare bits with "
-                                   f"--methods including {','.join(REQUIRED_FLOATS)}")
+                                   f"against the best of {', '.join(required)}; rerun compare bits with "
+                                   f"--methods including {','.join(required)}")
 
 
 def read_bits_runs(path, allow_quick: bool = False) -> tuple[pd.DataFrame, bool]:

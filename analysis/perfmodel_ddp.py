@@ -81,7 +81,7 @@ class Hardware:
 
 
 HARDWARE = {
-    "p100-fp32": Hardware("P100-class, fp32", 1.0, 4, Link("NVLink 1 (P100 SXM2)", 320e9, 1e-6, 1.0), "fp32",
+    "p100-fp32": Hardware("P100-class, fp32", 1.0, 4, Link("NVLink 1 (P100 SXM2)", 320e9, 1e-6, 1.0), "float32",
                           "perfmodel_nets: convnet-benchmarks Titan X fp32 times x 6.6/10.6 peak TFLOP/s"),
     "h100-amp": Hardware("H100-class, AMP (bf16/fp16 compute)", 12.0, 8, Link("NVLink 4 (H100 SXM)", 3.6e12, 1e-6, 1.0),
                          "amp", "x12 the P100 fp32 row: published per-GPU ResNet-50 training rates, about 3,000 "

@@ -21,11 +21,10 @@ import math
 import numpy as np
 import pandas as pd
 
-REQUIRED_FLOATS = ("fp32", "fp16", "bf16")
 SETTING = ["rule", "hardware", "net", "link_gbps", "workers"]
 
 
-def missing_baselines(steps: pd.DataFrame, required=REQUIRED_FLOATS) -> dict[str, list[str]]:
+def missing_baselines(steps: pd.DataFrame, required: tuple[str, ...]) -> dict[str, list[str]]:
     """{rule: the required float baselines without a row in `steps` (rule, method)}; {} when complete."""
     out = {}
     for rule, g in steps.groupby("rule", sort=False):
@@ -55,7 +54,7 @@ def log_ratio_interval(k_float: dict, t_float: float, k_codec: dict, t_codec: fl
     return math.exp(m), math.exp(m - h), math.exp(m + h)
 
 
-def best_float_speedups(df: pd.DataFrame, steps: pd.DataFrame, floats=REQUIRED_FLOATS) -> pd.DataFrame:
+def best_float_speedups(df: pd.DataFrame, steps: pd.DataFrame, floats: tuple[str, ...]) -> pd.DataFrame:
     """df (one row per setting and method: SETTING columns present in df, method, t_step) with
     best_float (least mean K x t_step of `floats`), speedup_best, speedup_best_lo, speedup_best_hi
     (`log_ratio_interval` against that float) and win (lower end > 1) added."""
@@ -82,7 +81,7 @@ def best_float_speedups(df: pd.DataFrame, steps: pd.DataFrame, floats=REQUIRED_F
     return df
 
 
-def settings_table(df: pd.DataFrame, floats=REQUIRED_FLOATS) -> pd.DataFrame:
+def settings_table(df: pd.DataFrame, floats: tuple[str, ...]) -> pd.DataFrame:
     """One row per setting: the best float, the best codec (the highest interval lower end; the highest
     speedup where no codec has an interval), its speedup and 95 % interval, and win (lower end > 1)."""
     key = [c for c in SETTING if c in df.columns]
@@ -108,5 +107,5 @@ def count_wins(table: pd.DataFrame, by=("rule", "hardware")) -> pd.DataFrame:
     return table.groupby(by, sort=False).agg(wins=("win", "sum"), settings=("win", "size")).reset_index()
 
 
-__all__ = ["REQUIRED_FLOATS", "SETTING", "best_float_speedups", "count_wins", "log_ratio_interval",
+__all__ = ["SETTING", "best_float_speedups", "count_wins", "log_ratio_interval",
            "missing_baselines", "settings_table"]

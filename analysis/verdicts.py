@@ -205,7 +205,7 @@ def common_range(runs: pd.DataFrame, M_max: float | None = None) -> list:
     return Ms
 
 
-def slopes_common_range(runs: pd.DataFrame, *, reference: str = "fp32", M_max: float | None = None,
+def slopes_common_range(runs: pd.DataFrame, *, reference: str, M_max: float | None = None,
                         margin: float = 0.15, alpha: float = 0.05) -> pd.DataFrame:
     """Per method of `runs` (columns method, workers, seed, K): the slope over the common range
     (`common_range`), its (1 - α) interval, the difference to `reference`'s slope with the (1 - 2α)

@@ -79,9 +79,9 @@ def test_a_setting_counts_only_when_the_interval_is_above_1(codec_k, wins):
 def test_a_missing_fp16_baseline_is_refused(tmp_path, capsys):
     """Steps without fp16: missing_baselines names it, check_baselines raises, and the command exits 2
     with one line naming fp16, writing nothing; with all three floats nothing is missing."""
-    assert missing_baselines(_steps([1.0] * 3)) == {}
+    assert missing_baselines(_steps([1.0] * 3), FLOATS) == {}
     steps = _steps([1.0] * 3, methods=("fp32", "bf16"))
-    assert missing_baselines(steps) == {"own-lr": ["fp16"]}
+    assert missing_baselines(steps, FLOATS) == {"own-lr": ["fp16"]}
     with pytest.raises(ct.MissingBaselineError, match="fp16"):
         ct.check_baselines(steps)
     bits = tmp_path / "bits"

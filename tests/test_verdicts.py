@@ -91,12 +91,13 @@ def test_slopes_common_range_controls():
     """Positive: every method at slope -1 (confirmed for fp32 against -1, and for each against fp32).
     Negative: a method at slope -0.5. Common range: a method missing its target at M = 32 cuts the
     range to M <= 16 for every method, and the verdicts use that range only."""
-    t = V.slopes_common_range(_runs({"fp32": -1.0, "good": -1.0, "bad": -0.5}, miss=("bad", 32))).set_index("method")
+    t = V.slopes_common_range(_runs({"fp32": -1.0, "good": -1.0, "bad": -0.5}, miss=("bad", 32)),
+                              reference="fp32").set_index("method")
     assert (t.M_hi == 16).all()
     assert t.loc["fp32", "verdict"] == "confirmed" and t.loc["good", "verdict"] == "confirmed"
     assert t.loc["bad", "verdict"] == "not confirmed" and t.loc["bad", "diff_lo"] > 0.15
     assert "margin 0.15" in t.loc["good", "test"] and "M = 1..16" in t.loc["good", "test"]
-    noisy = V.slopes_common_range(_runs({"fp32": -1.0, "n": -1.0}, Ms=(1, 2), seeds=(0, 1), noise=0.3))
+    noisy = V.slopes_common_range(_runs({"fp32": -1.0, "n": -1.0}, Ms=(1, 2), seeds=(0, 1), noise=0.3), reference="fp32")
     assert set(noisy.verdict) == {"inconclusive"}
 
 
