@@ -10,6 +10,8 @@
   `_header`, `_kernel_choice`, `_aggregate_of_three_workers`, `same_bits`; `header_length` (the
   length of a TGM1 header); `KINDS` and `grad(kind, n, seed)`: float32 test layers (normal, wide
   dynamic range with denormals, zeros of both signs, all zero).
+* `check_sharing_sweep`: the assertions on a quick sharing sweep's CSVs and PNG (the sweep scripts run
+  in tests/test_figures.py and, inside fig03, in tests/test_figures_report.py).
 """
 
 from __future__ import annotations
@@ -457,3 +459,26 @@ def one_numba_thread():
         yield
     finally:
         numba.set_num_threads(threads)
+
+
+def check_sharing_sweep(out, stem: str, rows: int, keys: list[str], stdout: str) -> None:
+    """Asserts what a quick sharing sweep (papers_figures/terngrad_sharing_regimes.py,
+    terngrad_workers_scaling.py) wrote under `out`: `rows` runs of seed 0 with accuracies in [0, 1];
+    TernGrad's bits per step under a tenth of fp32's; every shared scaler's ratio_max >= 1 and fp32's
+    NaN; a summary whose first columns are `keys` with gap_to_fp32 exactly 0 on fp32's rows; the CSVs
+    and PNG non-empty and named on `stdout`."""
+    import pandas as pd
+
+    df = pd.read_csv(out / f"{stem}.csv")
+    assert len(df) == rows and (df.seed == 0).all() and df.test_accuracy.between(0, 1).all()
+    tern = df[df.variant != "fp32"]
+    per_step = df.bits_up_per_worker / df.steps
+    assert (per_step[tern.index] * 10 < per_step[df.variant == "fp32"].min()).all()
+    shared = tern[~tern.variant.str.contains("none")]
+    assert (shared.ratio_max >= 1).all() and df[df.variant == "fp32"].ratio_max.isna().all()
+    assert df.quick.all()
+    summary = pd.read_csv(out / f"{stem}_summary.csv")
+    assert len(summary) == rows and list(summary.columns[:len(keys)]) == keys
+    assert (summary[summary.variant == "fp32"].gap_to_fp32 == 0).all()
+    for name in (f"{stem}.csv", f"{stem}_summary.csv", f"{stem}.png"):
+        assert (out / name).stat().st_size > 0 and f"wrote {out / name}" in stdout

@@ -6,9 +6,9 @@ Every script's figure passed `_layout.check_layout` (the scripts refuse to save 
 it) and carries the QUICK mark; its CSVs have a `quick` column, True. make_report prints one line as
 each script starts and one as it ends, with stdout a pipe; `--quiet` silences them.
 
-The quick report runs once for the module (in a temporary TGSIM_FIGURES_OUT, CI=1, TGSIM_JOBS=2):
-87 s on the 2-core machine (2026-11-24; `make figures QUICK=1` took 2.0 min there under other load),
-inside the ~2 minutes `make test` allows one test module, so it is not in the slow tier.
+The quick report runs once for the module (in a temporary TGSIM_FIGURES_OUT, CI=1, TGSIM_JOBS=2).
+fig03's quick form runs papers_figures/terngrad_workers_scaling.py's quick form, whose outputs are
+checked here too (`fakes.check_sharing_sweep`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from fakes import check_sharing_sweep
 
 FIGURES = Path(__file__).resolve().parents[1] / "papers_figures"
 EXPECTED = ("fig01_gradient_histograms", "fig02_bound_gap", "fig03_workers_scaling", "fig04_convergence",
@@ -86,6 +88,13 @@ def test_report_links_every_png_and_its_claims(quick_report):
     for kind in ("paper claim", "other paper's result", "self-check"):
         assert re.search(rf"\| {kind} \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \|", text), kind
     assert "## Reviewers' questions" in text and "23,882 parameters" in text[:text.index("## Summary")]
+
+
+@pytest.mark.timeout(900)
+def test_fig03_ran_the_workers_scaling_sweep(quick_report):
+    out, proc = quick_report
+    log = (out / "logs" / "fig03_workers_scaling.log").read_text()
+    check_sharing_sweep(out, "terngrad_workers_scaling", 6 * 2 * 4, ["optimizer", "workers", "variant"], log)
 
 
 def _make_report(out: Path, *args: str) -> subprocess.CompletedProcess:
