@@ -16,7 +16,7 @@
 # workers, total batch 64, momentum 0.9, lr 0.1, 4000 steps) with the scaler shared as the MAX (it
 # collapses) and as the MEAN, from each run's metrics.csv: test accuracy, the largest shared/median
 # scaler ratio over layers, the largest noise-to-signal over layers, and the largest fraction of
-# dead units (elements with a zero gradient on every worker); quick: 130 steps. The same recipe runs
+# dead units (elements with a zero gradient on every worker); quick: 40 steps. The same recipe runs
 # with MAX, MEAN and fp32 over 3 seeds (quick: 1) for the multi-seed collapse row. Verdicts: TOST
 # equivalence to fp32's accuracy per (optimizer, N), paired by seed, margin 1 point, α = 0.05
 # (tgsim.analysis.verdicts.equivalence; "inconclusive" with the seeds a decision would need); the
@@ -50,7 +50,7 @@ df = pd.read_csv(csv)
 # %% the demo recipe (8 workers x 8 samples) with MAX and MEAN sharing and fp32, over seeds; the first
 # seed's runs give the collapse diagnostics of row (e)-(h)
 demo = tomllib.loads((HERE.parent / "tgsim" / "configs" / "demo.toml").read_text())
-STEPS_C = 130 if QUICK else demo["run"]["steps"]
+STEPS_C = 40 if QUICK else demo["run"]["steps"]
 SEEDS_C = (0,) if QUICK else (0, 1, 2)
 SHARING = ("max", "mean")
 VARIANTS_C = (*SHARING, "fp32")

@@ -19,7 +19,7 @@
 #
 # 30 tuning runs, then 9 test runs (15 when TernGrad's best learning rate differs from fp32's, as at
 # 4000 steps). Full form, 4000 steps: `python papers_figures/mnist1d_terngrad_vs_fp32.py`, 45 runs;
-# quick form, the same code path at 40 steps (a smoke run: its accuracies mean nothing), writing to
+# quick form, the same code path at 10 steps (a smoke run: its accuracies mean nothing), writing to
 # out/quick/: `python papers_figures/mnist1d_terngrad_vs_fp32.py --quick`. Run times: docs/MEASUREMENTS.md.
 # TGSIM_STEPS overrides the number of steps of either form; TGSIM_JOBS sets the worker processes
 # (default: the number of cores); TGSIM_FIGURES_OUT moves out/; TGSIM_REUSE_TUNING=1 reads
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, print_written, train_many, write_csv  # noqa: E402
 
 QUICK, OUT = command_line("TernGrad vs fp32 on MNIST-1D: tune the learning rate for fp32, test TernGrad at it.")
-STEPS = int(os.environ.get("TGSIM_STEPS", 40 if QUICK else 4000))
+STEPS = int(os.environ.get("TGSIM_STEPS", 10 if QUICK else 4000))
 SEEDS = (0, 1, 2)
 LRS = (0.01, 0.02, 0.05, 0.1, 0.2)
 VALIDATION = 0.2

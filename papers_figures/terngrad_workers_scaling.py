@@ -14,8 +14,8 @@
 # run's largest shared/median scaler ratio and whether units died, from its metrics.csv),
 # _summary.csv (mean, 95 % t interval over seeds, gap to fp32 at the same N and optimizer) and a PNG.
 #
-# `python papers_figures/terngrad_workers_scaling.py`; `--quick`: the same code path at 10 steps
-# and one seed, a smoke run (its accuracies mean nothing), writing to out/quick/. TGSIM_JOBS sets
+# `python papers_figures/terngrad_workers_scaling.py`; `--quick`: the same code path at 10 steps,
+# one seed and N = 2, 8, 64, a smoke run (its accuracies mean nothing), writing to out/quick/. TGSIM_JOBS sets
 # the worker processes (default: the number of cores).
 
 # %%
@@ -29,7 +29,7 @@ from _common import collapse_signs, command_line, print_written, sharing_summary
 
 QUICK, OUT = command_line("TernGrad's sharing modes against the number of workers at a fixed total batch.")
 SEEDS = (0,) if QUICK else (0, 1, 2)
-WORKERS = (2, 4, 8, 16, 32, 64)
+WORKERS = (2, 8, 64) if QUICK else (2, 4, 8, 16, 32, 64)
 TOTAL_BATCH = 256
 STEPS = 10 if QUICK else 1000
 OPTIMIZERS = {"momentum 0.9, lr 0.1": ({"name": "momentum", "momentum": 0.9}, 0.1),

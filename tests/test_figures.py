@@ -2,7 +2,7 @@
 
 The least-squares script's quick form reaches ||w - w*|| < 1e-3 ||w*|| with TernGrad; its full size
 (2000 steps: TernGrad with Robbins-Monro steps reaches it at N = 1, 4 and 16) and the sharing-regimes
-sweep are heavy (`make test-slow`). The MNIST-1D script runs in its quick form (`--quick`: 40 steps, a smoke test of its
+sweep are heavy (`make test-slow`). The MNIST-1D script runs in its quick form (`--quick`: 10 steps, a smoke test of its
 code path; the accuracy comparison needs the full 4000 steps, `python papers_figures/...`).
 Each script checks its figure's layout before saving it (`_theme.save_figure`,
 tests/test_figure_layout.py) and marks its quick CSVs (`quick` column). `_common.train_many` shows a
@@ -119,7 +119,7 @@ def test_mnist1d_figure_script_quick_form(tmp_path):
     proc = _run("mnist1d_terngrad_vs_fp32.py", tmp_path, "--quick", TGSIM_JOBS="2", CI="1")
     out = tmp_path / "quick"
     tuning = pd.read_csv(out / "mnist1d_tuning.csv")
-    assert len(tuning) == 2 * 5 * 3 and (tuning.steps == 40).all()
+    assert len(tuning) == 2 * 5 * 3 and (tuning.steps == 10).all()
     df = pd.read_csv(out / "mnist1d_terngrad_vs_fp32.csv")
     assert set(df.codec) == {"fp32", "terngrad (ps, shared scalers)", "terngrad (allgather, own scalers)"}
     assert df.groupby(["codec", "lr"]).seed.nunique().eq(3).all()
