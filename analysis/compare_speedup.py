@@ -244,26 +244,12 @@ def t_interval(logs) -> tuple[float, float, float]:
 
 def fit_slope(M, K, seed) -> dict:
     """Slope β of log K = α_seed + β log M (least squares with one intercept per seed: the runs of a
-    seed share its data set and optimum) with a 95 % t-interval; finite K only."""
-    from scipy import stats
+    seed share its data set and optimum) with a 95 % t-interval; finite K only
+    (`verdicts.slope_fit`): slope, slope_lo, slope_hi, points."""
+    from tgsim.analysis.verdicts import slope_fit
 
-    d = pd.DataFrame({"x": np.log(np.asarray(M, np.float64)), "y": np.log(np.asarray(K, np.float64)),
-                      "seed": np.asarray(seed)})
-    d = d[np.isfinite(d.y)]
-    d = d[d.groupby("seed").x.transform("nunique") >= 2]
-    nan = dict(slope=float("nan"), slope_lo=float("nan"), slope_hi=float("nan"), points=len(d))
-    if len(d) < 2:
-        return nan
-    x = d.x - d.groupby("seed").x.transform("mean")
-    y = d.y - d.groupby("seed").y.transform("mean")
-    sxx = float((x * x).sum())
-    beta = float((x * y).sum()) / sxx
-    dof = len(d) - d.seed.nunique() - 1
-    if dof < 1:
-        return dict(nan, slope=beta)
-    se = math.sqrt(float(((y - beta * x) ** 2).sum()) / dof / sxx)
-    h = float(stats.t.ppf(0.975, dof)) * se
-    return dict(slope=beta, slope_lo=beta - h, slope_hi=beta + h, points=len(d))
+    f = slope_fit(M, K, seed, alpha=0.05)
+    return dict(slope=f["slope"], slope_lo=f["lo"], slope_hi=f["hi"], points=f["points"])
 
 
 def summarize(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
