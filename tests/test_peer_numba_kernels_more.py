@@ -282,3 +282,48 @@ def test_fp16_numba_decode_sum_every_half_pattern():
     assert np.array_equal(got, want, equal_nan=True)
     ok = ~np.isnan(want)
     assert got[ok].tobytes() == want[ok].tobytes()
+
+
+def test_decode_sums_read_strided_messages_and_zero_planes():
+    """Each decode-sum given the W messages as strided views (not C-contiguous) returns the same bits
+    as given contiguous copies; scaled_mean with a None nonzero plane the same bits as with a plane of
+    zeros (count 1: the plane is not read)."""
+    from tgsim.codecs import numba_qsgd, numba_suresh
+
+    rng = np.random.default_rng(5)
+    n, w = 70001, 5
+    wide = rng.standard_normal((w, 2 * n))
+
+    def same(fn, strided):
+        assert fn(strided).tobytes() == fn([np.ascontiguousarray(a) for a in strided]).tobytes()
+
+    same(lambda m: numba_half.decode_sum(m, n, 3, bf16=False), [np.asarray(r, np.float16)[::2] for r in wide])
+    same(lambda m: numba_half.decode_sum(m, n, 3, bf16=True),
+         [(np.asarray(r, np.float32).view(np.uint32) >> 16).astype(np.uint16)[1::2] for r in wide])
+    levels = rng.integers(-7, 8, (w, 2 * n)).astype(np.int8)
+    norms = [rng.random(-(-n // 512)).astype(np.float32) for _ in range(w)]
+    same(lambda m: numba_qsgd.decode_sum(m, norms, 7, 512, n, 3), [q[::2] for q in levels])
+    ranges = [np.array([-1.0 - i, 2.0 + i], np.float32) for i in range(w)]
+    same(lambda m: numba_suresh.decode_sum(m, ranges, 16, n, 3), [np.abs(q[1::2]).astype(np.uint8) for q in levels])
+    planes = np.packbits(wide < 0, axis=1, bitorder="little")[:, : (n + 7) // 8 * 2]
+    same(lambda m: numba_sign.majority_vote(m, n), [p[::2] for p in planes])
+    signs = [np.ascontiguousarray(p[::2]) for p in planes]
+    zero = np.zeros((n + 7) // 8, np.uint8)
+    for table_size in (n, 1000):                          # the table path and the loop path
+        args = ([1] * w, [np.float32(0.5 + i) for i in range(w)], table_size, 3)
+        cut = [s[: (table_size + 7) // 8] for s in signs]
+        assert numba_sign.scaled_mean(cut, [None] * w, *args).tobytes() == \
+            numba_sign.scaled_mean(cut, [zero[: (table_size + 7) // 8]] * w, *args).tobytes()
+
+
+def test_numba_rows_addresses_refuse_other_sizes_and_dtypes():
+    from tgsim.codecs._numba_rows import addresses
+
+    a = np.arange(10, dtype=np.int8)
+    kept, addrs, like = addresses([a, a[::-1]], 10)
+    assert addrs.dtype == np.int64 and like.dtype == np.int8 and all(k.flags.c_contiguous for k in kept)
+    assert addrs[0] == a.ctypes.data
+    with pytest.raises(ValueError):
+        addresses([a, a[:9]], 10)
+    with pytest.raises(ValueError):
+        addresses([a, a.astype(np.int16)], 10)

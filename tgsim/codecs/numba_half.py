@@ -26,7 +26,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
+
+from tgsim.codecs._numba_rows import addresses, row
 
 _TASK = 1 << 14
 _PARALLEL_FROM = 1 << 16
@@ -105,7 +106,9 @@ def to_fp16(g: np.ndarray) -> np.ndarray:
 
 # -- decode-sums ------------------------------------------------------------------------------------
 @njit(cache=True)
-def _sum_task(t, bits, bf16, table, inv, task, out, acc, scratch):
+def _sum_task(t, bits, like, bf16, table, inv, task, out, acc, scratch):
+    """Task t: elements [t task, (t + 1) task); message w's 16-bit patterns are
+    row(bits, w, n, like) (bits: their addresses)."""
     n = out.size
     e0 = t * task
     e1 = min(n, e0 + task)
@@ -114,8 +117,8 @@ def _sum_task(t, bits, bf16, table, inv, task, out, acc, scratch):
     aa[:] = 0.0
     ss = scratch[:m]
     ff = ss.view(np.float32)
-    for w in range(len(bits)):
-        bb = bits[w][e0:e1]
+    for w in range(bits.size):
+        bb = row(bits, w, n, like)[e0:e1]
         if bf16:
             for j in range(m):
                 ss[j] = np.uint32(bb[j]) << np.uint32(16)
@@ -140,22 +143,22 @@ def _sum_task(t, bits, bf16, table, inv, task, out, acc, scratch):
 
 
 @njit(cache=True, parallel=True)
-def _sum_parallel(bits, bf16, table, inv, task, out, groups):
+def _sum_parallel(bits, like, bf16, table, inv, task, out, groups):
     ntasks = (out.size + task - 1) // task
     per = (ntasks + groups - 1) // groups
     for g in prange(groups):
         acc = np.empty(task, np.float64)
         scratch = np.empty(task, np.uint32)
         for t in range(g * per, min(ntasks, (g + 1) * per)):
-            _sum_task(t, bits, bf16, table, inv, task, out, acc, scratch)
+            _sum_task(t, bits, like, bf16, table, inv, task, out, acc, scratch)
 
 
 @njit(cache=True)
-def _sum_serial(bits, bf16, table, inv, task, out):
+def _sum_serial(bits, like, bf16, table, inv, task, out):
     acc = np.empty(task, np.float64)
     scratch = np.empty(task, np.uint32)
     for t in range((out.size + task - 1) // task):
-        _sum_task(t, bits, bf16, table, inv, task, out, acc, scratch)
+        _sum_task(t, bits, like, bf16, table, inv, task, out, acc, scratch)
 
 
 def decode_sum(layers, n: int, divide_by: int, bf16: bool) -> np.ndarray:
@@ -164,10 +167,8 @@ def decode_sum(layers, n: int, divide_by: int, bf16: bool) -> np.ndarray:
     out = np.empty(n, np.float32)
     if n == 0:
         return out
-    bits = List()
-    for v in layers:
-        bits.append(np.ascontiguousarray(v).reshape(-1).view(np.uint16))
-    args = (bits, bool(bf16), _F16_TO_F64, np.float64(1.0 / divide_by), np.int64(_TASK), out)
+    kept, bits, like = addresses([np.ascontiguousarray(v).reshape(-1).view(np.uint16) for v in layers], n)
+    args = (bits, like, bool(bf16), _F16_TO_F64, np.float64(1.0 / divide_by), np.int64(_TASK), out)
     ntasks = -(-n // _TASK)
     if _parallel(n * len(bits), ntasks):
         _sum_parallel(*args, np.int64(_groups(ntasks)))

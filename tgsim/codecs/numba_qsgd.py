@@ -31,7 +31,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
+
+from tgsim.codecs._numba_rows import addresses, row
 
 from tgsim.rng.numba_philox import _stream_args, _words_range
 from tgsim.rng.philox import StreamKey
@@ -309,9 +310,10 @@ def encode(v: np.ndarray, key: StreamKey, s: int, bucket: int, norm: str, level_
 
 # -- decode-sum -------------------------------------------------------------------------------------
 @njit(cache=True)
-def _sum_task(t, qs, ns, s, B, inv, task, out, acc):
-    """Task t: elements [t task, (t + 1) task); acc: the caller's float64 scratch (task,). (A table
-    of a bucket's 2s + 1 decoded values, one look-up per element instead of a division, would not
+def _sum_task(t, qs, like, ns, s, B, inv, task, out, acc):
+    """Task t: elements [t task, (t + 1) task); acc: the caller's float64 scratch (task,); message
+    w's levels are row(qs, w, n, like) (qs: their addresses), its bucket norms ns[w]. (A table of a
+    bucket's 2s + 1 decoded values, one look-up per element instead of a division, would not
     vectorize; the divisions do.)"""
     n = out.size
     e0 = t * task
@@ -319,8 +321,8 @@ def _sum_task(t, qs, ns, s, B, inv, task, out, acc):
     aa = acc[:e1 - e0]
     aa[:] = 0.0
     sf = np.float64(s)
-    for w in range(len(qs)):
-        q = qs[w]
+    for w in range(qs.size):
+        q = row(qs, w, n, like)
         nrm = ns[w]
         for bk in range(e0 // B, (e1 - 1) // B + 1):
             lo = max(e0, bk * B)
@@ -338,20 +340,20 @@ def _sum_task(t, qs, ns, s, B, inv, task, out, acc):
 
 
 @njit(cache=True, parallel=True)
-def _sum_tasks(qs, ns, s, B, inv, task, out, groups):
+def _sum_tasks(qs, like, ns, s, B, inv, task, out, groups):
     ntasks = (out.size + task - 1) // task
     per = (ntasks + groups - 1) // groups
     for g in prange(groups):
         acc = np.empty(task, dtype=np.float64)
         for t in range(g * per, min(ntasks, (g + 1) * per)):
-            _sum_task(t, qs, ns, s, B, inv, task, out, acc)
+            _sum_task(t, qs, like, ns, s, B, inv, task, out, acc)
 
 
 @njit(cache=True)
-def _sum_serial(qs, ns, s, B, inv, task, out):
+def _sum_serial(qs, like, ns, s, B, inv, task, out):
     acc = np.empty(task, dtype=np.float64)
     for t in range((out.size + task - 1) // task):
-        _sum_task(t, qs, ns, s, B, inv, task, out, acc)
+        _sum_task(t, qs, like, ns, s, B, inv, task, out, acc)
 
 
 def decode_sum(levels, norms, s: int, bucket: int, n: int, divide_by: int) -> np.ndarray:
@@ -361,15 +363,15 @@ def decode_sum(levels, norms, s: int, bucket: int, n: int, divide_by: int) -> np
     out = np.empty(n, np.float32)
     if n == 0:
         return out
-    qs, ns = List(), List()
-    for q, nrm in zip(levels, norms):
-        qs.append(np.ascontiguousarray(q).reshape(-1))
-        ns.append(np.ascontiguousarray(nrm, dtype=np.float32).reshape(-1))
     B = bucket if 0 < bucket < n else n
-    if len(qs) == 0:
+    if len(levels) == 0:
         out[:] = np.float32(0.0)
         return out
-    args = (qs, ns, np.int64(s), np.int64(B), np.float64(1.0 / divide_by), np.int64(_TASK), out)
+    kept, qs, like = addresses(levels, n)
+    ns = np.empty((len(levels), -(-n // B)), np.float32)      # row w: message w's bucket norms
+    for w, nrm in enumerate(norms):
+        ns[w] = np.asarray(nrm, dtype=np.float32).reshape(-1)
+    args = (qs, like, ns, np.int64(s), np.int64(B), np.float64(1.0 / divide_by), np.int64(_TASK), out)
     ntasks = -(-n // _TASK)
     if len(qs) * n >= _PARALLEL_FROM and ntasks > 1 and numba.get_num_threads() > 1:
         _sum_tasks(*args, np.int64(_groups(ntasks)))

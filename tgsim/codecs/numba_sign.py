@@ -30,7 +30,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
+
+from tgsim.codecs._numba_rows import addresses, row
 
 LANES = 65536                 # sign.LANES
 _LANE_CHUNK = 1 << 12         # lanes per parallel task of the scaled_sign encode (a multiple of 64)
@@ -220,29 +221,28 @@ _SPREAD = np.array([sum(((b >> j) & 1) << (8 * j) for j in range(8)) for b in ra
 _TABLE_MAX = 8               # messages up to which the mean is one table look-up per element
 
 
-def _list(planes, n: int):
-    """A typed List of the flat uint8 planes (None: a zero plane of ceil(n/8) bytes)."""
-    empty = None
-    out = List()
-    for p in planes:
-        if p is None:
-            empty = np.zeros((n + 7) // 8, np.uint8) if empty is None else empty
-            out.append(empty)
-        else:
-            out.append(np.ascontiguousarray(p, dtype=np.uint8).reshape(-1))
-    return out
+_BYTE = np.empty(0, np.uint8)   # the planes' dtype, for row()
+
+
+def _addresses(planes, n: int):
+    """(kept, addrs): the flat uint8 planes of ceil(n/8) bytes and their int64 data addresses, a
+    None plane given as the address of one plane of zeros (kept holds every array addressed)."""
+    zero = np.zeros((n + 7) // 8, np.uint8)
+    kept, addrs, _ = addresses([zero if p is None else p for p in planes], zero.size, np.uint8)
+    return kept, addrs
 
 
 @njit(cache=True)
 def _vote_task(b0, b1, planes, out, cnt, spread):
     """Elements 8 b0 .. 8 b1 (< n): the counts of set sign bits, eight uint8 counters in a uint64 per
-    byte (N < 256: no carry between them), then the vote."""
+    byte (N < 256: no carry between them), then the vote. planes: the N planes' addresses (plane w is
+    row(planes, w, ceil(n/8), _BYTE))."""
     n = out.size
     nm = len(planes)
     cc = cnt[:b1 - b0]
     cc[:] = 0
     for w in range(nm):
-        p = planes[w][b0:b1]
+        p = row(planes, w, (n + 7) // 8, _BYTE)[b0:b1]
         for b in range(b1 - b0):
             cc[b] += spread[p[b]]
     c8 = cnt.view(np.uint8)
@@ -263,7 +263,7 @@ def _vote_task_wide(b0, b1, planes, out, cnt):
     cc = cnt[:m]
     cc[:] = 0
     for w in range(nm):
-        p = planes[w][b0:b1]
+        p = row(planes, w, (n + 7) // 8, _BYTE)[b0:b1]
         for j in range(m):
             cc[j] += np.int32((p[j >> 3] >> np.uint8(j & 7)) & np.uint8(1))
     oo = out[e0:e0 + m]
@@ -298,7 +298,7 @@ def majority_vote(planes, n: int) -> np.ndarray:
     out = np.empty(n, np.float32)
     if n == 0:
         return out
-    ps = _list(planes, n)
+    kept, ps = _addresses(planes, n)                 # kept: the planes ps addresses
     ntasks = -(-((n + 7) // 8) // _TASK_BYTES)
     if _parallel(n * len(ps)) and ntasks > 1:
         _vote_parallel(ps, out, np.int64(_TASK_BYTES), np.int64(min(ntasks, 4 * numba.get_num_threads())), _SPREAD)
@@ -341,18 +341,18 @@ def _mean_table(counts, scales, inv, wide):
 def _mean_table_task(b0, b1, signs, nonzero, table, wide, out, s8, z8):
     """Elements 8 b0 .. 8 b1 (< n) of the mean of N <= 8 messages: the N bytes at each byte position
     (copied side by side into s8 / z8, byte 8b + w: message w) transposed into one pattern per
-    element, then table[pattern]."""
+    element, then table[pattern]. signs, nonzero: the planes' addresses (see _vote_task)."""
     n = out.size
     nm = len(signs)
     m = b1 - b0
     s8[:8 * m] = 0
     z8[:8 * m] = 0
     for w in range(nm):
-        sw = signs[w][b0:b1]
+        sw = row(signs, w, (n + 7) // 8, _BYTE)[b0:b1]
         for b in range(m):
             s8[8 * b + w] = sw[b]
         if wide:
-            zw = nonzero[w][b0:b1]
+            zw = row(nonzero, w, (n + 7) // 8, _BYTE)[b0:b1]
             for b in range(m):
                 z8[8 * b + w] = zw[b]
     xs = s8.view(np.uint64)
@@ -381,8 +381,8 @@ def _mean_loop_range(b0, b1, signs, nonzero, counts, scales, inv, out, acc):
         if counts[w] == 0:
             continue
         c = scales[w]
-        s = signs[w][b0:b1]
-        z = nonzero[w][b0:b1]
+        s = row(signs, w, (n + 7) // 8, _BYTE)[b0:b1]
+        z = row(nonzero, w, (n + 7) // 8, _BYTE)[b0:b1]
         for j in range(m):
             sh = np.uint8(j & 7)
             if counts[w] == 1 or (z[j >> 3] >> sh) & np.uint8(1):
@@ -431,7 +431,9 @@ def scaled_mean(signs, nonzero, counts, scales, n: int, divide_by: int) -> np.nd
     table = np.zeros(0, np.float32)
     if nm <= _TABLE_MAX and n >= (1 << 16 if wide else 1 << 12):
         table = _mean_table(counts, scales, inv, wide)
-    args = (_list(signs, n), _list(nonzero, n), counts, scales, inv, out, np.int64(_TASK_BYTES), table, wide)
+    kept_s, ps = _addresses(signs, n)               # kept_*: the planes ps, pz address
+    kept_z, pz = _addresses(nonzero, n)
+    args = (ps, pz, counts, scales, inv, out, np.int64(_TASK_BYTES), table, wide)
     ntasks = -(-((n + 7) // 8) // _TASK_BYTES)
     if _parallel(n * nm) and ntasks > 1:
         _mean_parallel(*args, np.int64(min(ntasks, 4 * numba.get_num_threads())))

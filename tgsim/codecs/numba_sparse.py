@@ -35,7 +35,6 @@ import math
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
 
 from tgsim.rng.numba_philox import _stream_args, _words_range
 from tgsim.rng.philox import StreamKey
@@ -315,15 +314,17 @@ def random_keep(v: np.ndarray, a: np.ndarray, scale: float, key: StreamKey):
 
 # -- decode-sum -------------------------------------------------------------------------------------
 @njit(cache=True)
-def _sum_task(t, idxs, vals, inv, task, out, acc):
+def _sum_task(t, idxs, vals, offs, inv, task, out, acc):
+    """Task t: elements [t task, (t + 1) task) of the sum; message w's entries are
+    idxs[offs[w]:offs[w + 1]], vals[offs[w]:offs[w + 1]]."""
     n = out.size
     e0 = t * task
     e1 = min(n, e0 + task)
     aa = acc[:e1 - e0]
     aa[:] = 0.0
-    for w in range(len(idxs)):
-        ii = idxs[w]
-        vv = vals[w]
+    for w in range(offs.size - 1):
+        ii = idxs[offs[w]:offs[w + 1]]
+        vv = vals[offs[w]:offs[w + 1]]
         p0 = np.searchsorted(ii, e0)
         p1 = np.searchsorted(ii, e1)
         for p in range(p0, p1):
@@ -334,20 +335,20 @@ def _sum_task(t, idxs, vals, inv, task, out, acc):
 
 
 @njit(cache=True, parallel=True)
-def _sum_parallel(idxs, vals, inv, task, out, groups):
+def _sum_parallel(idxs, vals, offs, inv, task, out, groups):
     ntasks = (out.size + task - 1) // task
     per = (ntasks + groups - 1) // groups
     for g in prange(groups):
         acc = np.empty(task, np.float64)
         for t in range(g * per, min(ntasks, (g + 1) * per)):
-            _sum_task(t, idxs, vals, inv, task, out, acc)
+            _sum_task(t, idxs, vals, offs, inv, task, out, acc)
 
 
 @njit(cache=True)
-def _sum_serial(idxs, vals, inv, task, out):
+def _sum_serial(idxs, vals, offs, inv, task, out):
     acc = np.empty(task, np.float64)
     for t in range((out.size + task - 1) // task):
-        _sum_task(t, idxs, vals, inv, task, out, acc)
+        _sum_task(t, idxs, vals, offs, inv, task, out, acc)
 
 
 def decode_sum(indices, values, n: int, divide_by: int) -> np.ndarray:
@@ -356,11 +357,15 @@ def decode_sum(indices, values, n: int, divide_by: int) -> np.ndarray:
     out = np.empty(n, np.float32)
     if n == 0:
         return out
-    idxs, vals = List(), List()
-    for i, v in zip(indices, values):
-        idxs.append(np.asarray(i).astype(np.int64).reshape(-1))
-        vals.append(np.ascontiguousarray(v, dtype=np.float32).reshape(-1))
-    args = (idxs, vals, np.float64(1.0 / divide_by), np.int64(_SUM_TASK), out)
+    ii = [np.asarray(i).reshape(-1) for i in indices]
+    offs = np.zeros(len(ii) + 1, np.int64)
+    np.cumsum([i.size for i in ii], out=offs[1:])
+    idxs = np.empty(offs[-1], np.int64)        # the W messages' entries end to end (CSR)
+    vals = np.empty(offs[-1], np.float32)
+    for w, (i, v) in enumerate(zip(ii, values)):
+        idxs[offs[w]:offs[w + 1]] = i
+        vals[offs[w]:offs[w + 1]] = np.asarray(v, dtype=np.float32).reshape(-1)
+    args = (idxs, vals, offs, np.float64(1.0 / divide_by), np.int64(_SUM_TASK), out)
     ntasks = -(-n // _SUM_TASK)
     if _parallel(n, ntasks):
         _sum_parallel(*args, np.int64(_groups(ntasks)))

@@ -33,7 +33,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from numba.typed import List
+
+from tgsim.codecs._numba_rows import addresses, row
 
 from tgsim.rng.numba_philox import _stream_args, _words_range
 from tgsim.rng.philox import StreamKey
@@ -197,14 +198,16 @@ def rotate(v: np.ndarray, key: StreamKey, d: int, scale: float) -> np.ndarray:
 
 # -- decode-sum -------------------------------------------------------------------------------------
 @njit(cache=True)
-def _sum_task(t, ls, steps, los, inv, task, out, acc):
+def _sum_task(t, ls, like, steps, los, inv, task, out, acc):
+    """Task t: elements [t task, (t + 1) task); message w's levels are row(ls, w, n, like)
+    (ls: their addresses)."""
     n = out.size
     e0 = t * task
     e1 = min(n, e0 + task)
     aa = acc[:e1 - e0]
     aa[:] = 0.0
-    for w in range(len(ls)):
-        ll = ls[w][e0:e1]
+    for w in range(ls.size):
+        ll = row(ls, w, n, like)[e0:e1]
         st = steps[w]
         lo = los[w]
         for j in range(e1 - e0):
@@ -215,31 +218,31 @@ def _sum_task(t, ls, steps, los, inv, task, out, acc):
 
 
 @njit(cache=True, parallel=True)
-def _sum_tasks(ls, steps, los, inv, task, out, groups):
+def _sum_tasks(ls, like, steps, los, inv, task, out, groups):
     ntasks = (out.size + task - 1) // task
     per = (ntasks + groups - 1) // groups
     for g in prange(groups):
         acc = np.empty(task, dtype=np.float64)
         for t in range(g * per, min(ntasks, (g + 1) * per)):
-            _sum_task(t, ls, steps, los, inv, task, out, acc)
+            _sum_task(t, ls, like, steps, los, inv, task, out, acc)
 
 
 @njit(cache=True)
-def _sum_serial(ls, steps, los, inv, task, out):
+def _sum_serial(ls, like, steps, los, inv, task, out):
     acc = np.empty(task, dtype=np.float64)
     for t in range((out.size + task - 1) // task):
-        _sum_task(t, ls, steps, los, inv, task, out, acc)
+        _sum_task(t, ls, like, steps, los, inv, task, out, acc)
 
 
 @njit(cache=True)
-def _sum_rotated(ls, steps, los, keys, scale, inv, out):
+def _sum_rotated(ls, like, d, steps, los, keys, scale, inv, out):
+    """The rotated decode-sum: message w's d levels are row(ls, w, d, like) (ls: their addresses)."""
     n = out.size
-    d = ls[0].size
     acc = np.zeros(n, dtype=np.float64)
     z = np.empty(d, dtype=np.float64)
     words = np.empty(max(4, d), dtype=np.uint32)
-    for w in range(len(ls)):
-        ll = ls[w]
+    for w in range(ls.size):
+        ll = row(ls, w, d, like)
         st = steps[w]
         lo = los[w]
         for i in range(d):
@@ -263,17 +266,16 @@ def decode_sum(levels, ranges, k: int, n: int, divide_by: int, keys=None, scale:
     if n == 0 or not len(levels):
         out[:] = np.float32(0.0)
         return out
-    ls = List()
-    for q in levels:
-        ls.append(np.ascontiguousarray(q).reshape(-1))
+    m = n if keys is None else int(np.asarray(levels[0]).size)       # d with rotation
+    kept, ls, like = addresses(levels, m)
     los = np.array([float(r[0]) for r in ranges], np.float64)
     steps = np.array([(float(r[1]) - float(r[0])) / (k - 1) for r in ranges], np.float64)
     inv = np.float64(1.0 / divide_by)
     if keys is not None:
         kw = np.array([_stream_args(key) for key in keys], dtype=np.uint32).reshape(len(keys), 5)
-        _sum_rotated(ls, steps, los, kw, np.float64(scale), inv, out)
+        _sum_rotated(ls, like, np.int64(m), steps, los, kw, np.float64(scale), inv, out)
         return out
-    args = (ls, steps, los, inv, np.int64(_TASK), out)
+    args = (ls, like, steps, los, inv, np.int64(_TASK), out)
     ntasks = -(-n // _TASK)
     if _parallel(len(ls) * n, ntasks):
         _sum_tasks(*args, np.int64(_groups(ntasks)))
