@@ -133,7 +133,7 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
 @needs_mpi
 def test_every_own_wire_codec_over_mpi_equals_the_simulator(tmp_path):
     """One mpiexec -n 4 job for every codec with its own wire: ps and allgather, least squares and the
-    MLP, 30 steps each (an MPI job costs about 15 s to start on 2 cores, so they share one)."""
+    MLP, 30 steps each, in one job (the per-codec 100-step jobs: the heavy test below)."""
     assert len(OWN_WIRE) >= 8, OWN_WIRE
     _mpi_equals_simulator(tmp_path, [(m, f"{codec}-{mode}") for codec in OWN_WIRE for m in MODELS
                                      for mode in ("ps", "allgather")], timeout=300, run={"steps": 30})
