@@ -7,6 +7,10 @@
 
 See tgsim/models/base.py for the protocol and the conventions (L2 on weights only, layer naming,
 dtype genericity, bitwise per-worker independence).
+
+OPTIONAL_MODELS are built by other packages, imported only when such a model is asked for: "torch"
+is tgsim.torch's TorchModel (a user's torch.nn.Module; needs the `torch` extra). A model class may
+name the fields that are not arguments in FIXED_FIELDS (default: name and task).
 """
 
 from __future__ import annotations
@@ -25,19 +29,27 @@ MODELS: dict[str, type] = {
     "mlp": MLP,
     "convnet1d": ConvNet1D,
 }
+# name -> "module:Class", imported on first use (the module may need an optional dependency)
+OPTIONAL_MODELS: dict[str, str] = {"torch": "tgsim.torch.model:TorchModel"}
 
 
 def model_kwargs(name: str) -> list[str]:
     """The keyword arguments `make_model(name, ...)` accepts."""
     cls = _lookup(name)
-    return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "task")]
+    fixed = getattr(cls, "FIXED_FIELDS", ("name", "task"))
+    return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in fixed]
 
 
 def _lookup(name: str) -> type:
+    if isinstance(name, str) and name in OPTIONAL_MODELS:
+        import importlib
+
+        module, cls = OPTIONAL_MODELS[name].split(":")
+        return getattr(importlib.import_module(module), cls)
     try:
         return MODELS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODELS)}") from None
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join([*MODELS, *OPTIONAL_MODELS])}") from None
 
 
 def make_model(name: str, **kwargs) -> Model:
@@ -57,5 +69,5 @@ def make_model(name: str, **kwargs) -> Model:
     return cls(**kwargs)
 
 
-__all__ = ["MODELS", "ConvNet1D", "LeastSquares", "LogisticRegression", "MLP", "Model", "ModelBase",
+__all__ = ["MODELS", "OPTIONAL_MODELS", "ConvNet1D", "LeastSquares", "LogisticRegression", "MLP", "Model", "ModelBase",
            "SoftmaxRegression", "make_model", "model_kwargs"]

@@ -76,7 +76,8 @@ def _version(pkg: str) -> str:
 
 def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
     """Write `out`/manifest.json: versions, git commit, seed and config hash of `cfg`, host, CPU, BLAS,
-    command line and time, and the fields of `extra`."""
+    command line and time, for a torch model (tgsim.torch) torch's version and the settings its bits
+    depend on (`tgsim.torch.determinism`), and the fields of `extra`."""
     manifest = {
         "tgsim": _version("tgsim"),
         "python": sys.version.split()[0],
@@ -94,6 +95,10 @@ def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
         "written_at": datetime.now(timezone.utc).isoformat(),
         **extra,
     }
+    if cfg.model.name == "torch":
+        from tgsim.torch import determinism
+
+        manifest["torch"] = determinism()
     path = out / "manifest.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=2))

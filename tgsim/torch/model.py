@@ -1,0 +1,326 @@
+"""TorchModel: a torch.nn.Module built by a factory, behind tgsim's model protocol (tgsim/models/base.py).
+
+    model = TorchModel(factory="tgsim.torch.examples:mlp", dim=40, classes=10)
+    params = model.init(seed=0)              # {name: float32 array}, names sorted, no worker axis
+    loss, grads = model.loss_and_grad(params, x, y)   # x (N, B, dim), y (N, B)
+    # loss (N,) float64, grads[name] (N, *shape) in the parameters' dtype
+
+The module
+----------
+`factory` names a callable as "package.module:function"; it is called with `kwargs`, plus `dim` and
+`classes` where its signature names them and `kwargs` does not (the trainer fills both from the data
+set), and must return a torch.nn.Module. Its parameters are the model's parameters, keyed by their
+`named_parameters()` names (tied parameters once, under their first name) and ordered by name, so
+every codec, checkpoint and MPI rank sees the same layers in the same order. The module is built
+once (seed 0) as a skeleton; the parameters of a call are put into it with
+`torch.func.functional_call`, as tensors sharing memory with the NumPy arrays (`torch.from_numpy`,
+no copy). Its buffers are constants: a module whose buffers change in training (BatchNorm's running
+statistics) or whose forward draws random numbers (Dropout with p > 0) is refused, since its state
+would not be in the parameters the trainer checkpoints and exchanges; GroupNorm or LayerNorm
+normalise without such state.
+
+The loss
+--------
+classification: cross-entropy of the logits (B, C) against int64 labels (torch's
+`cross_entropy`, the mean over the worker's B samples); regression: mean squared error of the
+outputs (B,) or (B, 1) against float targets (torch's `mse_loss`). No L2 term: weight decay is the
+optimizer's (`[optimizer] weight_decay`). The loss tgsim reports is that float32 (or float64) mean,
+widened to float64.
+
+Bit-for-bit per worker
+----------------------
+Worker i's forward and backward pass is its own torch call on x[i], y[i], with the same shapes
+whatever N is, so its loss and gradients are bitwise those of a call with x[i:i+1] alone. Every
+call runs with torch at one intra-op thread (`torch.set_num_threads(1)`, restored afterwards): a
+CPU kernel's reduction order then does not depend on the thread count, and an MPI rank computes
+the simulator's bits for its worker. `determinism()` states these settings (the run manifest
+records them). The compute dtype is the parameters' (float32 in training, float64 for gradient
+checks); CPU only (NumPy arrays).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import ClassVar, Mapping
+
+import numpy as np
+
+from tgsim.errors import ConfigError
+from tgsim.models.base import TASKS, check_labels, check_params, prepare_batch
+
+INSTALL_HINT = "pip install tgsim[torch]"
+THREADS = 1          # torch's intra-op threads inside every call of a TorchModel
+
+
+def import_torch():
+    """The torch module; ConfigError naming the extra to install when torch is missing."""
+    try:
+        import torch
+    except ImportError as err:
+        raise ConfigError(f"model 'torch' needs PyTorch, which is not installed: {INSTALL_HINT}") from err
+    return torch
+
+
+def determinism() -> dict:
+    """The settings a TorchModel's bits depend on, for the run manifest: torch's version, the device,
+    the intra-op threads of every call, whether torch's deterministic-algorithms flag is on, the
+    float32 matmul precision and whether oneDNN (mkldnn) kernels are enabled."""
+    torch = import_torch()
+    return {"version": torch.__version__, "device": "cpu", "threads": THREADS,
+            "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "mkldnn": bool(torch.backends.mkldnn.enabled)}
+
+
+@contextlib.contextmanager
+def one_thread(torch):
+    """torch at THREADS intra-op threads inside the block, the previous count restored after it."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+def resolve_factory(spec: str):
+    """The callable named by `spec` = "package.module:function" (dotted attributes allowed after the
+    colon); ValueError saying what did not resolve."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"model 'torch': factory must look like 'package.module:function', got {spec!r}")
+    module_name, attr = spec.split(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"model 'torch': factory {spec!r}: cannot import module {module_name!r} ({err})") from err
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"model 'torch': factory {spec!r}: {obj.__name__!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"model 'torch': factory {spec!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+def _tensor(torch, a: np.ndarray):
+    """A torch tensor sharing memory with the NumPy array `a` (never written through): a read-only
+    array is shared too, without torch's warning about it."""
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
+
+
+@dataclass(frozen=True)
+class TorchModel:
+    """A torch.nn.Module from `factory` as a tgsim model (module docstring).
+
+    factory: "package.module:function" returning the nn.Module; task: "classification"
+    (cross-entropy) or "regression" (mean squared error); dim: the length of a flat feature vector;
+    classes: the number of classes (0 for regression); feature_shape: the shape of one sample the
+    module takes (default (dim,)); kwargs: keyword arguments of the factory.
+    """
+
+    factory: str
+    task: str = "classification"
+    dim: int = 0
+    classes: int = 0
+    feature_shape: tuple = ()
+    kwargs: dict = field(default_factory=dict, hash=False)
+    name: str = field(default="torch", init=False)
+    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("name",)     # task is an argument (tgsim.models.model_kwargs)
+
+    def __post_init__(self):
+        import_torch()                           # without torch: the extra to install, before anything else
+        if self.task not in TASKS:
+            raise ValueError(f"model 'torch': task must be one of {TASKS}, got {self.task!r}")
+        if not isinstance(self.kwargs, dict):
+            raise ValueError(f"model 'torch': kwargs must be a table of the factory's arguments, got {self.kwargs!r}")
+        shape = (tuple(int(d) for d in self.feature_shape) if self.feature_shape
+                 else (int(self.dim),) if self.dim else ())
+        if not shape or min(shape) < 1:
+            raise ValueError(f"model 'torch': give dim (the feature length) or feature_shape, got dim={self.dim!r}, "
+                             f"feature_shape={self.feature_shape!r}")
+        if self.dim and math.prod(shape) != int(self.dim):
+            raise ValueError(f"model 'torch': feature_shape {shape} does not hold dim = {self.dim} features")
+        object.__setattr__(self, "feature_shape", shape)
+        resolve_factory(self.factory)            # a factory that does not resolve fails here, not at step 0
+
+    # -- the module ------------------------------------------------------------------------------
+    def build(self, seed: int):
+        """A fresh nn.Module from the factory, its initial parameters drawn with torch's generator
+        seeded with `seed` (torch's global random state is saved and restored around it)."""
+        torch = import_torch()
+        fn = resolve_factory(self.factory)
+        kw = dict(self.kwargs)
+        try:
+            accepted = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            accepted = {}
+        for key in ("dim", "classes"):
+            if key in accepted and key not in kw and getattr(self, key):
+                kw[key] = int(getattr(self, key))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            module = fn(**kw)
+        if not isinstance(module, torch.nn.Module):
+            raise ValueError(f"model 'torch': factory {self.factory!r} returned {type(module).__name__}, "
+                             "not a torch.nn.Module")
+        _check_stateless(torch, module, self.factory)
+        return module
+
+    @functools.cached_property
+    def _skeleton(self):
+        """The module built once (seed 0), into which every call puts its parameters, and its buffers."""
+        module = self.build(0)
+        return module, dict(module.named_buffers())
+
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{parameter name: shape}, sorted by name."""
+        module, _ = self._skeleton
+        return {k: tuple(p.shape) for k, p in sorted(module.named_parameters())}
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(s) for s in self.layer_shapes().values())
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.classes if self.task == "classification" else None
+
+    def init(self, seed: int) -> dict[str, np.ndarray]:
+        """float32 parameters of the module the factory builds under torch seed `seed`, sorted by name."""
+        module = self.build(seed)
+        return {k: p.detach().to(dtype=import_torch().float32).numpy().copy()
+                for k, p in sorted(module.named_parameters())}
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def _call(self, torch, tensors: dict, x):
+        """The module's output for the input tensor `x` with the parameters `tensors`."""
+        module, buffers = self._skeleton
+        dtype = next(iter(tensors.values())).dtype
+        bufs = {k: b.to(dtype) if b.is_floating_point() else b for k, b in buffers.items()}
+        return torch.func.functional_call(module, (tensors, bufs), (x,), tie_weights=True, strict=False)
+
+    def _loss(self, torch, out, y, reduction: str = "mean"):
+        """The per-batch loss of outputs `out` against `y` (module docstring)."""
+        F = torch.nn.functional
+        if self.task == "classification":
+            if out.ndim != 2:
+                raise ValueError(f"model 'torch': a classifier's output must be (batch, classes), "
+                                 f"got {tuple(out.shape)}")
+            return F.cross_entropy(out, y, reduction=reduction)
+        if out.ndim == 2 and out.shape[1] == 1:
+            out = out[:, 0]
+        if tuple(out.shape) != tuple(y.shape):
+            raise ValueError(f"model 'torch': a regression output must be (batch,) or (batch, 1), "
+                             f"got {tuple(out.shape)}")
+        return F.mse_loss(out, y, reduction=reduction)
+
+    def _check_labels(self, xp, y, out) -> None:
+        if self.task == "classification":
+            check_labels(xp, self, y, int(out.shape[-1]))
+
+    def loss_and_grad(self, params: Mapping, x, y):
+        """(loss (N,) float64, {name: (N, *shape)} gradients) of the N workers' batches x (N, B,
+        *feature_shape), y (N, B) at `params`: one forward and backward pass per worker."""
+        xp, dtype, x, y = prepare_batch(self, params, x, y)
+        if xp is not np:
+            raise ValueError("model 'torch': runs on NumPy arrays (run.backend = 'numpy')")
+        torch = import_torch()
+        if self.task == "classification":
+            y = y.astype(np.int64, copy=False)
+        shapes = self.layer_shapes()
+        names = list(shapes)
+        n = x.shape[0]
+        grads = {k: np.empty((n, *s), dtype) for k, s in shapes.items()}
+        loss = np.empty(n, np.float64)
+        module, _ = self._skeleton
+        module.train()
+        with one_thread(torch):
+            tensors = {k: _tensor(torch, np.asarray(params[k])).requires_grad_(True) for k in names}
+            leaves = [tensors[k] for k in names]
+            for i in range(n):
+                out = self._call(torch, tensors, _tensor(torch, x[i]))
+                if i == 0:
+                    self._check_labels(xp, y, out)
+                li = self._loss(torch, out, _tensor(torch, y[i]))
+                gs = torch.autograd.grad(li, leaves, allow_unused=True)
+                loss[i] = float(li.detach())
+                for k, g in zip(names, gs):
+                    if g is None:                      # a parameter the forward pass does not use
+                        grads[k][i] = 0
+                    else:
+                        torch.from_numpy(grads[k][i]).copy_(g)
+        return loss, grads
+
+    def predict(self, params: Mapping, x):
+        """The module's outputs (logits or predictions) for M samples x (M, *feature_shape)."""
+        check_params(self, params)
+        torch = import_torch()
+        module, _ = self._skeleton
+        module.eval()
+        dtype = next(iter(params.values())).dtype
+        with one_thread(torch), torch.no_grad():
+            tensors = {k: _tensor(torch, np.asarray(params[k])) for k in self.layer_shapes()}
+            out = self._call(torch, tensors, _tensor(torch, np.ascontiguousarray(x, dtype=dtype)))
+        return out.numpy()
+
+    def evaluate(self, params: Mapping, x, y, batch_size: int = 4096) -> tuple[float, float]:
+        """(mean loss, accuracy) of the module in eval mode on M samples x (M, *feature_shape), y (M,),
+        in chunks of `batch_size`; the loss summed per sample in float64; accuracy nan for regression."""
+        if int(batch_size) < 1:
+            raise ValueError(f"model 'torch': batch_size must be >= 1, got {batch_size!r}")
+        check_params(self, params)
+        x, y = np.asarray(x), np.asarray(y)
+        m = x.shape[0]
+        if m == 0:
+            raise ValueError("model 'torch': evaluate needs at least one sample")
+        if tuple(y.shape) != (m,):
+            raise ValueError(f"model 'torch': y must have shape ({m},), got {tuple(y.shape)}")
+        if tuple(x.shape[1:]) != self.feature_shape:
+            raise ValueError(f"model 'torch': x must have shape (M, {', '.join(map(str, self.feature_shape))}), "
+                             f"got {tuple(x.shape)}")
+        torch = import_torch()
+        module, _ = self._skeleton
+        dtype = next(iter(params.values())).dtype
+        total, correct = 0.0, 0
+        module.eval()
+        with one_thread(torch), torch.no_grad():
+            tensors = {k: _tensor(torch, np.asarray(params[k])) for k in self.layer_shapes()}
+            for s in range(0, m, int(batch_size)):
+                xb = np.ascontiguousarray(x[s:s + int(batch_size)], dtype=dtype)
+                yb = y[s:s + int(batch_size)]
+                yb = yb.astype(dtype) if self.task == "regression" else yb.astype(np.int64)
+                out = self._call(torch, tensors, _tensor(torch, xb))
+                self._check_labels(np, yb, out)
+                per = self._loss(torch, out, torch.from_numpy(np.ascontiguousarray(yb)), reduction="none")
+                total += float(per.double().sum())
+                if self.task == "classification":
+                    correct += int((out.argmax(dim=-1).numpy() == yb).sum())
+        acc = float("nan") if self.task == "regression" else correct / m
+        return total / m, acc
+
+
+def _check_stateless(torch, module, factory: str) -> None:
+    """ValueError for a module with state outside its parameters: BatchNorm tracking running
+    statistics, Dropout with p > 0."""
+    nn = torch.nn
+    for name, sub in module.named_modules():
+        where = f"model 'torch': factory {factory!r}: module {name or type(module).__name__!r}"
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
+            raise ValueError(f"{where} is a BatchNorm with running statistics, state the trainer does not "
+                             "exchange or checkpoint: use GroupNorm/LayerNorm, or track_running_stats=False")
+        if isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0:
+            raise ValueError(f"{where} is a Dropout with p = {sub.p}: its random draws are not keyed by "
+                             "(seed, step, worker), so runs would not repeat bit for bit")
+
+
+__all__ = ["INSTALL_HINT", "THREADS", "TorchModel", "determinism", "import_torch", "resolve_factory"]
