@@ -1,5 +1,5 @@
 """`tgsim compare bits`: total uplink + downlink bits until the training loss first reaches a
-threshold, and the test accuracy then, per method.
+threshold, the test accuracy then, and the test accuracy at one common step, per method.
 
 Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "softmax", 10 classes,
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882
@@ -33,11 +33,20 @@ of the model then (the accuracy at the threshold; at the last step where not rea
 "ps" (push the codes, pull the server's downlink); the float32 wire (fp32) is always counted as a ring
 all-reduce, 2 (N-1)/N x 32 = 56 bits per element each way at N = 8: fp32's best uncompressed baseline.
 
+Common step. The stopping steps differ between methods, so every phase-2 run also measures the test
+loss and accuracy at one step common to all methods of a problem: fp32's step budget `steps`
+(`Problem.steps`; columns `common_step`, `test_loss_common`, `accuracy_common`). A run that reaches
+the threshold before it keeps training to it for this measurement only: K, the bits, the smoothed
+loss and `accuracy` stay those of step K. `common_status`: "ok" (measured at step `steps`),
+"diverged" (before it: nan), "capped" (a cap below `steps`: the state at the last step).
+
 Outputs (`--out DIR`, default results/compare-bits):
   bits_lr_grid.csv  one row per (problem, method, lr) of the tuning grid: `GRID_COLUMNS`
   bits_runs.csv     one row per (problem, rule, method, seed): `RUN_COLUMNS`
   bits.csv          one row per (problem, rule, method): `COLUMNS` (ratio to fp32 at fp32's rate:
-                    mean over seeds with a 95 % t-interval; nan unless every seed reached the threshold)
+                    mean over seeds with a 95 % t-interval; nan unless every seed reached the threshold;
+                    accuracy_common_mean / _lo / _hi: the accuracy at the common step, mean with a 95 %
+                    t-interval, nan unless every seed was measured there; common_measured: how many were)
   bits.png          bits to threshold relative to fp32 per method (log scale), one panel per problem,
                     one bar per rule
 Each CSV has a column `quick`: True when written by --quick (a smoke test, numbers not for reporting);
@@ -85,9 +94,11 @@ def method_sections(method: str) -> tuple[dict, dict]:
 
 RUN_COLUMNS = ["problem", "rule", "method", "codec_options", "seed", "lr", "cap", "steps", "window", "threshold",
                "status", "K", "bits_up", "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element",
-               "loss_smoothed", "accuracy", "seconds", "quick"]
+               "loss_smoothed", "accuracy", "common_step", "common_status", "test_loss_common", "accuracy_common",
+               "seconds", "quick"]
 COLUMNS = ["problem", "rule", "method", "codec_options", "lr", "seeds", "reached", "threshold", "K_mean",
-           "bits_total_mean", "ratio_mean", "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean", "quick"]
+           "bits_total_mean", "ratio_mean", "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean",
+           "common_step", "common_measured", "accuracy_common_mean", "accuracy_common_lo", "accuracy_common_hi", "quick"]
 QUICK_COLUMN = "quick"     # True in every row of a --quick run (1 seed, a few steps): a smoke test, not a result
 
 GRID_COLUMNS = ["problem", "method", "codec_options", "lr", "seed", "steps", "status", "val_loss", "val_accuracy",
@@ -129,54 +140,89 @@ def config(problem: Problem, method: str, seed: int, steps: int, lr: float | Non
     })
 
 
-def train(cfg, window: int, threshold: float | None) -> dict:
+def train(cfg, window: int, threshold: float | None, common: int | None = None) -> dict:
     """Train per cfg; stop where the trailing `window`-step mean of the training loss first reaches
-    `threshold` (None: run every step). Returns K (nan: not reached), status, the bits one worker sent
-    and received up to the stopping step, the minimum smoothed loss, the test accuracy there."""
+    `threshold` (None: run every step). Returns K (nan: not reached), status, `steps` (the stopping
+    step: K, else the last step run), the bits one worker sent and received over steps 1..steps, the
+    minimum smoothed loss up to then, the test accuracy there.
+
+    common: a step at which the test loss and accuracy are also measured (`test_loss_common`,
+    `accuracy_common`, `common_step`, `common_status`); a run that reaches the threshold before it
+    keeps training to it for this measurement only (K, bits, the smoothed loss and `accuracy` stay those
+    of step K). common_status: "ok" (measured at step `common`), "diverged" (before step `common`:
+    nan), "capped" (cfg.run.steps < common: the state at the last step, common_step that step), "none"
+    (common None: nan)."""
     from tgsim.analysis.common import fresh_run
     from tgsim.errors import NonFiniteGradientError
 
+    if common is not None and int(common) < 1:
+        raise ValueError(f"compare bits: the common step must be >= 1, got {common!r}")
     t0 = time.perf_counter()
     setup, params, opt, state, step_fn = fresh_run(cfg)
     n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
     losses = np.full(cfg.run.steps, np.nan)
     up = down = 0.0
     K, status, smin, t = float("nan"), f"not reached in {cfg.run.steps}", float("inf"), -1
+    nan2 = (float("nan"), float("nan"))
+    at_stop = at_common = None          # (test loss, accuracy) at step K, at step `common`
+    diverged = False
+
+    def evaluate():
+        with np.errstate(over="ignore", invalid="ignore"):
+            return tuple(float(v) for v in setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test))
+
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(cfg.run.steps):
             try:
                 params, opt, info = step_fn(setup, params, opt, t, False, codec_state=state)
             except (NonFiniteGradientError, FloatingPointError, ValueError) as e:
-                status = f"diverged ({type(e).__name__})"
+                diverged, why = True, f"diverged ({type(e).__name__})"
                 break
-            up += 8 * info.sent
-            down += 8 * info.received
+            if at_stop is None:
+                up += 8 * info.sent
+                down += 8 * info.received
             losses[t] = info.loss
             if not math.isfinite(info.loss):
-                status = "diverged"
+                diverged, why = True, "diverged"
                 break
-            if t + 1 >= window:
+            if at_stop is None and t + 1 >= window:
                 s = float(losses[t + 1 - window:t + 1].mean())
                 smin = min(smin, s)
                 if threshold is not None and s <= threshold:
-                    K, status = t + 1, "reached"
-                    break
-    steps = t + 1
-    ev_loss, acc = setup.model.evaluate(params, setup.dataset.x_test, setup.dataset.y_test) \
-        if not status.startswith("diverged") else (float("nan"), float("nan"))
-    return dict(K=K, status=status, steps=steps, eval_loss=float(ev_loss), accuracy=float(acc), bits_up=up, bits_down=down, bits_total=up + down,
-                bits_up_per_step=up / max(steps, 1), bits_up_per_element=up / max(steps, 1) / n_params,
-                loss_smoothed=smin, seconds=time.perf_counter() - t0)
+                    K, status, at_stop = t + 1, "reached", evaluate()
+            if common is not None and t + 1 == common:
+                at_common = at_stop if K == t + 1 else evaluate()
+            if at_stop is not None and (common is None or t + 1 >= common):
+                break
+    last = t + 1
+    if diverged and at_stop is None:
+        status = why
+    steps = int(K) if at_stop is not None else last
+    if at_stop is None:
+        at_stop = nan2 if diverged else evaluate()
+    if common is None:
+        common_status, common_step, at_common = "none", float("nan"), nan2
+    elif at_common is not None:
+        common_status, common_step = "ok", int(common)
+    elif diverged:
+        common_status, common_step, at_common = "diverged", float("nan"), nan2
+    else:                               # the cap came first: the state at the last step
+        common_status, common_step, at_common = "capped", last, (at_stop if steps == last else evaluate())
+    return dict(K=K, status=status, steps=steps, eval_loss=at_stop[0], accuracy=at_stop[1], bits_up=up,
+                bits_down=down, bits_total=up + down, bits_up_per_step=up / max(steps, 1),
+                bits_up_per_element=up / max(steps, 1) / n_params, loss_smoothed=smin,
+                common_step=common_step, common_status=common_status, test_loss_common=at_common[0],
+                accuracy_common=at_common[1], seconds=time.perf_counter() - t0)
 
 
 def _job(args) -> dict:
     """One run (in a worker process with jobs > 1):
-    args = (problem, method, seed, window, threshold, cap, lr, validation)."""
+    args = (problem, method, seed, window, threshold, cap, lr, validation, common)."""
     from tgsim.analysis.common import single_thread
 
-    problem, method, seed, window, threshold, cap, lr, validation = args
+    problem, method, seed, window, threshold, cap, lr, validation, common = args
     with single_thread():
-        r = train(config(problem, method, seed, cap, lr, validation), window, threshold)
+        r = train(config(problem, method, seed, cap, lr, validation), window, threshold, common)
     return dict(problem=problem.name, method=method, seed=seed, lr=lr, cap=cap, window=window,
                 threshold=threshold if threshold is not None else float("nan"), **r)
 
@@ -198,7 +244,7 @@ def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame,
     validation split; returns (bits_lr_grid table, {(problem, method): own best rate})."""
     from tgsim.analysis.compare_speedup import _map
 
-    jobs_ = [(p, m, TUNE_SEED, max(1, min(50, p.steps // 5)), None, p.steps, float(lr), VALIDATION)
+    jobs_ = [(p, m, TUNE_SEED, max(1, min(50, p.steps // 5)), None, p.steps, float(lr), VALIDATION, None)
              for p in problems for m in methods for lr in lr_grid]
     rows = _map(_job, jobs_, jobs, bar)
     grid = pd.DataFrame([dict(problem=r["problem"], method=r["method"], lr=r["lr"], seed=r["seed"],
@@ -228,10 +274,16 @@ def t_interval(x) -> tuple[float, float, float]:
 
 
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
+    """bits.csv from bits_runs.csv: one row per (problem, rule, method), `COLUMNS`. ratio_* and the
+    means of K and bits: nan unless every seed reached the threshold; accuracy_common_*: the mean and
+    95 % t-interval over seeds of the accuracy at the common step, nan unless every seed was measured
+    there (common_status "ok"; common_measured counts them)."""
     rows = []
     for (prob, rule, method), g in runs.groupby(["problem", "rule", "method"], sort=False):
         every = bool(g.K.notna().all())
         m, lo, hi = t_interval(g.ratio) if every else (float("nan"),) * 3
+        ok = g.common_status == "ok"
+        cm, clo, chi = t_interval(g.accuracy_common) if ok.all() else (float("nan"),) * 3
         rows.append(dict(problem=prob, rule=rule, method=method, lr=float(g.lr.iloc[0]), seeds=len(g),
                          reached=int(g.K.notna().sum()), threshold=float(g.threshold.iloc[0]),
                          K_mean=float(g.K.mean()) if every else float("nan"),
@@ -239,6 +291,9 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          ratio_mean=m, ratio_lo=lo, ratio_hi=hi,
                          bits_up_per_element=float(g.bits_up_per_element.mean()),
                          accuracy_mean=float(g.accuracy.mean()),
+                         common_step=float(g.common_step[ok].max()) if ok.any() else float("nan"),
+                         common_measured=int(ok.sum()), accuracy_common_mean=cm, accuracy_common_lo=clo,
+                         accuracy_common_hi=chi,
                          quick=bool(g[QUICK_COLUMN].astype(bool).any()) if QUICK_COLUMN in g else False))
     return with_codec_options(pd.DataFrame(rows, columns=COLUMNS))
 
@@ -310,7 +365,8 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
         lr = {(p.name, "fp32-lr", m): own[(p.name, base)] for p in problems for m in methods}
         if lr_grid:
             lr.update({(p.name, "own-lr", m): own[(p.name, m)] for p in problems for m in methods})
-        first = [(p, base, s, win[p.name], None, p.steps, own[(p.name, base)], 0.0) for p in problems for s in seeds]
+        first = [(p, base, s, win[p.name], None, p.steps, own[(p.name, base)], 0.0, None)
+                 for p in problems for s in seeds]
         phase1 = _map(_job, first, jobs, bar)
         thr = {p.name: FACTOR * float(np.mean([r["loss_smoothed"] for r in phase1 if r["problem"] == p.name]))
                for p in problems}
@@ -318,7 +374,8 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
         distinct = list(dict.fromkeys((p, m, lr[(p.name, rule, m)]) for p in problems
                                       for rule in (RULES if lr_grid else RULES[:1]) for m in methods))
         bar.total = n_tune + len(first) + len(distinct) * len(seeds)
-        rest = [(p, m, s, win[p.name], thr[p.name], int(cap_factor * p.steps), r, 0.0) for p, m, r in distinct for s in seeds]
+        rest = [(p, m, s, win[p.name], thr[p.name], int(cap_factor * p.steps), r, 0.0, p.steps)
+                for p, m, r in distinct for s in seeds]
         done = {(r["problem"], r["method"], r["lr"], r["seed"]): r for r in _map(_job, rest, jobs, bar)}
     rows = [dict(done[(p.name, m, lr[(p.name, rule, m)], s)], rule=rule) for p in problems
             for rule in (RULES if lr_grid else RULES[:1]) for m in methods for s in seeds]
@@ -350,9 +407,9 @@ def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, c
               f"fp32 {p.steps} steps at lr {fp_lr:g}, cap {int(cap_factor * p.steps)}, seeds {list(seeds)}): "
               f"threshold {t.threshold.iloc[0]:.4f} (smoothed training loss, {FACTOR} x fp32's minimum); "
               + (f"rates from {list(lr_grid)} on a {VALIDATION:g} validation split, seed {TUNE_SEED}"
-                 if lr_grid else "no tuning"))
+                 if lr_grid else "no tuning") + f"; accuracy_common at step {p.steps}")
         print(t[["rule", "method", "lr", "reached", "seeds", "K_mean", "bits_total_mean", "ratio_mean", "ratio_lo",
-                 "ratio_hi", "bits_up_per_element", "accuracy_mean"]].to_string(index=False,
+                 "ratio_hi", "bits_up_per_element", "accuracy_mean", "accuracy_common_mean"]].to_string(index=False,
                                                                                 float_format=lambda v: f"{v:.4g}"))
     if out is not None:
         print(f"\nwrote {out}/bits_lr_grid.csv, bits_runs.csv, bits.csv, bits.png ({seconds:.0f} s, {jobs} process"

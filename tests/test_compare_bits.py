@@ -141,3 +141,106 @@ def test_codec_options_name_qsgd_coding():
     df = common.with_codec_options(pd.DataFrame({"method": ["qsgd", "qsgd[coding=fixed]"], "x": [1, 2]}))
     assert list(df.columns) == ["method", "codec_options", "x"]
     assert [s.split(";")[1] for s in df.codec_options] == ["coding=paper", "coding=fixed"]
+
+
+def test_accuracy_at_the_common_step_is_that_of_a_plain_run_to_fp32s_budget(bits):
+    """Every run also reports the test accuracy at fp32's step budget (the --quick steps per problem):
+    for fp32 and for every method that reached the threshold earlier, the same as a plain run of the
+    same config (seed, rate) to that step; K, the bits and `accuracy` stay those of step K."""
+    from tgsim.analysis.common import single_thread
+    from tgsim.analysis.compare_cli import BITS_QUICK_STEPS
+
+    _, runs, table, _ = bits
+    assert (runs.common_status == "ok").all()
+    assert (runs.common_step == runs.problem.map(BITS_QUICK_STEPS)).all()
+    early = runs[(runs.K < runs.common_step) | (runs.method == "fp32")].drop_duplicates(["problem", "method", "lr"])
+    assert (early.method == "fp32").any() and (early.method != "fp32").any()
+    for r in early.itertuples():
+        p = cb.PROBLEMS[r.problem]
+        with single_thread():       # as compare bits runs it (threaded BLAS is slower here)
+            plain = cb.train(cb.config(p, r.method, int(r.seed), int(r.common_step), r.lr), int(r.window), None)
+        assert plain["steps"] == r.common_step
+        assert r.accuracy_common == pytest.approx(plain["accuracy"], abs=1e-12), (r.problem, r.method)
+        assert r.test_loss_common == pytest.approx(plain["eval_loss"], rel=1e-9), (r.problem, r.method)
+    assert (runs.steps == runs.K).all() and (runs.bits_up_per_step * runs.K == runs.bits_up).all()
+    key = ["problem", "rule", "method"]
+    t = table.set_index(key)
+    assert (t.common_measured == 1).all()
+    np.testing.assert_allclose(t.accuracy_common_mean, runs.set_index(key).accuracy_common.reindex(t.index))
+
+
+def _logistic(steps: int):
+    return cb.config(cb.PROBLEMS["logistic"], "fp32", 0, steps, 0.05)
+
+
+def test_train_keeps_k_and_bits_of_an_early_hit_and_measures_the_common_step():
+    """threshold +inf: the hit is at step `window` (5); the run goes on to the common step (12) for the
+    accuracy there only. Each number equals a plain run stopped at that step (deterministic training)."""
+    hit = cb.train(_logistic(30), 5, float("inf"), common=12)
+    at_k, at_common = cb.train(_logistic(5), 5, None), cb.train(_logistic(12), 5, None)
+    assert (hit["K"], hit["steps"], hit["status"], hit["common_step"], hit["common_status"]) == (5, 5, "reached", 12, "ok")
+    for k in ("bits_up", "bits_down", "bits_total", "accuracy", "eval_loss", "loss_smoothed"):
+        assert hit[k] == at_k[k], k
+    assert (hit["accuracy_common"], hit["test_loss_common"]) == (at_common["accuracy"], at_common["eval_loss"])
+    assert hit["accuracy_common"] != hit["accuracy"]
+    # a hit at the common step itself: one measurement for both
+    same = cb.train(_logistic(30), 5, float("inf"), common=5)
+    assert (same["accuracy_common"], same["common_step"]) == (at_k["accuracy"], 5)
+
+
+def test_train_says_when_the_common_step_is_capped_or_diverged(monkeypatch):
+    """A cap below the common step: the state at the last step, common_status "capped"; a run that
+    diverges before it: nan, "diverged" (a divergence after it keeps the measurement); no common
+    step: "none"; a common step below 1: a clear error."""
+    from tgsim.analysis import common
+    from tgsim.errors import NonFiniteGradientError
+
+    capped = cb.train(_logistic(8), 5, None, common=12)
+    assert (capped["common_status"], capped["common_step"]) == ("capped", 8)
+    assert capped["accuracy_common"] == capped["accuracy"]
+    hit = cb.train(_logistic(8), 5, float("inf"), common=12)           # hit at 5, capped at 8
+    assert (hit["K"], hit["common_status"], hit["common_step"]) == (5, "capped", 8)
+    assert hit["accuracy_common"] == capped["accuracy"] != hit["accuracy"]
+    assert cb.train(_logistic(8), 5, None)["common_status"] == "none"
+    with pytest.raises(ValueError, match="common step must be >= 1"):
+        cb.train(_logistic(8), 5, None, common=0)
+
+    real = common.fresh_run
+
+    def failing_at(step):
+        def fresh_run(cfg, setup=None):
+            s, params, opt, state, step_fn = real(cfg, setup)
+
+            def failing(setup, params, opt, t, *a, **k):
+                if t + 1 == step:
+                    raise NonFiniteGradientError("w")
+                return step_fn(setup, params, opt, t, *a, **k)
+            return s, params, opt, state, failing
+        return fresh_run
+
+    monkeypatch.setattr(common, "fresh_run", failing_at(10))
+    early = cb.train(_logistic(30), 5, float("inf"), common=12)       # hit at 5, diverged at 10
+    assert (early["status"], early["K"], early["common_status"]) == ("reached", 5, "diverged")
+    assert np.isnan(early["accuracy_common"]) and np.isnan(early["common_step"]) and np.isfinite(early["accuracy"])
+    late = cb.train(_logistic(30), 5, None, common=8)                  # measured at 8, diverged at 10
+    assert late["status"].startswith("diverged") and late["common_status"] == "ok"
+    monkeypatch.setattr(common, "fresh_run", real)
+    assert late["accuracy_common"] == cb.train(_logistic(8), 5, None)["accuracy"]
+
+
+def test_summarize_gives_no_common_mean_unless_every_seed_was_measured():
+    """accuracy_common_mean is the mean over seeds with a 95 % t-interval (papers_figures' t logic);
+    a seed not measured at the common step (diverged) leaves it nan, common_measured says how many."""
+    from scipy import stats
+
+    acc = [0.90, 0.92, 0.97]
+    rows = [dict(problem="p", rule="fp32-lr", method=m, lr=0.1, seed=s, threshold=1.0, K=10.0, ratio=1.0,
+                 bits_total=1.0, bits_up_per_element=1.0, accuracy=0.5, common_step=20 if ok else np.nan,
+                 common_status="ok" if ok else "diverged", accuracy_common=a if ok else np.nan)
+            for m, bad in (("fp32", None), ("terngrad", 1)) for s, a in enumerate(acc) for ok in [s != bad]]
+    t = cb.summarize(pd.DataFrame(rows)).set_index("method")
+    h = stats.t.ppf(0.975, 2) * np.std(acc, ddof=1) / np.sqrt(3)
+    np.testing.assert_allclose(t.loc["fp32", ["accuracy_common_mean", "accuracy_common_lo", "accuracy_common_hi"]]
+                               .astype(float), [np.mean(acc), np.mean(acc) - h, np.mean(acc) + h])
+    assert (t.loc["fp32", "common_measured"], t.loc["fp32", "common_step"]) == (3, 20)
+    assert t.loc["terngrad", "common_measured"] == 2 and np.isnan(t.loc["terngrad", "accuracy_common_mean"])
