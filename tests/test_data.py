@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,25 +134,29 @@ def _forbid_network(monkeypatch):
 
 def test_mnist1d_offline_no_files_and_global_rng_restored(monkeypatch, tmp_path):
     _forbid_network(monkeypatch)
-    monkeypatch.chdir(tmp_path)                      # mnist1d.get_dataset would write a .pkl here
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)                          # mnist1d.get_dataset would write a .pkl here
+    monkeypatch.setenv("TGSIM_CACHE_DIR", str(tmp_path / "cache"))   # empty: the generator runs
     datasets_mod._mnist1d_arrays.cache_clear()
     np.random.seed(1234)
     random.seed(1234)
-    ds = load("mnist1d", num_samples=1000)           # generated, not cached
+    ds = load("mnist1d", num_samples=1000)           # generated (the cache directory is empty)
     assert ds.n_train == 800 and ds.n_test == 200 and ds.meta["generation_seconds"] > 0
     after_np, after_py = np.random.random(), random.random()
     np.random.seed(1234)
     random.seed(1234)
     assert after_np == np.random.random() and after_py == random.random()
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(ds.meta["cache"]).name]
 
 
 def test_mnist1d_generator_is_deterministic_and_cached():
-    gen = datasets_mod._mnist1d_arrays.__wrapped__
-    a, b = gen(1000, 42), gen(1000, 42)
+    gen = datasets_mod._mnist1d_generate
+    a, b = list(gen(1000, 42).values()), list(gen(1000, 42).values())
     for u, v in zip(a[:4], b[:4]):
         np.testing.assert_array_equal(u, v)
-    c = gen(1000, 7)
+    c = list(gen(1000, 7).values())
     assert not np.array_equal(a[0], c[0])
     load("mnist1d")
     hits = datasets_mod._mnist1d_arrays.cache_info().hits

@@ -32,8 +32,11 @@ Names and their keyword arguments (defaults in parentheses):
   downloaded. The generator seeds NumPy's and Python's global RNGs: both are saved and restored
   around it. The split is the generator's own (first 80 % train): 4000 / 1000 for 5000 samples.
   ``seed`` does not affect this dataset; ``generator_seed=42`` is the canonical MNIST-1D.
-  Generated arrays are cached in memory (``functools.lru_cache``), not on disk; the generation
-  time is in ``meta["generation_seconds"]``.
+  Generated arrays are cached in memory (``functools.lru_cache``) and on disk
+  (`tgsim.data.array_cache`: ``$TGSIM_CACHE_DIR``, else ``~/.cache/tgsim``, checked by SHA-256 on
+  every read; ``TGSIM_CACHE_DIR=off`` disables it), keyed by the mnist1d package's version,
+  num_samples and generator_seed; the cached arrays equal the generated ones bit for bit.
+  ``meta``: generation_seconds (generating or reading them), cache (the file, or None).
 
 Every name also takes ``validation`` (0.0): a fraction of the training split held out, stratified
 by label for classification and keyed by ``seed``, that replaces the test split for the run
@@ -52,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+from tgsim.data import array_cache
 
 # Tags that separate the random streams of the different loaders (any distinct constants).
 _TAG_LEAST_SQUARES = 0x4C535131
@@ -239,29 +244,39 @@ def _sklearn(name: str, seed: int, *, test_fraction: float = 0.25,
 # ---------------------------------------------------------------------------------------------
 # MNIST-1D
 
-@functools.lru_cache(maxsize=8)
-def _mnist1d_arrays(num_samples: int, generator_seed: int):
-    """Run the MNIST-1D generator offline; returns read-only (x, y, x_test, y_test, seconds)."""
-    import time
-
+def _mnist1d_generate(num_samples: int, generator_seed: int) -> dict[str, np.ndarray]:
+    """Run the MNIST-1D generator offline, global RNG states restored; arrays x, y, x_test, y_test."""
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
     args.num_samples = num_samples
     args.seed = generator_seed
     np_state, py_state = np.random.get_state(), random.getstate()
-    t0 = time.perf_counter()
     try:
         d = make_dataset(args)
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
+    return {"x": np.asarray(d["x"], dtype=np.float32), "y": np.asarray(d["y"], dtype=np.int64),
+            "x_test": np.asarray(d["x_test"], dtype=np.float32), "y_test": np.asarray(d["y_test"], dtype=np.int64)}
+
+
+@functools.lru_cache(maxsize=8)
+def _mnist1d_arrays(num_samples: int, generator_seed: int):
+    """MNIST-1D's arrays from the disk cache (tgsim.data.array_cache, keyed by the mnist1d package's
+    version, num_samples and generator_seed) or generated; read-only (x, y, x_test, y_test, seconds,
+    cache path or None)."""
+    import time
+    from importlib.metadata import version
+
+    key = f"mnist1d-{version('mnist1d')}-n{num_samples}-seed{generator_seed}"
+    t0 = time.perf_counter()
+    arrays, path = array_cache.cached(key, lambda: _mnist1d_generate(num_samples, generator_seed))
     seconds = time.perf_counter() - t0
-    out = (np.asarray(d["x"], dtype=np.float32), np.asarray(d["y"], dtype=np.int64),
-           np.asarray(d["x_test"], dtype=np.float32), np.asarray(d["y_test"], dtype=np.int64))
+    out = tuple(arrays[k] for k in ("x", "y", "x_test", "y_test"))
     for a in out:
         a.flags.writeable = False
-    return out + (seconds,)
+    return out + (seconds, None if path is None else str(path))
 
 
 def _mnist1d(seed: int, *, num_samples: int = 5000, generator_seed: int = 42) -> Dataset:
@@ -269,9 +284,9 @@ def _mnist1d(seed: int, *, num_samples: int = 5000, generator_seed: int = 42) ->
     if num_samples % 10:
         raise ValueError(f"num_samples must be a multiple of 10 (10 classes), got {num_samples}")
     generator_seed = _check_int("generator_seed", generator_seed, 0)
-    x_tr, y_tr, x_te, y_te, seconds = _mnist1d_arrays(num_samples, generator_seed)
+    x_tr, y_tr, x_te, y_te, seconds, path = _mnist1d_arrays(num_samples, generator_seed)
     meta = dict(generator_seed=generator_seed, num_samples=num_samples,
-                generation_seconds=seconds)
+                generation_seconds=seconds, cache=path)
     return Dataset("mnist1d", "classification", x_tr.copy(), y_tr.copy(), x_te.copy(),
                    y_te.copy(), 10, (x_tr.shape[1],), meta)
 
