@@ -83,6 +83,12 @@ QUICK = {
         (lambda t: [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "tgsim.mpi_runs.train", "demo",
                     "--set", "workers.n=2", "--set", "run.steps=20", "--out", str(t / "mpi"), "--quiet"],
          ["bits/worker up", "(ranks 1..1; rank 0 as server", "(2 ranks)"]),     # -n 4 in tests/test_mpi.py
+    ".venv/bin/tgsim run torch_digits --out results/torch-digits":
+        (lambda t: _tgsim("run", "torch_digits", "--out", str(t / "torch"), "--set", "run.steps=5", "--quiet"),
+         ["test loss", "results: "]),
+    # the torch model over MPI equals the simulator bit for bit: tests/test_torch_model.py (one -n 2 job)
+    ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train torch_digits --out results/torch-digits-mpi":
+        (None, []),
     ".venv/bin/tgsim figures least_squares_robbins_monro":
         (lambda t: _tgsim("figures", "--quick", "least_squares_robbins_monro"), [".csv", ".png", "outputs: "]),
     # quick forms run by tests/test_figures.py (the script itself; `tgsim figures` runs it as the line above)
