@@ -101,6 +101,20 @@ def test_bench_smoke_shared_1gbit(tmp_path):
     assert (df["t_step"] > 0).all() and (df["speedup"] > 0).all()
 
 
+@needs_netns
+@pytest.mark.heavy
+def test_the_whole_quick_grid(tmp_path):
+    """`tgsim bench exchange --quick` (the README's command in its quick form: N = 2, 4 x 1M, 4M
+    elements, every mode) writes one summary row per (N, size, mode), all marked quick; `make test`
+    runs its first point only (tests/test_readme_commands.py)."""
+    p = subprocess.run([sys.executable, "-m", "tgsim.cli", "bench", "exchange", "--quick", "--quiet", "--out",
+                        str(tmp_path / "bx.csv")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "bx.csv")
+    assert set(zip(df.ranks, df.params)) == {(2, 1_000_000), (2, 4_000_000), (4, 1_000_000), (4, 4_000_000)}
+    assert df["quick"].astype(bool).all() and (df["t_step"] > 0).all()
+
+
 def test_cmd_explains_when_namespaces_are_unavailable(monkeypatch, capsys):
     monkeypatch.setattr(be, "check_environment", lambda shaping=True: (False, "not root (test)"))
     p = __import__("argparse").ArgumentParser()

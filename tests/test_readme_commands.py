@@ -77,7 +77,10 @@ QUICK = {
                                                 ["encode_x_read", "randomk"]),
     ".venv/bin/tgsim bench sim": (lambda t: _tgsim("bench", "sim", "--quick"),
                                   ["simulator throughput", "peak memory of one step"]),
-    ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--out", str(t / "bx.csv")),
+    # --quick at one point of its grid (N = 2, 1M elements; the whole --quick grid: make test-slow's
+    # tests/test_bench_exchange.py)
+    ".venv/bin/tgsim bench exchange": (lambda t: _tgsim("bench", "exchange", "--quick", "--ranks", "2", "--params",
+                                                        "1e6", "--out", str(t / "bx.csv")),
                                        ["rows: "]),
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train demo --set workers.n=4":
         (lambda t: [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "tgsim.mpi_runs.train", "demo",

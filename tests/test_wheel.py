@@ -11,8 +11,10 @@ PYTHONPATH. The tests then check that
   wheel, at its installed name (analysis/ -> tgsim/analysis/, ...), and in the sdist;
 * every module imports from the installed copy (the figure scripts, which run when imported, and
   their helpers, which they import by bare name, are run through `tgsim figures` instead);
-* `tgsim --version`, `tgsim codecs` (listing the plugin), a 50-step `tgsim run demo` (the packaged
-  config), `mpiexec -n 2 python -m tgsim.mpi_runs.train demo` and one quick figure work.
+* `tgsim --version`, `tgsim codecs` (listing the plugin), a 10-step `tgsim run demo` (the packaged
+  config) and one quick figure work; `mpiexec -n 2 python -m tgsim.mpi_runs.train demo` from the
+  installed copy is heavy (`make test-slow`: tgsim.mpi_runs imports from it here, and every MPI test
+  runs the same module through the venv's mpiexec).
 
 The build and the install take about 1-2 minutes (pip's cache makes the install offline after the
 first `make`).
@@ -139,6 +141,7 @@ def test_cli_runs_the_packaged_demo_and_lists_the_plugin(installed):
     assert (job / "run-plugin" / "params.npz").exists()
 
 
+@pytest.mark.heavy
 def test_mpi_training_from_the_installed_package(installed):
     bin_, job, _ = installed
     res = sh([bin_ / "mpiexec", "-n", "2", bin_ / "python", "-m", "tgsim.mpi_runs.train", "demo", "--out", "mpi",
