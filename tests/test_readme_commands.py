@@ -153,3 +153,21 @@ def test_readme_python_api_example_runs(tmp_path, monkeypatch):
     exec(compile(block, "README.md (Python API)", "exec"), scope)
     assert set(scope["msg"].codes("fc.w").reshape(-1)) <= {-1, 0, 1}
     assert scope["metrics"].query("split == 'train' and layer == 'model'").step.max() == 200
+
+
+def test_readme_torch_example_runs(tmp_path):
+    """README "Your PyTorch model": its block, split at `# train.py` into mynets.py and train.py, runs
+    as written in a temporary directory (20 steps instead of 300) and prints a test accuracy."""
+    pytest.importorskip("torch")
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Your PyTorch model"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    nets, train = block.split("# train.py\n")
+    assert nets.startswith("# mynets.py\n") and '"steps": 300' in train
+    (tmp_path / "mynets.py").write_text(nets)
+    (tmp_path / "train.py").write_text(train.replace('"steps": 300', '"steps": 20'))
+    res = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 0.0 <= float(res.stdout.strip().splitlines()[-1]) <= 1.0
+    assert (tmp_path / "results" / "digits-cnn" / "params.npz").exists()
