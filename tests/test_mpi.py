@@ -115,13 +115,8 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150, **section
     return cli
 
 
-@needs_mpi
-def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
-    """mpiexec -n 4 vs 4 virtual workers, 100 steps, least squares and the MLP, every exchange mode of
-    the packed-code and fp32 paths (the own-wire codecs: the next test): identical parameters on every
-    rank, and the same training losses in the metrics."""
-    cli_case = ("mlp", "ps-reternarize")                   # through `python -m tgsim.mpi_runs.train`
-    cli = _mpi_equals_simulator(tmp_path, [(m, mode) for m in MODELS for mode in CORE_MODES], cli_case)
+def _check_cli_by_rank(tmp_path, cli) -> None:
+    """The `python -m tgsim.mpi_runs.train` case at 4 ranks over ps: its summary and per-rank bytes."""
     assert "results:" in cli.stdout and "(4 ranks)" in cli.stdout
     by_rank = json.loads((tmp_path / "mpi" / "cli" / "comm_bytes_by_rank.json").read_text())
     assert [b["rank"] for b in by_rank] == [0, 1, 2, 3]
@@ -130,13 +125,28 @@ def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
     assert by_rank[0]["received"] > by_rank[1]["sent"] * 2
 
 
+CLI_CASE = ("mlp", "ps-reternarize")                   # through `python -m tgsim.mpi_runs.train`
+
+
 @needs_mpi
-def test_every_own_wire_codec_over_mpi_equals_the_simulator(tmp_path):
-    """One mpiexec -n 4 job for every codec with its own wire: ps and allgather, least squares and the
-    MLP, 30 steps each, in one job (the per-codec 100-step jobs: the heavy test below)."""
+def test_mpi_training_equals_the_simulator_bit_for_bit(tmp_path):
+    """mpiexec -n 4 vs 4 virtual workers, 30 steps, least squares and the MLP: every exchange mode of
+    the packed-code and fp32 paths, and every codec with its own wire in ps and allgather, in one job
+    (plus the CLI case's job): identical parameters on every rank, and the same training losses in the
+    metrics. The 100-step forms: the heavy tests below."""
     assert len(OWN_WIRE) >= 8, OWN_WIRE
-    _mpi_equals_simulator(tmp_path, [(m, f"{codec}-{mode}") for codec in OWN_WIRE for m in MODELS
-                                     for mode in ("ps", "allgather")], timeout=300, run={"steps": 30})
+    names = [(m, mode) for m in MODELS for mode in CORE_MODES] + [
+        (m, f"{codec}-{mode}") for codec in OWN_WIRE for m in MODELS for mode in ("ps", "allgather")]
+    cli = _mpi_equals_simulator(tmp_path, names, CLI_CASE, timeout=300, run={"steps": 30})
+    _check_cli_by_rank(tmp_path, cli)
+
+
+@needs_mpi
+@pytest.mark.heavy
+def test_core_modes_over_mpi_equal_the_simulator_100_steps(tmp_path):
+    """The packed-code and fp32 modes of the test above at the full 100 steps."""
+    cli = _mpi_equals_simulator(tmp_path, [(m, mode) for m in MODELS for mode in CORE_MODES], CLI_CASE)
+    _check_cli_by_rank(tmp_path, cli)
 
 
 @needs_mpi
