@@ -1,4 +1,5 @@
-"""Datasets that need no download: synthetic problems, scikit-learn's bundled sets, MNIST-1D.
+"""Datasets that need no download: synthetic problems, scikit-learn's bundled sets, MNIST-1D, and
+next-byte windows of the Python standard library's source.
 
 `load(name, seed=0, **kwargs)` returns a `Dataset` with x float32 and y int64 labels
 (classification) or float32 targets (regression). Every loader is a pure function of
@@ -38,6 +39,23 @@ Names and their keyword arguments (defaults in parentheses):
   num_samples and generator_seed; the cached arrays equal the generated ones bit for bit.
   ``meta``: generation_seconds (generating or reading them), cache (the file, or None).
 
+* ``"pychars"`` -- num_samples (20000), context (32), test_fraction (0.2). Next-byte prediction
+  on a real text corpus present on every machine: the source of a fixed sorted list of the Python
+  standard library's modules (``PYCHARS_MODULES``, read from ``sysconfig.get_paths()["stdlib"]``),
+  concatenated in that order as bytes. Tokens are indices into the corpus' sorted set of distinct
+  byte values (the vocabulary, ``n_classes`` of them). A sample's x is a window of ``context``
+  consecutive tokens (float32 token ids, exact below 2^24), its y (int64) the token after the
+  window. The corpus is cut into blocks of ``PYCHARS_BLOCK`` tokens; round(test_fraction * blocks)
+  of them, drawn keyed by ``seed``, hold the test windows and the rest the training windows, so no
+  window or target of one split overlaps the other. round(test_fraction * num_samples) test and the
+  other training windows (window and target inside one block) are drawn without replacement,
+  keyed by ``seed``. The corpus, and so the data, changes with the Python version: ``meta`` records
+  python_version, stdlib (the directory read), modules, sha256 (of the corpus bytes), corpus_bytes,
+  vocab (the byte values of the tokens 0..n_classes-1), unigram_loss (the entropy, in nats, of
+  the training targets' distribution: the cross-entropy of the best constant prediction), and
+  train_starts / test_starts (each window's offset in the corpus, int64; the loader's splits, before
+  any validation hold-out).
+
 Every name also takes ``validation`` (0.0): a fraction of the training split held out, stratified
 by label for classification and keyed by ``seed``, that replaces the test split for the run
 (``Dataset.eval_split == "validation"``; the test arrays are not returned at all). Tune
@@ -63,6 +81,7 @@ _TAG_LEAST_SQUARES = 0x4C535131
 _TAG_CLASSIFICATION = 0x434C5331
 _TAG_SPLIT = 0x53504C31
 _TAG_VALIDATION = 0x56414C31
+_TAG_PYCHARS = 0x50594331
 
 
 @dataclass(eq=False)
@@ -292,6 +311,82 @@ def _mnist1d(seed: int, *, num_samples: int = 5000, generator_seed: int = 42) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# Python standard library source as a text corpus
+
+PYCHARS_MODULES: tuple[str, ...] = (
+    "argparse.py", "dataclasses.py", "difflib.py", "fractions.py", "functools.py", "heapq.py",
+    "inspect.py", "random.py", "shutil.py", "statistics.py", "textwrap.py", "typing.py")
+PYCHARS_BLOCK = 1024      # tokens per block of the train/test split
+
+
+@functools.lru_cache(maxsize=2)
+def _pychars_corpus(stdlib: str) -> bytes:
+    """The bytes of PYCHARS_MODULES under `stdlib`, concatenated in order; ValueError naming a
+    missing file."""
+    import os
+
+    parts = []
+    for name in PYCHARS_MODULES:
+        path = os.path.join(stdlib, name)
+        try:
+            with open(path, "rb") as f:
+                parts.append(f.read())
+        except OSError as e:
+            raise ValueError(f"pychars: cannot read the standard library module {path!r} ({e}); "
+                             "this Python installation lacks its source files") from None
+    return b"".join(parts)
+
+
+def _pychars(seed: int, *, num_samples: int = 20000, context: int = 32,
+             test_fraction: float = 0.2) -> Dataset:
+    import hashlib
+    import platform
+    import sysconfig
+
+    num_samples = _check_int("num_samples", num_samples, 2)
+    context = _check_int("context", context, 1)
+    test_fraction = _check_float("test_fraction", test_fraction, 0.0, strict=True)
+    if test_fraction >= 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if context >= PYCHARS_BLOCK:
+        raise ValueError(f"context must be < {PYCHARS_BLOCK} (the split's block length), got {context}")
+    stdlib = sysconfig.get_paths()["stdlib"]
+    corpus = _pychars_corpus(stdlib)
+    raw = np.frombuffer(corpus, dtype=np.uint8)
+    vocab, tokens = np.unique(raw, return_inverse=True)
+    n_blocks = raw.size // PYCHARS_BLOCK
+    n_test_blocks = int(round(test_fraction * n_blocks))
+    n_test = int(round(test_fraction * num_samples))
+    if n_test_blocks < 1 or n_test_blocks >= n_blocks or n_test < 1 or n_test >= num_samples:
+        raise ValueError(f"pychars: test_fraction={test_fraction} leaves an empty split "
+                         f"({n_blocks} blocks, {num_samples} samples)")
+    rng = np.random.default_rng([_TAG_PYCHARS, seed])
+    is_test = np.zeros(n_blocks, dtype=bool)
+    is_test[rng.permutation(n_blocks)[:n_test_blocks]] = True
+    per_block = PYCHARS_BLOCK - context          # window starts whose target stays inside the block
+    offsets = np.arange(per_block)
+
+    def windows(blocks, m, part):
+        starts = (blocks[:, None] * PYCHARS_BLOCK + offsets).reshape(-1)
+        if m > starts.size:
+            raise ValueError(f"pychars: {m} {part} windows asked, the corpus holds {starts.size} "
+                             f"(lower num_samples or context)")
+        starts = starts[rng.choice(starts.size, m, replace=False)]
+        x = tokens[starts[:, None] + np.arange(context)].astype(np.float32)
+        return x, tokens[starts + context].astype(np.int64), starts.astype(np.int64)
+
+    x_tr, y_tr, s_tr = windows(np.flatnonzero(~is_test), num_samples - n_test, "training")
+    x_te, y_te, s_te = windows(np.flatnonzero(is_test), n_test, "test")
+    p = np.bincount(y_tr, minlength=vocab.size) / y_tr.size
+    unigram = float(-np.sum(p[p > 0] * np.log(p[p > 0])))
+    meta = dict(python_version=platform.python_version(), stdlib=stdlib, modules=list(PYCHARS_MODULES),
+                sha256=hashlib.sha256(corpus).hexdigest(), corpus_bytes=int(raw.size),
+                vocab=[int(v) for v in vocab], unigram_loss=unigram, context=context,
+                train_starts=s_tr, test_starts=s_te)
+    return Dataset("pychars", "classification", x_tr, y_tr, x_te, y_te, int(vocab.size), (context,), meta)
+
+
+# ---------------------------------------------------------------------------------------------
 
 _LOADERS: dict[str, Callable[..., Dataset]] = {
     "least_squares": _least_squares,
@@ -300,6 +395,7 @@ _LOADERS: dict[str, Callable[..., Dataset]] = {
     "breast_cancer": functools.partial(_sklearn, "breast_cancer"),
     "wine": functools.partial(_sklearn, "wine"),
     "mnist1d": _mnist1d,
+    "pychars": _pychars,
 }
 
 DATASETS: tuple[str, ...] = tuple(_LOADERS)
