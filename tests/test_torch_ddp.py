@@ -1,0 +1,211 @@
+"""tgsim.torch.ddp: torch DDP with tgsim's comm hook ends with the simulator's parameters, bit for bit.
+
+One mpiexec job of 2 ranks (tests/torch_ddp_driver.py) trains the example MLP on MNIST-1D through DDP
+over Gloo with the hook, each rank on the simulator's batches of its worker, for TernGrad (shared
+scalers, integer all-reduce of the codes) and top-k with error feedback (parameter server,
+`gradient_as_bucket_view=True`), with a bucket cap small enough that DDP rebuilds its one bucket of
+step 0 into two at step 1. The parameters after every step equal those of tgsim's simulator
+(checkpoints of a 2-worker run of the same config) on both ranks. Planted defects in the same job,
+as positive controls: layers keyed by bucket index (fails at step 1, after the rebuild) and error
+feedback without its residuals (other parameters from step 1 on). Then the checks: a misnamed hook
+argument, modules that differ across ranks (the same error on every rank), NaN gradients. Skipped,
+with the reason, without torch or MPI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
+
+from mpi_cases import load_params, mpiexec, needs_mpi, params_bits, simulate  # noqa: E402
+
+from tgsim.errors import ConfigError  # noqa: E402
+from tgsim.torch import ddp as tgddp  # noqa: E402
+from tgsim.train import checkpoint  # noqa: E402
+
+STEPS = 5
+DRIVER = Path(__file__).resolve().parent / "torch_ddp_driver.py"
+BUCKET_CAP_MB = 0.002          # 2 KiB: from step 1 on, [2.bias, 2.weight] and [0.bias, 0.weight]
+
+
+def _config(codec: dict, mode: str) -> dict:
+    return {"run": {"name": "ddp", "seed": 5, "steps": STEPS, "eval_every": 0, "log_every": 10,
+                    "checkpoint_every": 1, "keep_checkpoints": STEPS},
+            "data": {"name": "mnist1d"},
+            "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
+            "workers": {"n": 2, "batch": 32},
+            "codec": codec, "exchange": {"mode": mode},
+            "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+
+
+TERNGRAD = _config({"name": "terngrad"}, "allreduce")
+TOPK_EF = _config({"name": "topk", "error_feedback": True}, "ps")
+CASES = {
+    "terngrad": {"config": TERNGRAD, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": False},
+    "topk-ef": {"config": TOPK_EF, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": True},
+    "defect-bucket-index": {"config": TERNGRAD, "steps": 2, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": False,
+                            "defect": "bucket_index"},
+    "defect-no-residual": {"config": TOPK_EF, "steps": 3, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": True,
+                           "defect": "no_residual"},
+}
+
+
+def _digest(params: dict) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(params[k]).tobytes() for k in sorted(params))).hexdigest()
+
+
+def _run_job(tmp: Path, cases: dict, ranks: int, checks: bool) -> SimpleNamespace:
+    """One mpiexec job of the driver over the training `cases` (and, where `checks`, the misnamed,
+    mismatch and NaN checks) at `ranks` ranks; its results (one entry per rank) and the simulator's
+    per-step digests and final parameters of each case that has no planted defect."""
+    spec = {"train": cases, **({"nan": TERNGRAD, "mismatch": TERNGRAD} if checks else {})}
+    (tmp / "cases.json").write_text(json.dumps(spec))
+    (tmp / "out").mkdir()
+    res, _ = mpiexec([(ranks, [str(DRIVER), str(tmp / "cases.json"), str(tmp / "out")])], timeout=300)
+    assert res.returncode == 0, res.report()
+    results = json.loads((tmp / "out" / "results.json").read_text())
+    sim = {}
+    for name, case in cases.items():
+        if case.get("defect"):
+            continue
+        run = simulate(case["config"], tmp / "sim" / name)
+        steps = [_digest(checkpoint.read(p)["params"])
+                 for p in checkpoint.list_checkpoints(tmp / "sim" / name / "checkpoints")]
+        assert len(steps) == STEPS and steps[-1] == _digest(run.params)
+        sim[name] = (steps, run.params)
+    return SimpleNamespace(ranks=results, sim=sim, out=tmp / "out")
+
+
+def _check_bits(job, name: str, ranks: int) -> None:
+    """After every step, on every rank, DDP's parameters are the simulator's (one bucket at step 0, two
+    from the rebuild on); rank 0's final parameters equal the simulator's array by array."""
+    steps, params = job.sim[name]
+    assert len(job.ranks) == ranks
+    for r in job.ranks:
+        case = r["train"][name]
+        assert case["error"] is None, (r["rank"], case["error"])
+        assert case["buckets"] == [1] + [2] * (STEPS - 1), case["buckets"]
+        assert case["digests"] == steps, f"rank {r['rank']}: first step that differs: " + \
+            str(next((i for i, (a, b) in enumerate(zip(case["digests"], steps)) if a != b), None))
+        assert case["sent"] > 0
+    assert params_bits(load_params(job.out / f"{name}.npz")) == params_bits(params)
+    assert steps[0] != steps[1]                        # the parameters move
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The 2-rank job of CASES with the checks."""
+    return _run_job(tmp_path_factory.mktemp("ddp"), CASES, 2, checks=True)
+
+
+@needs_mpi
+@pytest.mark.parametrize("name", ["terngrad", "topk-ef"])
+def test_ddp_with_the_hook_ends_with_the_simulators_bits(job, name):
+    """After every one of 5 steps, on both ranks, DDP's parameters equal the simulator's bit for bit:
+    step 0 with DDP's one bucket, steps 1.. with the two buckets of its rebuild; the final
+    parameters (rank 0) equal the simulator's array by array."""
+    _check_bits(job, name, 2)
+
+
+@needs_mpi
+@pytest.mark.heavy
+def test_four_ranks_end_with_the_simulators_bits(tmp_path):
+    """The two training cases at 4 ranks (4 workers, 16 samples each): the simulator's bits after
+    every step on every rank."""
+    cases = {}
+    for name in ("terngrad", "topk-ef"):
+        d = json.loads(json.dumps(CASES[name]))
+        d["config"]["workers"] = {"n": 4, "batch": 64}
+        cases[name] = d
+    job4 = _run_job(tmp_path, cases, 4, checks=False)
+    for name in cases:
+        _check_bits(job4, name, 4)
+
+
+@needs_mpi
+def test_planted_defects_are_caught(job):
+    """Positive controls in the same job: layers keyed by bucket index give the simulator's bits at
+    step 0 and fail at step 1, after the rebuild; error feedback without its residuals leaves the
+    simulator's parameters from step 1 on."""
+    tern, topk = job.sim["terngrad"][0], job.sim["topk-ef"][0]
+    for r in job.ranks:
+        bad = r["train"]["defect-bucket-index"]
+        assert bad["digests"][:1] == tern[:1]
+        assert bad["digests"][1:2] != tern[1:2], "keying by bucket index went unnoticed"
+        no_ef = r["train"]["defect-no-residual"]
+        assert no_ef["digests"][0] == topk[0] and no_ef["digests"][1] != topk[1]
+
+
+@needs_mpi
+def test_misnamed_hook_mismatched_modules_and_nan_gradients(job):
+    """A hook whose second argument is not `bucket`: tgsim's register names the rule (DDP says only
+    KeyError 'bucket'). Rank 1's module one hidden unit wider: the same RankConfigMismatchError on both
+    ranks, naming the parameter and both shapes. A NaN batch on rank 1: NonFiniteGradientError naming
+    the layer, worker 1 and step 0 there, a ValueError pointing to it on rank 0."""
+    mis = job.ranks[0]["misnamed"]
+    assert "second argument named 'bucket'" in mis["tgsim"] and "takes (state, grads)" in mis["tgsim"]
+    assert mis["ddp"] == "KeyError: 'bucket'"
+    msgs = {r["mismatch"] for r in job.ranks}
+    assert len(msgs) == 1, msgs
+    (msg,) = msgs
+    assert msg.startswith("RankConfigMismatchError:") and "(65,)" in msg and "(64,)" in msg and "'0.bias'" in msg
+    nan0, nan1 = job.ranks[0]["nan"], job.ranks[1]["nan"]
+    assert nan1.startswith("NonFiniteGradientError:") and "worker 1, step 0" in nan1, nan1
+    assert nan0.startswith("ValueError:") and "another worker's gradient is non-finite" in nan0, nan0
+
+
+# -- without MPI ---------------------------------------------------------------------------------------------
+
+class _OneRank:
+    """An exchange of `n` workers of which this process holds worker 0, its allgather of one rank."""
+
+    def __init__(self, n=1):
+        self.local_workers, self.n_workers = (0,), n
+        self.comm = SimpleNamespace(allgather=lambda x: [x])
+
+
+def test_create_refuses_configs_the_hook_cannot_run():
+    """[workers] n other than the ranks, local steps, the CuPy backend, a float64 module: ConfigError."""
+    module = torch.nn.Linear(3, 2)
+    cfg = {"workers": {"n": 1, "batch": 4}}
+    with pytest.raises(ConfigError, match=r"\[workers\] n = 1, but 2 ranks run"):
+        tgddp.TgsimHookState.create(module, cfg, exchange=_OneRank(2))
+    with pytest.raises(ConfigError, match="local = 'average'"):
+        tgddp.TgsimHookState.create(module, {**cfg, "exchange": {"local": "average", "every": 2}}, exchange=_OneRank())
+    with pytest.raises(ConfigError, match="runs on the CPU"):
+        tgddp.TgsimHookState.create(module, {**cfg, "run": {"backend": "cupy"}}, exchange=_OneRank())
+    with pytest.raises(ConfigError, match="parameter 'bias' is torch.float64"):
+        tgddp.TgsimHookState.create(torch.nn.Linear(3, 2).double(), cfg, exchange=_OneRank())
+    with pytest.raises(ConfigError, match="config must be a dict"):
+        tgddp.TgsimHookState.create(module, "demo.toml", exchange=_OneRank())
+
+
+def test_parameter_mismatch_names_the_first_difference():
+    a = [["0.bias", [4], "torch.float32"], ["0.weight", [4, 3], "torch.float32"]]
+    assert tgddp.parameter_mismatch([a, a]) is None
+    b = [["0.bias", [4], "torch.float32"], ["0.weight", [4, 5], "torch.float32"]]
+    assert "parameter '0.weight' is (4, 5) torch.float32 on rank 1, (4, 3) torch.float32 on rank 0" in \
+        tgddp.parameter_mismatch([a, b])
+    msg = tgddp.parameter_mismatch([a, a, a[:1]])
+    assert "rank 0 has ['0.weight'] that rank 2 lacks" in msg and "rank 1" not in msg
+
+
+def test_register_refuses_a_misnamed_hook_before_ddp_sees_it():
+    calls = []
+    fake = SimpleNamespace(register_comm_hook=lambda state, hook: calls.append(hook))
+
+    def grads_hook(state, grads):
+        return None
+
+    with pytest.raises(ValueError, match=r"'grads_hook' takes \(state, grads\)"):
+        tgddp.register(fake, None, grads_hook)
+    assert calls == []
+    tgddp.register(fake, None)
+    assert calls == [tgddp.tgsim_hook]

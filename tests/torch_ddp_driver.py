@@ -1,0 +1,170 @@
+"""The script every rank of tests/test_torch_ddp.py's mpiexec job runs: torch DDP over Gloo with tgsim's
+comm hook (tgsim.torch.ddp), one case after another, results in OUT/results.json (rank 0).
+
+    mpiexec -n 2 python tests/torch_ddp_driver.py CASES.json OUT
+
+CASES.json: {"train": {name: {"config": tgsim config dict, "steps": k, "bucket_cap_mb": c,
+"bucket_view": bool, "defect": null | "bucket_index" | "no_residual"}}, and optionally "mismatch"
+and "nan": a config dict each, for the checks below. Per training case: the sha256 of the parameters (name order) after every
+step on every rank, the bucket count of every step, the final parameters (rank 0, OUT/NAME.npz).
+Each rank trains worker `rank` of the simulator: the module TorchModel builds from the config's
+factory and seed, the batches `tgsim.data.batch_indices(shard, B, seed, step, rank)`, cross-entropy.
+The planted defects (positive controls of the test): "bucket_index" keys the layers by (bucket
+index, position) with the names of the first step's buckets; "no_residual" zeroes error feedback's
+residuals after every step. Then the checks: a hook with a misnamed argument (tgsim's register and
+DDP's own message), ranks whose modules differ (rank 1 one hidden unit wider), NaN gradients (the
+exception each rank's backward pass raises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tgsim.data import batch_indices
+from tgsim.torch import ddp as tgddp
+from tgsim.train.config import from_dict
+from tgsim.train.loop import build
+
+
+class BucketIndexState(tgddp.TgsimHookState):
+    """Planted defect: layers keyed by (bucket index, position), named as in the first step's buckets."""
+
+    def collect(self, bucket):
+        if not hasattr(self, "by_index"):
+            self.by_index = {}
+        for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients())):
+            self._grads[self.by_index.setdefault((bucket.index(), i), self.name_of(p))] = g
+        self._pending.append(bucket.buffer())
+
+
+class NoResidualState(tgddp.TgsimHookState):
+    """Planted defect: error feedback's residuals zeroed after every step."""
+
+    def finish(self):
+        out = super().finish()
+        for v in self.codec_state.values():
+            v[...] = 0
+        return out
+
+
+DEFECTS = {None: tgddp.TgsimHookState, "bucket_index": BucketIndexState, "no_residual": NoResidualState}
+
+
+def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
+    d = case["config"]
+    cfg = from_dict(d)
+    setup = build(cfg)                                   # the simulator's data set, shards and TorchModel
+    module = setup.model.build(cfg.run.seed)
+    state = DEFECTS[case.get("defect")].create(module, d)
+    model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"])
+    buckets: list[int] = []
+
+    def hook(state, bucket):
+        if bucket.is_last():
+            buckets.append(bucket.index() + 1)
+        return tgddp.tgsim_hook(state, bucket)
+
+    tgddp.register(model, state, hook)
+    opt = tgddp.TgsimOptimizer(state)
+    b = cfg.workers.per_worker_batch
+    digests, error = [], None
+    for step in range(case["steps"]):
+        idx = batch_indices(setup.shards[rank], b, cfg.run.seed, step, rank)
+        x = torch.from_numpy(setup.dataset.x_train[idx])
+        y = torch.from_numpy(setup.dataset.y_train[idx])
+        opt.zero_grad()
+        try:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        except Exception as e:  # noqa: BLE001  (a planted defect may stop the case)
+            error = f"step {step}: {type(e).__name__}: {e}"
+            break
+        digests.append(tgddp.digest(module))
+    if rank == 0:
+        np.savez(out / f"{name}.npz", **{k: p.detach().numpy() for k, p in tgddp.named_parameters(module).items()})
+    return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error}
+
+
+def misnamed(d: dict) -> dict:
+    module = build(from_dict(d)).model.build(0)
+    state = tgddp.TgsimHookState.create(module, d)
+    model = DDP(module)
+
+    def bad_hook(state, grads):
+        return tgddp.tgsim_hook(state, grads)
+
+    msgs = {}
+    for how, call in (("tgsim", lambda: tgddp.register(model, state, bad_hook)),
+                      ("ddp", lambda: model.register_comm_hook(state, bad_hook))):
+        try:
+            call()
+            msgs[how] = None
+        except Exception as e:  # noqa: BLE001
+            msgs[how] = f"{type(e).__name__}: {e}"
+    return msgs
+
+
+def mismatch(d: dict, rank: int) -> str | None:
+    """Rank 1's module one hidden unit wider than rank 0's, under the same config."""
+    model = build(from_dict(d)).model
+    kwargs = dict(model.kwargs, hidden=[h + (rank == 1) for h in model.kwargs["hidden"]])
+    module = dataclasses.replace(model, kwargs=kwargs).build(0)
+    try:
+        tgddp.TgsimHookState.create(module, d)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def nan_case(d: dict, rank: int) -> str | None:
+    cfg = from_dict(d)
+    module = build(cfg).model.build(0)
+    state = tgddp.TgsimHookState.create(module, d)
+    model = DDP(module)
+    tgddp.register(model, state)
+    x = torch.full((4, 40), float("nan") if rank == 1 else 0.0)
+    try:
+        torch.nn.functional.cross_entropy(model(x), torch.zeros(4, dtype=torch.int64)).backward()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    out = Path(sys.argv[2])
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=size)
+    res = {"train": {}, "rank": rank}
+    for name, case in cases["train"].items():
+        res["train"][name] = train_case(case, rank, out, name)
+    if "mismatch" in cases:
+        res["misnamed"] = misnamed(cases["mismatch"])
+        res["mismatch"] = mismatch(cases["mismatch"], rank)
+    if "nan" in cases:
+        res["nan"] = nan_case(cases["nan"], rank)
+    everyone = comm.gather(res, root=0)
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(everyone))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,381 @@
+"""A DDP communication hook that sends the gradients through a tgsim codec and tgsim's MPI exchange,
+so DistributedDataParallel trains with the bits of tgsim's simulator.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from tgsim.torch import ddp as tgddp
+
+    torch.set_num_threads(1)                               # the simulator's per-worker bits (tgsim.torch.model)
+    dist.init_process_group("gloo", init_method="file:///tmp/store", rank=rank, world_size=n)
+    state = tgddp.TgsimHookState.create(module, config)    # collective: every rank, the same config
+    model = DDP(module)
+    tgddp.register(model, state)                           # model.register_comm_hook(state, tgsim_hook)
+    opt = tgddp.TgsimOptimizer(state)                      # tgsim's sgd / momentum / adam arithmetic
+    for step in range(steps):
+        x, y = ...                                         # worker `rank`'s batch at `step`
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()   # the hook runs here
+        opt.step()
+
+launched as `mpiexec -n N python script.py` (mpi4py's COMM_WORLD carries tgsim's exchange; the
+process group only runs DDP's own start-up broadcast). `config` is a tgsim config (a dict of its TOML
+sections, or a `tgsim.train.config.Config`); the hook reads [run] seed and on_nonfinite, [workers] n
+(= the number of ranks), [codec] and [exchange]; TgsimOptimizer reads [optimizer], [schedule] and
+[run] steps.
+
+The step (whole-step)
+---------------------
+DDP calls `tgsim_hook(state, bucket)` once per gradient bucket, in bucket order. The hook keeps the
+bucket's gradients (float32 views of its buffer) under their parameter names, found by the
+parameters' storage addresses (`data_ptr`), and returns a pending torch Future. DDP rebuilds its
+buckets after the first step (other members, another order), so nothing is keyed by the bucket's
+index. At the last bucket (`bucket.is_last()`) it runs ONE tgsim step over all layers in the order
+of their names (TorchModel's order): `tgsim.train.loop.train_step`, the trainer's own step, with this
+rank as worker `rank` of N, the step counter `state.step` and the run seed, so the counter-based
+random keys (seed, step, worker, layer), the shared scalers, the error-feedback residuals
+(`state.codec_state`), the NaN checks and the exchange's aggregation are exactly those of an MPI
+rank of `tgsim.mpi_runs.train`. The gradients enter it as the model's output and the aggregated mean
+leaves it through the optimizer's place (`_HookModel`, `_capture`): the hook runs no optimizer. It
+writes the mean into every bucket's buffer and fills every future with that buffer; DDP copies it
+into the parameters' `.grad` (with `gradient_as_bucket_view=True` the buffer is the `.grad`).
+
+What is bitwise
+---------------
+With `torch.set_num_threads(1)`, the module the simulator's TorchModel builds from the same factory
+and seed, worker `rank`'s batch of the simulator at each step (`tgsim.data.batch_indices`), and the
+loss TorchModel uses (cross-entropy, mean over the batch), `.grad` after the backward pass is the
+simulator's aggregated gradient bit for bit, and TgsimOptimizer leaves the simulator's parameters.
+torch.optim optimizers work too, on the same `.grad`, but their float formulas are not tgsim's
+(tgsim/train/optim.py), so their parameters differ from the simulator's in the last bits.
+
+Checks
+------
+`create` is a collective: every rank gathers every rank's parameter list (names, shapes, dtypes)
+and the config's digest; where they differ, every rank raises the same RankConfigMismatchError
+naming the first difference (before DDP is built, nothing sent). A non-finite gradient raises
+tgsim's NonFiniteGradientError naming the layer, worker and step (run.on_nonfinite = "raise"; on
+the other ranks a ValueError pointing to it), or skips the step (on_nonfinite = "skip": the buckets
+get zeros, `state.skipped` is set and TgsimOptimizer leaves parameters and optimizer state as they
+are, as the simulator does). `register` refuses a hook whose second argument is not named `bucket`
+(DDP itself then says only `KeyError: 'bucket'`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tgsim.codecs import error_feedback, registry
+from tgsim.errors import ConfigError, RankConfigMismatchError
+from tgsim.torch.model import import_torch
+from tgsim.train.config import Config, config_hash, from_dict
+from tgsim.train.loop import Setup, start_codec_state, train_step
+from tgsim.train.optim import Optimizer, make_optimizer
+from tgsim.train.schedules import learning_rate
+
+
+# -- the parameters and the ranks ------------------------------------------------------------------------
+
+def _module_of(module):
+    """The wrapped module of a DistributedDataParallel, else `module` itself."""
+    torch = import_torch()
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return module.module
+    return module
+
+
+def named_parameters(module) -> dict:
+    """{name: parameter} of the module's trainable parameters (tied ones once, under their first
+    name), sorted by name: TorchModel's layer order. ConfigError for a parameter that is not a
+    float32 CPU tensor."""
+    module = _module_of(module)
+    params = {k: p for k, p in sorted(module.named_parameters()) if p.requires_grad}
+    if not params:
+        raise ConfigError("tgsim DDP hook: the module has no trainable parameters")
+    for k, p in params.items():
+        if str(p.dtype) != "torch.float32" or p.device.type != "cpu":
+            raise ConfigError(f"tgsim DDP hook: parameter {k!r} is {p.dtype} on {p.device}; the hook takes "
+                              "float32 parameters on the CPU")
+    return params
+
+
+def parameter_mismatch(everyone: list[list]) -> str | None:
+    """The message for every rank's parameter list [(name, shape, dtype), ...] (rank order) when they
+    differ, naming each differing rank's first difference from rank 0; None when all agree."""
+    ref = everyone[0]
+    problems = []
+    for r, mine in enumerate(everyone[1:], start=1):
+        if mine == ref:
+            continue
+        ref_d, mine_d = {e[0]: e[1:] for e in ref}, {e[0]: e[1:] for e in mine}
+        only0, only_r = sorted(set(ref_d) - set(mine_d)), sorted(set(mine_d) - set(ref_d))
+        if only0 or only_r:
+            what = (f"rank 0 has {only0[:3]} that rank {r} lacks" if only0 else "") + \
+                   ("; " if only0 and only_r else "") + \
+                   (f"rank {r} has {only_r[:3]} that rank 0 lacks" if only_r else "")
+        else:
+            k = next(k for k in ref_d if ref_d[k] != mine_d[k])
+            what = (f"parameter {k!r} is {tuple(mine_d[k][0])} {mine_d[k][1]} on rank {r}, "
+                    f"{tuple(ref_d[k][0])} {ref_d[k][1]} on rank 0")
+        problems.append(what)
+    if not problems:
+        return None
+    return ("tgsim DDP hook: the ranks' modules have different parameters (" + " | ".join(problems) +
+            "). Build the same module (factory, arguments) on every rank.")
+
+
+# -- the trainer's step, fed by DDP -----------------------------------------------------------------------
+
+class _HookModel:
+    """The model of the hook's Setup: its gradients are the ones DDP handed over ({name: (1, *shape)}),
+    its loss 0 (the hook does not see the loss)."""
+
+    def __init__(self, shapes: dict):
+        self.shapes = dict(shapes)
+        self.grads: dict | None = None
+
+    def layer_shapes(self) -> dict:
+        return dict(self.shapes)
+
+    def loss_and_grad(self, params, x, y):
+        return np.zeros(1, np.float64), self.grads
+
+
+def _capture(box: dict) -> Optimizer:
+    """An Optimizer whose update stores the aggregated mean in box["mean"] and changes nothing."""
+
+    def update(grads, state, params, lr):
+        box["mean"] = grads
+        return params, state
+
+    return Optimizer(lambda params: {}, update)
+
+
+def _config(config) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return from_dict(config)
+    raise ConfigError(f"tgsim DDP hook: config must be a dict of tgsim config sections or a Config, "
+                      f"got {type(config).__name__}")
+
+
+@dataclass
+class TgsimHookState:
+    """The hook's state (module docstring). cfg: the tgsim config; exchange: tgsim's exchange of one
+    worker per rank (MPIExchange over mpi4py's COMM_WORLD); params: {name: parameter} in name order;
+    names: {data_ptr: name}; codec: the registered codec (wrapped in ErrorFeedback where the config
+    asks); codec_state: a stateful codec's state of this rank ({key: (1, ...)}, error feedback's
+    residuals), else None; step: the step the next exchange runs; skipped: whether the last step
+    was skipped (non-finite gradient, on_nonfinite = "skip"); sent / received: this rank's bytes over
+    all steps."""
+
+    cfg: Config
+    exchange: object
+    params: dict
+    names: dict
+    codec: object
+    codec_state: dict | None = None
+    step: int = 0
+    skipped: bool = False
+    sent: float = 0.0
+    received: float = 0.0
+    setup: Setup | None = field(default=None, repr=False)
+    _grads: dict = field(default_factory=dict, repr=False)
+    _pending: list = field(default_factory=list, repr=False)
+    _futures: list = field(default_factory=list, repr=False)
+    _box: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.run.seed
+
+    @property
+    def rank(self) -> int:
+        return int(self.exchange.local_workers[0])
+
+    @property
+    def world(self) -> int:
+        return int(self.exchange.n_workers)
+
+    @classmethod
+    def create(cls, module, config, exchange=None) -> "TgsimHookState":
+        """The state of the hook for `module` (an nn.Module or the DDP wrapping it) under the tgsim
+        `config`, over `exchange` (default: tgsim.exchange.mpi.MPIExchange on COMM_WORLD). A
+        collective: every rank calls it; it checks that every rank has the same parameters and config
+        (the same RankConfigMismatchError on every rank otherwise). ConfigError for a config the hook
+        cannot run: [workers] n other than the number of ranks, local steps, a backend other than
+        NumPy."""
+        cfg = _config(config)
+        params = named_parameters(module)
+        if exchange is None:
+            from tgsim.exchange.mpi import MPIExchange
+
+            exchange = MPIExchange()
+        if len(exchange.local_workers) != 1:
+            raise ConfigError("tgsim DDP hook: the exchange must hold one worker per process (MPIExchange)")
+        if cfg.workers.n != exchange.n_workers:
+            raise ConfigError(f"tgsim DDP hook: [workers] n = {cfg.workers.n}, but {exchange.n_workers} ranks run")
+        if cfg.exchange.local != "none":
+            raise ConfigError(f"tgsim DDP hook: [exchange] local = {cfg.exchange.local!r}: the hook exchanges "
+                              "gradients every step (local steps need tgsim's trainer)")
+        if cfg.run.backend != "numpy":
+            raise ConfigError(f"tgsim DDP hook: run.backend = {cfg.run.backend!r}; the hook runs on the CPU (numpy)")
+        mine = [[k, list(p.shape), str(p.dtype)] for k, p in params.items()]
+        everyone = exchange.comm.allgather({"params": mine, "config": config_hash(cfg)})
+        problem = parameter_mismatch([e["params"] for e in everyone])
+        if problem is None and len({e["config"] for e in everyone}) > 1:
+            odd = [r for r, e in enumerate(everyone) if e["config"] != everyone[0]["config"]]
+            problem = (f"tgsim DDP hook: the config differs from rank 0's on rank(s) {odd} (config sha256). "
+                       "Give every rank the same config.")
+        if problem is not None:
+            raise RankConfigMismatchError(problem)
+        codec = registry.make_codec(cfg.codec)
+        if cfg.codec.error_feedback:
+            codec = error_feedback.ErrorFeedback(codec)
+        shapes = {k: tuple(p.shape) for k, p in params.items()}
+        box: dict = {}
+        b = cfg.workers.per_worker_batch
+        setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box),
+                      exchange)
+        setup.__dict__["device_data"] = (np.zeros(b, np.uint8), np.zeros(b, np.uint8), None, None)
+        state = cls(cfg, exchange, params, {p.data_ptr(): k for k, p in params.items()}, codec, setup=setup,
+                    _box=box)
+        state.codec_state = start_codec_state(setup, {})
+        return state
+
+    # -- the hook's work ---------------------------------------------------------------------------
+    def name_of(self, param) -> str:
+        try:
+            return self.names[param.data_ptr()]
+        except KeyError:
+            raise ValueError(f"tgsim DDP hook: a bucket holds a parameter of shape {tuple(param.shape)} that is "
+                             "not one of the module's the state was created for (create the state from the "
+                             "module DDP wraps; parameters must be updated in place)") from None
+
+    def collect(self, bucket) -> None:
+        """Keep the bucket's gradients under their parameter names, and its buffer for the result."""
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            self._grads[self.name_of(p)] = g
+        self._pending.append(bucket.buffer())
+
+    def finish(self) -> list:
+        """Run the step over all collected layers (module docstring), write the mean into the
+        collected gradient views; the buffers to fill the futures with, in the order collected."""
+        grads, buffers = self._grads, self._pending
+        self._grads, self._pending = {}, []
+        missing = [k for k in self.params if k not in grads]
+        if missing:
+            raise ValueError(f"tgsim DDP hook: step {self.step}: no gradient reached the hook for {missing[:5]}")
+        model = self.setup.model
+        model.grads = {k: grads[k].detach().numpy().reshape(1, *model.shapes[k]) for k in self.params}
+        self._box.clear()
+        try:
+            _, _, info = train_step(self.setup, {}, {}, self.step, False, codec_state=self.codec_state)
+        finally:
+            model.grads = None
+            self.step += 1
+        self.skipped = bool(info.skipped)
+        self.sent += info.sent
+        self.received += info.received
+        mean = self._box.get("mean")
+        for k, g in grads.items():
+            out = g.detach().numpy()
+            if mean is None:
+                out[...] = 0
+            else:
+                out[...] = np.asarray(mean[k]).reshape(out.shape)
+        return buffers
+
+
+def tgsim_hook(state: TgsimHookState, bucket):
+    """DDP comm hook: a pending Future per bucket; at the last bucket one tgsim step over all layers
+    fills them all with the aggregated mean (module docstring). The argument must be named `bucket`."""
+    torch = import_torch()
+    fut = torch.futures.Future()
+    state._futures.append(fut)
+    state.collect(bucket)
+    if bucket.is_last():
+        futures, state._futures = state._futures, []
+        try:
+            buffers = state.finish()
+        except BaseException as e:
+            for f in futures[:-1]:
+                f.set_exception(e)
+            raise
+        for f, buf in zip(futures, buffers):
+            f.set_result(buf)
+    return fut
+
+
+def register(ddp_module, state: TgsimHookState, hook=tgsim_hook) -> None:
+    """`ddp_module.register_comm_hook(state, hook)`, after checking that the hook's second argument is
+    named `bucket` (DDP passes it by that name; it reports a misnamed one only as KeyError: 'bucket')."""
+    try:
+        names = list(inspect.signature(hook).parameters)
+    except (TypeError, ValueError):
+        names = None
+    if names is not None and (len(names) != 2 or names[1] != "bucket"):
+        raise ValueError(f"a DDP comm hook takes (state, bucket), its second argument named 'bucket' "
+                         f"(DDP passes it by that name); {getattr(hook, '__name__', hook)!r} takes ({', '.join(names)})")
+    ddp_module.register_comm_hook(state, hook)
+
+
+# -- the optimizer ----------------------------------------------------------------------------------------
+
+class TgsimOptimizer:
+    """tgsim's optimizer ([optimizer] of the state's config: sgd, momentum, nesterov, adam;
+    tgsim/train/optim.py) applied to the module's parameters in place, on NumPy views of them, with
+    the learning rate of [schedule] at the step the hook just exchanged. Its float32 arithmetic is the
+    simulator's, so with the hook the parameters stay the simulator's bit for bit. torch.optim
+    optimizers also work on the hook's gradients but are not bitwise equal to tgsim's simulator
+    (different float formulas)."""
+
+    def __init__(self, state: TgsimHookState):
+        self.state = state
+        self.optimizer = make_optimizer(state.cfg.optimizer)
+        self.opt_state = self.optimizer.init(self._arrays())
+        self.applied = state.step           # the next step whose gradient it may apply
+
+    def _arrays(self) -> dict:
+        return {k: p.detach().numpy() for k, p in self.state.params.items()}
+
+    def zero_grad(self) -> None:
+        """Every parameter's .grad to None (DDP writes the next step's mean)."""
+        for p in self.state.params.values():
+            p.grad = None
+
+    def step(self) -> None:
+        """w <- update(w, .grad) for the step the hook last exchanged (nothing where it was skipped);
+        ValueError when the hook has run no step since the last call."""
+        st = self.state
+        if st.step != self.applied + 1:
+            raise ValueError(f"TgsimOptimizer.step: the hook has exchanged steps {self.applied}..{st.step - 1} since "
+                             "the last update; call step() once after each backward pass that ran the hook")
+        step, self.applied = self.applied, st.step
+        if st.skipped:
+            return
+        params = self._arrays()
+        grads = {}
+        for k, p in st.params.items():
+            if p.grad is None:
+                raise ValueError(f"TgsimOptimizer.step: parameter {k!r} has no gradient")
+            grads[k] = p.grad.detach().numpy()
+        lr = learning_rate(st.cfg.schedule, step, st.cfg.run.steps)
+        new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
+        for k, a in params.items():
+            np.copyto(a, new[k])
+
+
+def digest(module) -> str:
+    """sha256 of the module's parameters' bytes in name order (what ranks compare after training)."""
+    h = hashlib.sha256()
+    for p in named_parameters(module).values():
+        h.update(np.ascontiguousarray(p.detach().numpy()).tobytes())
+    return h.hexdigest()
+
+
+__all__ = ["TgsimHookState", "TgsimOptimizer", "digest", "named_parameters", "register", "tgsim_hook"]
