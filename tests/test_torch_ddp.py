@@ -8,8 +8,10 @@ step 0 into two at step 1. The parameters after every step equal those of tgsim'
 (checkpoints of a 2-worker run of the same config) on both ranks. Planted defects in the same job,
 as positive controls: layers keyed by bucket index (fails at step 1, after the rebuild) and error
 feedback without its residuals (other parameters from step 1 on). Then the checks: a misnamed hook
-argument, modules that differ across ranks (the same error on every rank), NaN gradients. Skipped,
-with the reason, without torch or MPI.
+argument, modules that differ across ranks (the same error on every rank), NaN gradients. Without
+MPI: the hook in one process on hand-made buckets of three layouts gives a 1-worker simulator's bits,
+NaN gradients raise or skip the step, bad configs are refused. Skipped, with the reason, without
+torch (the mpiexec tests without MPI).
 """
 
 from __future__ import annotations
@@ -209,3 +211,131 @@ def test_register_refuses_a_misnamed_hook_before_ddp_sees_it():
     assert calls == []
     tgddp.register(fake, None)
     assert calls == [tgddp.tgsim_hook]
+
+
+# -- in one process: the hook on hand-made buckets ------------------------------------------------------------
+
+class _Bucket:
+    """What DDP hands a comm hook: the parameters' gradients copied into one flat buffer, views of it."""
+
+    def __init__(self, index: int, last: bool, params: list):
+        self._index, self._last, self._params = index, last, params
+        self._buffer = torch.cat([p.grad.reshape(-1) for p in params])
+        sizes = [p.numel() for p in params]
+        self._views = [v.view(p.shape) for v, p in zip(torch.split(self._buffer, sizes), params)]
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+    def parameters(self):
+        return list(self._params)
+
+    def gradients(self):
+        return list(self._views)
+
+    def buffer(self):
+        return self._buffer
+
+
+def _exchange_buckets(state, layout: list[list[str]]) -> list:
+    """Call the hook on buckets of the parameters named in `layout` (bucket order), then copy each
+    future's buffer back into the parameters' .grad, as DDP does; the futures."""
+    futures, buckets = [], []
+    for i, names in enumerate(layout):
+        b = _Bucket(i, i == len(layout) - 1, [state.params[k] for k in names])
+        buckets.append(b)
+        futures.append(tgddp.tgsim_hook(state, b))
+    for b, f in zip(buckets, futures):
+        out = f.wait()
+        assert out.data_ptr() == b.buffer().data_ptr()
+        for p, v in zip(b.parameters(), b.gradients()):
+            p.grad.copy_(v)
+    return futures
+
+
+def _one_worker(codec: dict, mode: str, **run) -> dict:
+    d = json.loads(json.dumps(_config(codec, mode)))
+    d["workers"] = {"n": 1, "batch": 16}
+    d["run"] = {**d["run"], "steps": 3, "keep_checkpoints": 3, **run}
+    return d
+
+
+@pytest.mark.parametrize("codec,mode", [({"name": "terngrad"}, "allreduce"),
+                                        ({"name": "topk", "error_feedback": True}, "ps")])
+def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(tmp_path, codec, mode):
+    """One worker, the hook called on hand-made buckets of three layouts (all layers in model order;
+    two buckets in reverse order; one bucket per layer, shuffled): the parameters after each of 3
+    steps equal a 1-worker simulator run's, bit for bit (the layers reach the codec in name order
+    whatever the buckets)."""
+    from tgsim.exchange import InProcessExchange
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import build
+    from tgsim.data import batch_indices
+
+    d = _one_worker(codec, mode)
+    run = simulate(d, tmp_path / "sim")
+    sim = [_digest(checkpoint.read(p)["params"]) for p in checkpoint.list_checkpoints(tmp_path / "sim" / "checkpoints")]
+    cfg = from_dict(d)
+    setup = build(cfg)
+    module = setup.model.build(cfg.run.seed)
+    state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+    opt = tgddp.TgsimOptimizer(state)
+    order = [k for k, _ in module.named_parameters()]           # model order: 0.weight, 0.bias, ...
+    layouts = [[order], [order[:1:-1], order[1::-1]], [[order[i]] for i in (2, 0, 3, 1)]]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        digests = []
+        for step, layout in enumerate(layouts):
+            idx = batch_indices(setup.shards[0], cfg.workers.per_worker_batch, cfg.run.seed, step, 0)
+            opt.zero_grad()
+            x, y = torch.from_numpy(setup.dataset.x_train[idx]), torch.from_numpy(setup.dataset.y_train[idx])
+            torch.nn.functional.cross_entropy(module(x), y).backward()
+            _exchange_buckets(state, layout)
+            opt.step()
+            digests.append(tgddp.digest(module))
+    finally:
+        torch.set_num_threads(before)
+    assert digests == sim and digests[-1] == _digest(run.params)
+    assert state.step == 3 and (state.codec_state is not None) == bool(codec.get("error_feedback"))
+    with pytest.raises(ValueError, match="call step\\(\\) once after each backward pass"):
+        opt.step()
+
+
+def test_nan_gradients_raise_or_skip_the_step():
+    """NaN in one layer's gradient at step 0: on_nonfinite = 'raise' gives NonFiniteGradientError naming
+    the layer, worker 0 and step 0. 'skip', at step 1 after a good step (momentum nonzero): the
+    buckets get zeros, state.skipped is set, TgsimOptimizer leaves the parameters as they were; step 2
+    runs and moves them."""
+    from tgsim.errors import NonFiniteGradientError
+    from tgsim.exchange import InProcessExchange
+
+    def fill(state, bad: bool):
+        for k, p in state.params.items():
+            p.grad = torch.ones_like(p) * (float("nan") if bad and k == "0.bias" else 1.0)
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    d = _one_worker({"name": "terngrad"}, "allreduce", on_nonfinite="raise")
+    state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+    fill(state, bad=True)
+    with pytest.raises(NonFiniteGradientError, match=r"layer '0\.bias'.*worker 0, step 0"):
+        _exchange_buckets(state, [list(state.params)])
+
+    state = tgddp.TgsimHookState.create(module, {**d, "run": {**d["run"], "on_nonfinite": "skip"}},
+                                        exchange=InProcessExchange(1))
+    opt = tgddp.TgsimOptimizer(state)
+    for step, bad in enumerate((False, True, False)):
+        fill(state, bad)
+        before = {k: p.detach().clone() for k, p in state.params.items()}
+        _exchange_buckets(state, [list(state.params)])
+        opt.step()
+        assert state.skipped == bad and state.step == step + 1
+        moved = [not torch.equal(p, before[k]) for k, p in state.params.items()]
+        if bad:
+            assert all(torch.count_nonzero(p.grad) == 0 for p in state.params.values())
+            assert not any(moved)
+        else:
+            assert all(moved)

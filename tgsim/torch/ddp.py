@@ -204,9 +204,10 @@ class TgsimHookState:
     @classmethod
     def create(cls, module, config, exchange=None) -> "TgsimHookState":
         """The state of the hook for `module` (an nn.Module or the DDP wrapping it) under the tgsim
-        `config`, over `exchange` (default: tgsim.exchange.mpi.MPIExchange on COMM_WORLD). A
-        collective: every rank calls it; it checks that every rank has the same parameters and config
-        (the same RankConfigMismatchError on every rank otherwise). ConfigError for a config the hook
+        `config`, over `exchange` (default: tgsim.exchange.mpi.MPIExchange on COMM_WORLD; one of a
+        single worker, e.g. InProcessExchange(1), runs the hook in one process). A collective: every
+        rank calls it; it checks, through the exchange's `comm.allgather`, that every rank has the same
+        parameters and config (the same RankConfigMismatchError on every rank otherwise). ConfigError for a config the hook
         cannot run: [workers] n other than the number of ranks, local steps, a backend other than
         NumPy."""
         cfg = _config(config)
@@ -224,8 +225,8 @@ class TgsimHookState:
                               "gradients every step (local steps need tgsim's trainer)")
         if cfg.run.backend != "numpy":
             raise ConfigError(f"tgsim DDP hook: run.backend = {cfg.run.backend!r}; the hook runs on the CPU (numpy)")
-        mine = [[k, list(p.shape), str(p.dtype)] for k, p in params.items()]
-        everyone = exchange.comm.allgather({"params": mine, "config": config_hash(cfg)})
+        mine = {"params": [[k, list(p.shape), str(p.dtype)] for k, p in params.items()], "config": config_hash(cfg)}
+        everyone = exchange.comm.allgather(mine) if exchange.n_workers > 1 else [mine]
         problem = parameter_mismatch([e["params"] for e in everyone])
         if problem is None and len({e["config"] for e in everyone}) > 1:
             odd = [r for r, e in enumerate(everyone) if e["config"] != everyone[0]["config"]]
