@@ -5,8 +5,9 @@ comm hook (tgsim.torch.ddp), one case after another, results in OUT/results.json
 
 CASES.json: {"train": {name: {"config": tgsim config dict, "steps": k, "bucket_cap_mb": c,
 "bucket_view": bool, "defect": null | "bucket_index" | "no_residual"}}, and optionally "mismatch"
-and "nan": a config dict each, for the checks below. Per training case: the sha256 of the parameters (name order) after every
-step on every rank, the bucket count of every step, the final parameters (rank 0, OUT/NAME.npz).
+and "nan": a config dict each, for the checks below. Per training case: the sha256 of the
+parameters (name order) after every step on every rank, the bucket count of every step, the final
+parameters (rank 0, OUT/NAME.npz).
 Each rank trains worker `rank` of the simulator: the module TorchModel builds from the config's
 factory and seed, the batches `tgsim.data.batch_indices(shard, B, seed, step, rank)`, cross-entropy.
 The planted defects (positive controls of the test): "bucket_index" keys the layers by (bucket
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -146,6 +148,8 @@ def main() -> None:
     out = Path(sys.argv[2])
     cases = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(1)
+    if sys.platform == "linux":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")     # Gloo over loopback, whatever the hostname says
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=size)
     res = {"train": {}, "rank": rank}
     for name, case in cases["train"].items():

@@ -154,6 +154,16 @@ def _capture(box: dict) -> Optimizer:
     return Optimizer(lambda params: {}, update)
 
 
+def _hook_setup(cfg: Config, shapes: dict, codec, exchange, box: dict) -> Setup:
+    """The trainer's Setup for `train_step` inside the hook: the model is `_HookModel` (DDP's
+    gradients), the optimizer `_capture(box)`; no data set: `local_batch` indexes placeholder arrays
+    of one batch (the model ignores x, y)."""
+    b = cfg.workers.per_worker_batch
+    setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange)
+    setup.__dict__["device_data"] = (np.zeros(b, np.uint8), np.zeros(b, np.uint8), None, None)   # cached_property
+    return setup
+
+
 def _config(config) -> Config:
     if isinstance(config, Config):
         return config
@@ -206,10 +216,10 @@ class TgsimHookState:
         """The state of the hook for `module` (an nn.Module or the DDP wrapping it) under the tgsim
         `config`, over `exchange` (default: tgsim.exchange.mpi.MPIExchange on COMM_WORLD; one of a
         single worker, e.g. InProcessExchange(1), runs the hook in one process). A collective: every
-        rank calls it; it checks, through the exchange's `comm.allgather`, that every rank has the same
-        parameters and config (the same RankConfigMismatchError on every rank otherwise). ConfigError for a config the hook
-        cannot run: [workers] n other than the number of ranks, local steps, a backend other than
-        NumPy."""
+        rank calls it; it checks, through the exchange's `comm.allgather`, that every rank has the
+        same parameters and config (the same RankConfigMismatchError on every rank otherwise).
+        ConfigError for a config the hook cannot run: [workers] n other than the number of ranks,
+        local steps, a backend other than NumPy."""
         cfg = _config(config)
         params = named_parameters(module)
         if exchange is None:
@@ -237,12 +247,8 @@ class TgsimHookState:
         codec = registry.make_codec(cfg.codec)
         if cfg.codec.error_feedback:
             codec = error_feedback.ErrorFeedback(codec)
-        shapes = {k: tuple(p.shape) for k, p in params.items()}
         box: dict = {}
-        b = cfg.workers.per_worker_batch
-        setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box),
-                      exchange)
-        setup.__dict__["device_data"] = (np.zeros(b, np.uint8), np.zeros(b, np.uint8), None, None)
+        setup = _hook_setup(cfg, {k: tuple(p.shape) for k, p in params.items()}, codec, exchange, box)
         state = cls(cfg, exchange, params, {p.data_ptr(): k for k, p in params.items()}, codec, setup=setup,
                     _box=box)
         state.codec_state = start_codec_state(setup, {})
@@ -320,8 +326,9 @@ def register(ddp_module, state: TgsimHookState, hook=tgsim_hook) -> None:
     except (TypeError, ValueError):
         names = None
     if names is not None and (len(names) != 2 or names[1] != "bucket"):
+        name = getattr(hook, "__name__", hook)
         raise ValueError(f"a DDP comm hook takes (state, bucket), its second argument named 'bucket' "
-                         f"(DDP passes it by that name); {getattr(hook, '__name__', hook)!r} takes ({', '.join(names)})")
+                         f"(DDP passes it by that name); {name!r} takes ({', '.join(names)})")
     ddp_module.register_comm_hook(state, hook)
 
 
