@@ -37,7 +37,9 @@ extreme envelopes A0 = max y (B = 0) and B0 = max y/x (A = 0).
 
 Non-convex models: an MLP on digits, per layer, the ratio E||Q(g)||^2 / ||g||^2
 (= ||g||_inf ||g||_1 / ||g||_2^2 without clipping, in [1, sqrt(n)]) over training, with and without
-clipping, layer-wise and global (``mlp_ratios``).
+clipping, layer-wise and global (``mlp_ratios``). ``model`` = "package.module:function" measures a
+torch.nn.Module built by that factory instead (its layers: the module's parameter names), on the
+data set ``data`` (``common.network_section``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
-from tgsim.analysis.common import (FP32, TERNGRAD, least_squares_config, mlp_digits_config, single_thread,
-                                   terngrad_second_moment, trajectory, write_csv)
+from tgsim.analysis.common import (FP32, TERNGRAD, least_squares_config, mlp_digits_config, network_label,
+                                   single_thread, terngrad_second_moment, trajectory, write_csv)
 
 QUANTITIES = ("l2sq", "terngrad_none", "terngrad_explicit", "terngrad_implicit", "terngrad_shared")
 
@@ -235,12 +237,14 @@ def mlp_ratios(seed: int = 0, steps: int = 300, every: int = 10, codec: str = TE
 
 
 def run(out=None, *, seeds=(0, 1, 2, 3), steps: int = 800, mlp_steps: int = 300, quiet: bool = False,
-        **problem) -> dict[str, pd.DataFrame]:
+        model: str | None = None, data: str = "digits", **problem) -> dict[str, pd.DataFrame]:
+    """Write bound_points, bound_fits (least squares) and bound_mlp, bound_mlp_summary (the per-layer
+    ratios of the network: tgsim's MLP, or the torch factory `model`, on `data`) to `out`."""
     with single_thread():
         pts = least_squares_points(seeds, steps=steps, **problem)
         fits = fit_table(pts, by=("layer",))
         fits_codec = fit_table(pts, by=("train_codec", "layer"))
-        mlp = mlp_ratios(steps=mlp_steps)
+        mlp = mlp_ratios(steps=mlp_steps, model=model, data=data)
     fits_all = pd.concat([fits.assign(train_codec="pooled"), fits_codec], ignore_index=True)
     mlp_summary = (mlp.assign(phase=np.where(mlp["step"] < mlp_steps / 2, "first half", "second half"))
                    .groupby(["layer", "phase"])
@@ -259,6 +263,6 @@ def run(out=None, *, seeds=(0, 1, 2, 3), steps: int = 800, mlp_steps: int = 300,
         show = fits[["layer", "quantity", "A", "B", "A_over_sgd", "B_over_sgd", "mean_envelope_over_sgd",
                      "median_ratio_to_l2sq", "violations"]]
         print(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print("\nMLP on digits (TernGrad, explicit clipping), median E||Q||^2/||g||^2 per layer:")
+        print(f"\n{network_label(model, data)} (TernGrad, explicit clipping), median E||Q||^2/||g||^2 per layer:")
         print(mlp_summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return {"bound_points": pts, "bound_fits": fits_all, "bound_mlp": mlp, "bound_mlp_summary": mlp_summary}

@@ -5,8 +5,12 @@
 
 Each runs on built-in defaults, writes tidy CSVs to --out (default results/analysis/) and prints a
 short summary. --quick runs the same code on small parameters; an option given on the command line
-wins over its --quick value. Heavy imports
-happen only when a check runs.
+wins over its --quick value. Heavy imports happen only when a check runs.
+
+The checks that train a network (bound's per-layer part, clipping) take --model
+package.module:function, a torch.nn.Module factory measured instead of tgsim's MLP (its layers: the
+module's parameter names; built by tgsim.models.make_model, torch imported there), and --data NAME,
+the data set it trains on (default digits).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class Opt:
     """One option of a check: its flag, type, full default and --quick value."""
 
     flag: str
-    type: type
+    type: Callable[[str], Any]
     full: Any
     quick: Any
     help: str = ""
@@ -53,6 +57,34 @@ def _seed() -> Opt:
     return Opt("--seed", int, 0, 0, "random seed")
 
 
+def factory_spec(text: str) -> str:
+    """`text` if it looks like "package.module:function", else argparse's error saying so."""
+    if text and (text.count(":") != 1 or not all(text.split(":"))):
+        raise argparse.ArgumentTypeError(f"expected 'package.module:function', got {text!r}")
+    return text
+
+
+def data_name(text: str) -> str:
+    """`text` if it names one of tgsim's data sets (tgsim.data.DATASETS), else argparse's error listing them."""
+    from tgsim.data.datasets import DATASETS
+
+    if text and text not in DATASETS:
+        raise argparse.ArgumentTypeError(f"unknown data set {text!r}; valid: {', '.join(DATASETS)}")
+    return text
+
+
+NETWORK_OPTIONS = (
+    Opt("--model", factory_spec, "", "", "a torch.nn.Module factory 'package.module:function' to measure "
+        "instead of tgsim's MLP (needs the torch extra)"),
+    Opt("--data", data_name, "", "", "the data set the network trains on (a name of tgsim.data.DATASETS; "
+        "empty: digits)"))
+
+
+def network(a: argparse.Namespace) -> dict:
+    """The `run` keyword arguments model and data, each only where given (an empty value: the default)."""
+    return {k: v for k, v in (("model", a.model), ("data", a.data)) if v}
+
+
 CHECKS = (
     Check("unbiasedness", "exact binomial test of TernGrad (none/explicit/implicit clip) over gradient shapes, "
           "and its power against a multiplicative bias", "unbiased_check",
@@ -71,9 +103,9 @@ CHECKS = (
           quick_run=dict(recorded_steps=5)),
     Check("bound", "Assumption 3: envelopes A + B||w-w*||^2 of ||g||^2 and E||Q(g)||^2 along least-squares "
           "trajectories; per-layer ratios of an MLP", "bound",
-          lambda a: dict(seeds=tuple(range(a.seeds)), steps=a.steps, mlp_steps=a.mlp_steps),
+          lambda a: dict(seeds=tuple(range(a.seeds)), steps=a.steps, mlp_steps=a.mlp_steps, **network(a)),
           (Opt("--seeds", int, 4, 1, "least-squares seeds"), Opt("--steps", int, 800, 100, "least-squares steps"),
-           Opt("--mlp-steps", int, 300, 30, "MLP training steps"))),
+           Opt("--mlp-steps", int, 300, 30, "MLP (or --model) training steps"), *NETWORK_OPTIONS)),
     Check("assumption1", "sign of (w-w*)^T grad C(w) along trajectories; non-convex control", "assumption1",
           lambda a: dict(seeds=tuple(range(a.seeds)), steps=a.steps),
           (Opt("--seeds", int, 3, 1, "seeds"), Opt("--steps", int, 400, 50, "least-squares steps")),
@@ -86,9 +118,9 @@ CHECKS = (
            Opt("--tau", float, 50.0, 50.0, "Robbins-Monro decay scale")),
           quick_run=dict(n=8192)),        # still more samples than 200 steps x 4 workers x 8 draw: all fresh
     Check("clipping", "per-layer clipping statistics over MLP training: fraction clipped, length, angle, bias",
-          "clipping", lambda a: dict(seed=a.seed, steps=a.steps, every=a.every),
-          (_seed(), Opt("--steps", int, 300, 30, "MLP training steps"),
-           Opt("--every", int, 5, 5, "record every this many steps"))),
+          "clipping", lambda a: dict(seed=a.seed, steps=a.steps, every=a.every, **network(a)),
+          (_seed(), Opt("--steps", int, 300, 30, "MLP (or --model) training steps"),
+           Opt("--every", int, 5, 5, "record every this many steps"), *NETWORK_OPTIONS)),
     Check("sharing", "variance added by scaler sharing, iid vs Dirichlet shards, 8 workers", "sharing",
           lambda a: dict(seed=a.seed, R=a.R),
           (_seed(), Opt("--R", int, 200, 50, "codec draws")),
@@ -136,8 +168,8 @@ def _add_check(sub, check: Check) -> None:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for the CSVs (default %(default)s)")
     p.add_argument("--quick", action="store_true", help=quick_help(check))
     for o in check.options:
-        p.add_argument(o.flag, type=o.type, default=None,
-                       help=f"{o.help + ' ' if o.help else ''}(default {o.full}; --quick {o.quick})")
+        default = "" if o.full == o.quick == "" else f" (default {o.full}; --quick {o.quick})"
+        p.add_argument(o.flag, type=o.type, default=None, help=f"{o.help}{default}")
     p.set_defaults(func=_runner(check))
 
 

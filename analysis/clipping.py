@@ -1,6 +1,8 @@
 """`tgsim analyze clipping`: what c·σ clipping does to each layer's gradient over training.
 
-MLP on digits trained with TernGrad (explicit clipping, c = 2.5, the paper's setting; 4 workers).
+MLP on digits trained with TernGrad (explicit clipping, c = 2.5, the paper's setting; 4 workers), or
+a torch.nn.Module built by the factory ``model`` = "package.module:function" on the data set ``data``
+(``common.network_section``; its layers are the module's parameter names).
 Before every `every`-th step, for each worker's gradient g of each layer, with b = c·σ(g) (the
 codec's bound, ``common.terngrad_scaling``) and g_c = sign(g) min(|g|, b) = E[Q(g)]:
 
@@ -23,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tgsim.analysis.common import (TERNGRAD, mlp_digits_config, single_thread, terngrad_error, terngrad_scaling,
-                                   trajectory, write_csv)
+from tgsim.analysis.common import (TERNGRAD, mlp_digits_config, network_label, single_thread, terngrad_error,
+                                   terngrad_scaling, trajectory, write_csv)
 
 
 def clip_stats(g, clip_factor: float = 2.5) -> dict[str, np.ndarray]:
@@ -55,7 +57,8 @@ def gaussian_reference(n: int = 1_000_000, seed: int = 0, clip_factor: float = 2
 
 def mlp_clipping(seed: int = 0, steps: int = 300, every: int = 5, clip_factor: float = 2.5,
                  **kw) -> pd.DataFrame:
-    """Rows per (step, layer, worker) along TernGrad (explicit clipping) training of an MLP on digits."""
+    """Rows per (step, layer, worker) along TernGrad (explicit clipping) training of an MLP on digits, or
+    of the network `kw` names (``mlp_digits_config``'s model and data)."""
     cfg = mlp_digits_config(seed, codec=TERNGRAD, clip="explicit", steps=steps, **kw)
     rows = []
 
@@ -85,9 +88,11 @@ def summarize(df: pd.DataFrame, steps: int) -> pd.DataFrame:
 
 
 def run(out=None, *, seed: int = 0, steps: int = 300, every: int = 5, clip_factor: float = 2.5,
-        quiet: bool = False) -> dict[str, pd.DataFrame]:
+        quiet: bool = False, model: str | None = None, data: str = "digits") -> dict[str, pd.DataFrame]:
+    """Write clipping (per step, layer, worker) and clipping_summary to `out`: the network is tgsim's
+    MLP, or the torch factory `model`, trained on `data`."""
     with single_thread():
-        df = mlp_clipping(seed, steps, every, clip_factor)
+        df = mlp_clipping(seed, steps, every, clip_factor, model=model, data=data)
     summ = summarize(df, steps)
     ref = gaussian_reference(clip_factor=clip_factor)
     summ = pd.concat([summ, pd.DataFrame([dict(layer="gaussian reference", n=1_000_000, phase="-", **ref)])],
@@ -95,7 +100,8 @@ def run(out=None, *, seed: int = 0, steps: int = 300, every: int = 5, clip_facto
     write_csv(df, out, "clipping")
     write_csv(summ, out, "clipping_summary")
     if not quiet:
-        print(f"explicit c·σ clipping (c = {clip_factor}), MLP on digits trained with TernGrad, mean over steps "
+        print(f"explicit c·σ clipping (c = {clip_factor}), {network_label(model, data)} trained with TernGrad, "
+              f"mean over steps "
               f"and 4 workers (length_change, bias_rel: fractions; angle in degrees):")
         print(summ.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return {"clipping": df, "clipping_summary": summ}

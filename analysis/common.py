@@ -244,16 +244,36 @@ def clip_section(codec: str, clip: str) -> dict:
     return {"name": codec, **({"clip": clip} if has else {})}
 
 
+def network_section(model: str | None = None, hidden=(64,)) -> dict:
+    """The [model] table of the analyses' network: tgsim's MLP with `hidden` widths when `model` is
+    None, else the torch.nn.Module built by the factory `model` = "package.module:function"
+    (tgsim.models.make_model's optional model "torch", a TorchModel: its layers are the module's
+    parameters, by name; the trainer fills the factory's dim and classes from the data set)."""
+    if model is None:
+        return {"name": "mlp", "options": {"hidden": list(hidden)}}
+    if not isinstance(model, str) or model.count(":") != 1 or not all(model.split(":")):
+        raise ValueError(f"--model must look like 'package.module:function', got {model!r}")
+    return {"name": "torch", "options": {"factory": model}}
+
+
+def network_label(model: str | None = None, data: str = "digits") -> str:
+    """'MLP on digits', or '<factory> on <data>': the network of a summary line."""
+    return f"{'MLP' if model is None else model} on {data}"
+
+
 def mlp_digits_config(seed: int = 0, *, codec: str = FP32, clip: str = "none", steps: int = 100,
                       hidden=(64,), workers: int = 4, batch: int = 16, lr: float = 0.1,
-                      optimizer: str = "sgd", sharding: str = "iid", alpha: float = 0.5):
-    """Config of an MLP on scikit-learn's digits (64 features, 10 classes), per-worker batch."""
+                      optimizer: str = "sgd", sharding: str = "iid", alpha: float = 0.5,
+                      model: str | None = None, data: str = "digits"):
+    """Config of an MLP on scikit-learn's digits (64 features, 10 classes), per-worker batch; `model`
+    a factory "package.module:function" trains that torch.nn.Module instead (``network_section``),
+    `data` another of tgsim's data sets (tgsim.data.DATASETS)."""
     from tgsim.train.config import from_dict
 
     return from_dict({
         "run": {"name": "analysis-mlp", "seed": seed, "steps": steps},
-        "data": {"name": "digits", "sharding": sharding, "alpha": alpha},
-        "model": {"name": "mlp", "options": {"hidden": list(hidden)}},
+        "data": {"name": data, "sharding": sharding, "alpha": alpha},
+        "model": network_section(model, hidden),
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
         "codec": clip_section(codec, clip),
         "exchange": {"mode": "allreduce" if codec == FP32 else "ps"},

@@ -9,6 +9,14 @@
   first at stride 2 (a 1x1 projection shortcut), global average pooling and a Linear head. GroupNorm
   (min(4, channels) groups) normalises: it keeps no running statistics, so the parameters are the
   whole state. At width 16 and blocks 2 it holds about 43k parameters.
+* `char_transformer(dim, classes, d_model=64, heads=4, layers=2, ff=None)`: a small causal
+  transformer for next-token prediction (tgsim's "pychars" data: `dim` = the context length, x the
+  float token ids, `classes` = the vocabulary). Token embedding (classes x d_model) plus a learned
+  position embedding (dim x d_model, N(0, 0.02^2)), `layers` pre-norm encoder layers
+  (nn.TransformerEncoderLayer, norm_first, GELU, feed-forward width ff = 2 * d_model unless given,
+  dropout 0) under a causal mask (position t attends to positions <= t), a final LayerNorm, and a
+  Linear head on the last position's output: the logits of the token after the window. At the
+  defaults and 105 classes it holds about 81k parameters.
 
 Each factory builds its module with torch's default initialisation, drawn from torch's generator
 (TorchModel.init seeds it). torch is imported when a factory is called, not when this module is.
@@ -93,4 +101,51 @@ def _resnet_classes():
     return BasicBlock, ResNet
 
 
-__all__ = ["mlp", "resnet"]
+def char_transformer(dim: int, classes: int, d_model: int = 64, heads: int = 4, layers: int = 2, ff=None):
+    """The causal character transformer of the module docstring: windows of `dim` token ids ->
+    logits (B, classes) of the next token."""
+    ff = 2 * int(d_model) if ff is None else ff
+    for key, v, low in (("dim", dim, 1), ("classes", classes, 2), ("d_model", d_model, 1), ("heads", heads, 1),
+                        ("layers", layers, 1), ("ff", ff, 1)):
+        if isinstance(v, bool) or int(v) != v or int(v) < low:
+            raise ValueError(f"char_transformer: {key} must be an integer >= {low}, got {v!r}")
+    if int(d_model) % int(heads):
+        raise ValueError(f"char_transformer: d_model ({d_model}) must be a multiple of heads ({heads})")
+    return _transformer_class()(int(dim), int(classes), int(d_model), int(heads), int(layers), int(ff))
+
+
+@functools.cache
+def _transformer_class():
+    """CharTransformer: an nn.Module subclass, defined on first use (torch imported then)."""
+    torch = import_torch()
+    nn = torch.nn
+
+    class CharTransformer(nn.Module):
+        """Embedding + positions, causal pre-norm encoder layers, LayerNorm, head on the last position."""
+
+        def __init__(self, context: int, vocab: int, d_model: int, heads: int, layers: int, ff: int):
+            super().__init__()
+            self.context, self.vocab = context, vocab
+            self.embed = nn.Embedding(vocab, d_model)
+            self.pos = nn.Parameter(torch.randn(context, d_model) * 0.02)
+            self.blocks = nn.ModuleList(   # each drawn on its own (nn.TransformerEncoder would copy one)
+                nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True) for _ in range(layers))
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab)
+
+        def forward(self, x):
+            if x.ndim != 2 or x.shape[1] != self.context:
+                raise ValueError(f"char_transformer: input must be (batch, {self.context}) token ids, "
+                                 f"got {tuple(x.shape)}")
+            ids = x.long()
+            h = self.embed(ids) + self.pos
+            mask = torch.ones(self.context, self.context, dtype=torch.bool, device=x.device).triu(1)
+            for block in self.blocks:
+                h = block(h, src_mask=mask)
+            return self.head(self.norm(h[:, -1]))
+
+    return CharTransformer
+
+
+__all__ = ["char_transformer", "mlp", "resnet"]
