@@ -4,17 +4,20 @@ comm hook (tgsim.torch.ddp), one case after another, results in OUT/results.json
     mpiexec -n 2 python tests/torch_ddp_driver.py CASES.json OUT
 
 CASES.json: {"train": {name: {"config": tgsim config dict, "steps": k, "bucket_cap_mb": c,
-"bucket_view": bool, "defect": null | "bucket_index" | "no_residual"}}, and optionally "mismatch"
+"bucket_view": bool, "static_graph": bool, "no_sync": bool, "defect": null | "bucket_index" |
+"no_residual"}}, and optionally "mismatch"
 and "nan": a config dict each, for the checks below. Per training case: the sha256 of the
 parameters (name order) after every step on every rank, the bucket count of every step, the final
 parameters (rank 0, OUT/NAME.npz).
 Each rank trains worker `rank` of the simulator: the module TorchModel builds from the config's
 factory and seed, the batches `tgsim.data.batch_indices(shard, B, seed, step, rank)`, cross-entropy.
-The planted defects (positive controls of the test): "bucket_index" keys the layers by (bucket
-index, position) with the names of the first step's buckets; "no_residual" zeroes error feedback's
-residuals after every step. Then the checks: a hook with a misnamed argument (tgsim's register and
-DDP's own message), ranks whose modules differ (rank 1 one hidden unit wider), NaN gradients (the
-exception each rank's backward pass raises).
+With "no_sync", each step's first half batch runs under `model.no_sync()` (accumulated in .grad,
+no hook), the second half with the hook; at step 0 an optimizer step between them must be refused
+(its message in "refused"). The planted defects (positive controls of the test): "bucket_index"
+keys the layers by (bucket index, position) with the names of the first step's buckets;
+"no_residual" zeroes error feedback's residuals after every step. Then the checks: a hook with a
+misnamed argument (tgsim's register and DDP's own message), ranks whose modules differ (rank 1 one
+hidden unit wider), NaN gradients (the exception each rank's backward pass raises).
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     setup = build(cfg)                                   # the simulator's data set, shards and TorchModel
     module = setup.model.build(cfg.run.seed)
     state = DEFECTS[case.get("defect")].create(module, d)
-    model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"])
+    model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"],
+                static_graph=case.get("static_graph", False))
     buckets: list[int] = []
 
     def hook(state, bucket):
@@ -79,13 +83,23 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     tgddp.register(model, state, hook)
     opt = tgddp.TgsimOptimizer(state)
     b = cfg.workers.per_worker_batch
-    digests, error = [], None
+    digests, error, refused = [], None, None
     for step in range(case["steps"]):
         idx = batch_indices(setup.shards[rank], b, cfg.run.seed, step, rank)
         x = torch.from_numpy(setup.dataset.x_train[idx])
         y = torch.from_numpy(setup.dataset.y_train[idx])
         opt.zero_grad()
         try:
+            if case.get("no_sync"):
+                with model.no_sync():                    # the first half accumulates in .grad, no hook
+                    torch.nn.functional.cross_entropy(model(x[: b // 2]), y[: b // 2]).backward()
+                if step == 0:
+                    try:
+                        opt.step()
+                        refused = None
+                    except ValueError as e:
+                        refused = str(e)
+                x, y = x[b // 2:], y[b // 2:]
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         except Exception as e:  # noqa: BLE001  (a planted defect may stop the case)
@@ -94,7 +108,8 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
         digests.append(tgddp.digest(module))
     if rank == 0:
         np.savez(out / f"{name}.npz", **{k: p.detach().numpy() for k, p in tgddp.named_parameters(module).items()})
-    return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error}
+    return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error, "hook_steps": state.step,
+            "refused": refused}
 
 
 def misnamed(d: dict) -> dict:
