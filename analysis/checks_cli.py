@@ -7,10 +7,10 @@ Each runs on built-in defaults, writes tidy CSVs to --out (default results/analy
 short summary. --quick runs the same code on small parameters; an option given on the command line
 wins over its --quick value. Heavy imports happen only when a check runs.
 
-The checks that train a network (bound's per-layer part, clipping) take --model
-package.module:function, a torch.nn.Module factory measured instead of tgsim's MLP (its layers: the
-module's parameter names; built by tgsim.models.make_model, torch imported there), and --data NAME,
-the data set it trains on (default digits).
+The checks that train a network (unbiasedness' and variance's recorded gradients, bound's per-layer
+part, clipping) take --model package.module:function, a torch.nn.Module factory measured instead of
+tgsim's MLP (its layers: the module's parameter names; built by tgsim.models.make_model, torch
+imported there), and --data NAME, the data set it trains on (default digits).
 """
 
 from __future__ import annotations
@@ -88,18 +88,18 @@ def network(a: argparse.Namespace) -> dict:
 CHECKS = (
     Check("unbiasedness", "exact binomial test of TernGrad (none/explicit/implicit clip) over gradient shapes, "
           "and its power against a multiplicative bias", "unbiased_check",
-          lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed, codec=a.codec),
+          lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed, codec=a.codec, **network(a)),
           (Opt("--n", int, 3000, 300, "synthetic vector size"), Opt("--R", int, 2000, 200, "codec draws per vector"),
            Opt("--alpha", float, 1e-3, 1e-3, "family-wise level"), _seed(),
            Opt("--codec", str, "", "", "a registered codec (NAME+ef: with error feedback), or 'all' (every codec, "
                "with and without error feedback): the test of each codec's declared unbiasedness (instead of "
-               "the TernGrad shape study)")),
+               "the TernGrad shape study)"), *NETWORK_OPTIONS),
           quick_run=dict(recorded_steps=5, Rs=(100, 1000))),
     Check("variance", "E||Q(g)-g||^2 and E||Q(g)||^2 of TernGrad and its peers vs exact formulas and published "
           "bounds", "variance",
-          lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed),
+          lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed, **network(a)),
           (Opt("--n", int, 3000, 300, "synthetic vector size"), Opt("--R", int, 1000, 200, "codec draws per vector"),
-           Opt("--alpha", float, 1e-3, 1e-3, "family-wise level"), _seed()),
+           Opt("--alpha", float, 1e-3, 1e-3, "family-wise level"), _seed(), *NETWORK_OPTIONS),
           quick_run=dict(recorded_steps=5)),
     Check("bound", "Assumption 3: envelopes A + B||w-w*||^2 of ||g||^2 and E||Q(g)||^2 along least-squares "
           "trajectories; per-layer ratios of an MLP", "bound",

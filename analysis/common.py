@@ -354,8 +354,9 @@ def write_tables(out, tables: dict, figure: Callable[[Path], None] | None = None
 
 
 @functools.lru_cache(maxsize=8)
-def _recorded(steps: int, seed: int, hidden: tuple, workers: int, batch: int):
-    cfg = mlp_digits_config(seed, steps=steps, hidden=hidden, workers=workers, batch=batch)
+def _recorded(steps: int, seed: int, hidden: tuple, workers: int, batch: int, model: str | None = None,
+              data: str = "digits"):
+    cfg = mlp_digits_config(seed, steps=steps, hidden=hidden, workers=workers, batch=batch, model=model, data=data)
     out = {}
 
     def grab(t, setup, params, grads):
@@ -369,17 +370,21 @@ def _recorded(steps: int, seed: int, hidden: tuple, workers: int, batch: int):
 
 
 def recorded_gradients(steps: int = 50, seed: int = 0, hidden=(64,), workers: int = 4,
-                       batch: int = 16) -> dict[str, np.ndarray]:
-    """Worker 0's flattened per-layer gradients at the last of `steps` fp32 SGD steps (MLP, digits)."""
-    return dict(_recorded(int(steps), int(seed), tuple(hidden), int(workers), int(batch)))
+                       batch: int = 16, model: str | None = None, data: str = "digits") -> dict[str, np.ndarray]:
+    """Worker 0's flattened per-layer gradients at the last of `steps` fp32 SGD steps (MLP, digits; or
+    the torch factory `model` on `data`, ``network_section``)."""
+    return dict(_recorded(int(steps), int(seed), tuple(hidden), int(workers), int(batch), model, str(data)))
 
 
-def gradient_shapes(n: int = 3000, seed: int = 0, recorded_steps: int | None = 50) -> dict[str, np.ndarray]:
-    """Synthetic shapes plus (unless recorded_steps is None) 'mlp:<layer>' recorded gradients."""
+def gradient_shapes(n: int = 3000, seed: int = 0, recorded_steps: int | None = 50, model: str | None = None,
+                    data: str = "digits") -> dict[str, np.ndarray]:
+    """Synthetic shapes plus (unless recorded_steps is None) 'mlp:<layer>' recorded gradients of tgsim's
+    MLP, or 'model:<parameter name>' of the torch factory `model`, trained on `data`."""
     shapes = {k: synthetic_gradient(k, n, seed) for k in SYNTHETIC_SHAPES}
     if recorded_steps:
-        for k, v in recorded_gradients(recorded_steps, seed).items():
-            shapes[f"mlp:{k}"] = v
+        prefix = "mlp" if model is None else "model"
+        for k, v in recorded_gradients(recorded_steps, seed, model=model, data=data).items():
+            shapes[f"{prefix}:{k}"] = v
     return shapes
 
 

@@ -1,7 +1,8 @@
 """`tgsim analyze unbiasedness`: the exact test on TernGrad over gradient shapes, and its power.
 
 Part 1 (``unbiasedness_tests``): for every gradient shape (Gaussian, Student-t3, log-normal,
-sparse, and an MLP's per-layer gradients recorded from a short fp32 run) and every clipping mode
+sparse, and an MLP's per-layer gradients recorded from a short fp32 run, or with ``model`` those of a
+torch.nn.Module factory, named 'model:<parameter name>') and every clipping mode
 (none / explicit / implicit) draw R codes through the real codec (encode -> decode,
 ``unbiasedness.codec_draws``) and run the exact per-coordinate binomial test
 (``unbiasedness.binomial_test_of_draws``, Bonferroni over all coordinates, family-wise alpha)
@@ -349,7 +350,11 @@ def codec_table(names, n: int = 20_000, seed: int = 0) -> pd.DataFrame:
 
 
 def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: int = 0,
-        recorded_steps: int | None = 50, Rs=R_GRID, quiet: bool = False, codec: str = "") -> dict[str, pd.DataFrame]:
+        recorded_steps: int | None = 50, Rs=R_GRID, quiet: bool = False, codec: str = "",
+        model: str | None = None, data: str = "digits") -> dict[str, pd.DataFrame]:
+    """Write the TernGrad shape study (unbiasedness, _worst, _power, _pooled) to `out`: the synthetic
+    shapes and the per-layer gradients of tgsim's MLP, or of the torch factory `model`, on `data`; with
+    `codec`, the test of that codec's declared unbiasedness (unbiasedness_codecs) instead."""
     from tgsim.analysis.common import single_thread, write_csv
 
     if codec:
@@ -370,7 +375,7 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
                       "bias_along_state = <mean draw - g, e> / ||e||^2 (1: the mean is g + e)")
         return {"unbiasedness_codecs": table}
     with single_thread():
-        shapes = gradient_shapes(n, seed, recorded_steps)
+        shapes = gradient_shapes(n, seed, recorded_steps, model=model, data=data)
         tests, worst = unbiasedness_tests(shapes, R, alpha, seed)
         power = power_curve(shapes, Rs, alpha)
         pooled = pooled_tests(shapes, R, alpha, seed)

@@ -1,6 +1,7 @@
 """`tgsim analyze variance`: empirical E||Q(g)-g||^2 and E||Q(g)||^2 against exact formulas and bounds.
 
-For every gradient shape (synthetic and recorded per-layer MLP gradients) and every quantizer:
+For every gradient shape (synthetic and recorded per-layer MLP gradients, or with ``model`` those of a
+torch.nn.Module factory, named 'model:<parameter name>') and every quantizer:
 
 * TernGrad through the real codec (encode -> decode, ``unbiasedness.codec_draws``) with clip none,
   explicit and implicit; formulas from ``tgsim.analysis.common.terngrad_error`` /
@@ -129,11 +130,14 @@ def variance_table(shapes: dict[str, np.ndarray], R: int = 1000, alpha: float = 
 
 
 def run(out=None, *, n: int = 3000, R: int = 1000, alpha: float = 1e-3, seed: int = 0,
-        recorded_steps: int | None = 50, quiet: bool = False) -> dict[str, pd.DataFrame]:
+        recorded_steps: int | None = 50, quiet: bool = False, model: str | None = None,
+        data: str = "digits") -> dict[str, pd.DataFrame]:
+    """Write variance and variance_bounds to `out`: the synthetic shapes and the per-layer gradients of
+    tgsim's MLP, or of the torch factory `model`, on `data`."""
     from tgsim.analysis.common import single_thread, write_csv
 
     with single_thread():
-        shapes = gradient_shapes(n, seed, recorded_steps)
+        shapes = gradient_shapes(n, seed, recorded_steps, model=model, data=data)
         var, bnd = variance_table(shapes, R, alpha, seed)
     write_csv(var, out, "variance")
     write_csv(bnd, out, "variance_bounds")

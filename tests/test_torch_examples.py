@@ -2,8 +2,9 @@
 its size, the causal mask (a block's output at position t does not move when a later token changes),
 the model protocol (each worker's bits those of a call with it alone, gradients against central
 differences in float64), bad arguments, and the packaged torch_chars config training below the
-unigram loss of its data. The analyses: `tgsim analyze clipping` and bound's per-layer part with
---model name their rows by the module's parameter names, and analysis/ imports no torch. Skipped,
+unigram loss of its data. The analyses: `tgsim analyze clipping`, bound's per-layer part and the
+recorded shapes of unbiasedness and variance with --model name their rows by the module's parameter
+names, and analysis/ imports no torch. Skipped,
 with the reason, where torch is not installed."""
 
 from __future__ import annotations
@@ -155,6 +156,25 @@ def test_bound_per_layer_ratios_of_a_torch_model():
     check = next(c for c in CHECKS if c.name == "bound")
     args = argparse.Namespace(quick=True, seeds=None, steps=None, mlp_steps=None, model=MLP, data="wine")
     assert {k: run_kwargs(check, args)[k] for k in ("model", "data")} == {"model": MLP, "data": "wine"}
+
+
+def test_recorded_gradient_shapes_of_a_torch_model():
+    """unbiasedness' and variance's recorded shapes with a model: 'model:<parameter name>' of the module's
+    sizes (its trainer gradients on wine, worker 0); the CLI hands --model and --data to both checks."""
+    import argparse
+
+    from tgsim.analysis.checks_cli import CHECKS, run_kwargs
+    from tgsim.analysis.common import SYNTHETIC_SHAPES, gradient_shapes
+
+    shapes = gradient_shapes(50, 0, recorded_steps=2, model=MLP, data="wine")
+    layers = make_model("torch", factory=MLP, dim=13, classes=3).layer_shapes()
+    assert {k: v.size for k, v in shapes.items()} == {**{k: 50 for k in SYNTHETIC_SHAPES},
+                                                      **{f"model:{k}": int(np.prod(s)) for k, s in layers.items()}}
+    for name in ("unbiasedness", "variance"):
+        check = next(c for c in CHECKS if c.name == name)
+        args = argparse.Namespace(quick=False, **{o.dest: None for o in check.options})
+        args.model, args.data = MLP, "wine"
+        assert {k: run_kwargs(check, args)[k] for k in ("model", "data")} == {"model": MLP, "data": "wine"}
 
 
 def test_analysis_imports_no_torch():
