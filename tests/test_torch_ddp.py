@@ -49,9 +49,16 @@ def _config(codec: dict, mode: str) -> dict:
 
 TERNGRAD = _config({"name": "terngrad"}, "allreduce")
 TOPK_EF = _config({"name": "topk", "error_feedback": True}, "ps")
+CODECS = {     # name -> config: the cases checked bit for bit against the simulator
+    "terngrad": TERNGRAD,
+    "terngrad-own": _config({"name": "terngrad", "sharing": "none"}, "allgather"),
+    "qsgd": _config({"name": "qsgd"}, "ps"),
+    "topk-ef": TOPK_EF,
+    "powersgd": _config({"name": "powersgd", "rank": 2}, "allreduce"),
+}
 CASES = {
-    "terngrad": {"config": TERNGRAD, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": False},
-    "topk-ef": {"config": TOPK_EF, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": True},
+    **{name: {"config": cfg, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": name == "topk-ef"}
+       for name, cfg in CODECS.items()},
     "terngrad-static-graph": {"config": TERNGRAD, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": False,
                               "static_graph": True},
     "no-sync": {"config": TERNGRAD, "steps": 3, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": False, "no_sync": True},
@@ -115,7 +122,7 @@ def job(tmp_path_factory):
 
 
 @needs_mpi
-@pytest.mark.parametrize("name", ["terngrad", "topk-ef"])
+@pytest.mark.parametrize("name", list(CODECS))
 def test_ddp_with_the_hook_ends_with_the_simulators_bits(job, name):
     """After every one of 5 steps, on both ranks, DDP's parameters equal the simulator's bit for bit:
     step 0 with DDP's one bucket, steps 1.. with the two buckets of its rebuild; the final
@@ -145,10 +152,10 @@ def test_no_sync_accumulation_runs_the_hook_once_per_step(job):
 @needs_mpi
 @pytest.mark.heavy
 def test_four_ranks_end_with_the_simulators_bits(tmp_path):
-    """The two training cases at 4 ranks (4 workers, 16 samples each): the simulator's bits after
-    every step on every rank."""
+    """The codec cases at 4 ranks (4 workers, 16 samples each): the simulator's bits after every step
+    on every rank."""
     cases = {}
-    for name in ("terngrad", "topk-ef"):
+    for name in CODECS:
         d = json.loads(json.dumps(CASES[name]))
         d["config"]["workers"] = {"n": 4, "batch": 64}
         cases[name] = d

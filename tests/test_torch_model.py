@@ -242,15 +242,29 @@ def test_training_repeats_bit_for_bit_and_resumes_with_the_same_bits(tmp_path, m
 @needs_mpi
 def test_mpi_ranks_end_with_the_simulators_bits(tmp_path):
     """One mpiexec job of 2 ranks (one worker each) through tgsim's MPI exchange: TernGrad's integer
-    all-reduce of shared-scaler codes, and top-k with error feedback over the parameter server (its
-    residuals per rank); each ends with the simulator's parameters on every rank, bit for bit, and the
-    same training losses."""
-    base = {"run": {"checkpoint_every": 0, "eval_every": 0, "steps": 6}}
-    cases = {
+    all-reduce of shared-scaler codes and its own scalers over the all-gather, QSGD over the parameter
+    server, top-k with error feedback over the parameter server (its residuals per rank) and PowerSGD
+    (rank 2, two all-reduce rounds); each ends with the simulator's parameters on every rank, bit for
+    bit, and the same training losses."""
+    cases_over_mpi_equal_the_simulator(tmp_path, _mpi_cases(2), ranks=2, timeout=300)
+
+
+@pytest.mark.heavy
+def test_four_mpi_ranks_end_with_the_simulators_bits(tmp_path):
+    """The cases of the test above at 4 ranks (4 workers)."""
+    cases_over_mpi_equal_the_simulator(tmp_path, _mpi_cases(4), ranks=4, timeout=300)
+
+
+def _mpi_cases(n: int) -> dict:
+    base = {"run": {"checkpoint_every": 0, "eval_every": 0, "steps": 6}, "workers": {"n": n, "batch": 16}}
+    return {
         "terngrad-allreduce": _config(**base, exchange={"mode": "allreduce"}),
+        "terngrad-own-allgather": _config(**base, codec={"name": "terngrad", "sharing": "none"},
+                                          exchange={"mode": "allgather"}),
+        "qsgd-ps": {**_config(**base), "codec": {"name": "qsgd"}},
         "topk-ef-ps": {**_config(**base), "codec": {"name": "topk", "error_feedback": True}},
+        "powersgd-allreduce": {**_config(**base, exchange={"mode": "allreduce"}), "codec": {"name": "powersgd", "rank": 2}},
     }
-    cases_over_mpi_equal_the_simulator(tmp_path, cases, ranks=2, timeout=300)
 
 
 # -- bad inputs --------------------------------------------------------------------------------------------
