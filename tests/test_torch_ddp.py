@@ -372,3 +372,71 @@ def test_nan_gradients_raise_or_skip_the_step():
             assert not any(moved)
         else:
             assert all(moved)
+
+
+def _steps(state, opt, module, setup, cfg, steps) -> list:
+    """Run the hook in one process (one bucket per step) for `steps`; the digest after each."""
+    from tgsim.data import batch_indices
+
+    out, before = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in steps:
+            idx = batch_indices(setup.shards[0], cfg.workers.per_worker_batch, cfg.run.seed, step, 0)
+            opt.zero_grad()
+            x, y = torch.from_numpy(setup.dataset.x_train[idx]), torch.from_numpy(setup.dataset.y_train[idx])
+            torch.nn.functional.cross_entropy(module(x), y).backward()
+            _exchange_buckets(state, [list(state.params)])
+            opt.step()
+            out.append(tgddp.digest(module))
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def test_state_dicts_resume_with_the_uninterrupted_bits():
+    """Top-k with error feedback and momentum, one worker in one process: 3 steps, the hook's and
+    TgsimOptimizer's state_dict() and the parameters saved; a new module, hook state and optimizer
+    loaded from them run steps 3 and 4 and end with the uninterrupted 5-step run's bits after each step
+    (the residuals and the momentum buffer carried). A state of another config or codec is refused and
+    changes nothing."""
+    from tgsim.exchange import InProcessExchange
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import build
+
+    d = _one_worker({"name": "topk", "error_feedback": True}, "ps", steps=5)
+    cfg = from_dict(d)
+    setup = build(cfg)
+
+    def fresh():
+        module = setup.model.build(cfg.run.seed)
+        state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+        return module, state, tgddp.TgsimOptimizer(state)
+
+    module, state, opt = fresh()
+    whole = _steps(state, opt, module, setup, cfg, range(5))
+    module, state, opt = fresh()
+    first = _steps(state, opt, module, setup, cfg, range(3))
+    saved = {"params": {k: p.detach().numpy().copy() for k, p in state.params.items()},
+             "hook": state.state_dict(), "opt": opt.state_dict()}
+    assert first == whole[:3] and saved["hook"]["step"] == 3
+    assert np.abs(saved["hook"]["codec_state"]["residual/0.weight"]).sum() > 0
+    module, state, opt = fresh()
+    with torch.no_grad():
+        for k, p in state.params.items():
+            p.copy_(torch.from_numpy(saved["params"][k]))
+    with pytest.raises(ValueError, match="from the same checkpoint"):
+        opt.load_state_dict(saved["opt"])                    # the hook's state first
+    state.load_state_dict(saved["hook"])
+    opt.load_state_dict(saved["opt"])
+    assert _steps(state, opt, module, setup, cfg, range(3, 5)) == whole[3:]
+
+    _, other, _ = fresh()
+    before = {k: v.copy() for k, v in other.codec_state.items()}
+    for bad, match in ((dict(saved["hook"], config="0" * 64), "another config"),
+                       (dict(saved["hook"], codec_state=None), "does not match"),
+                       (dict(saved["hook"], rank=1), "rank 1's"),
+                       ({"step": 3}, "has no 'codec_state'")):
+        with pytest.raises(ValueError, match=match):
+            other.load_state_dict(bad)
+        assert other.step == 0 and all(np.array_equal(before[k], other.codec_state[k]) for k in before)

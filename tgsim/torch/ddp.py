@@ -254,6 +254,44 @@ class TgsimHookState:
         state.codec_state = start_codec_state(setup, {})
         return state
 
+    # -- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a resumed run needs of this rank's hook: {"step", "sent", "received", "codec_state":
+        {key: array (1, ...)} or None (error feedback's residuals, PowerSGD's warm start), "config":
+        the config's sha256, "rank"}; arrays are copies. Save it beside the module's parameters and
+        TgsimOptimizer.state_dict() (torch.save or numpy), one file per rank."""
+        codec_state = None if self.codec_state is None else {k: np.array(v, copy=True)
+                                                              for k, v in self.codec_state.items()}
+        return {"step": int(self.step), "sent": float(self.sent), "received": float(self.received),
+                "codec_state": codec_state, "config": config_hash(self.cfg), "rank": self.rank}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from `saved` (state_dict() of the same rank, config and module): the next exchange
+        runs step saved["step"] with the saved codec state, so the resumed run has the uninterrupted
+        run's bits. ValueError, changing nothing, when it comes from another config, another rank or
+        holds another codec state (keys, shapes, dtypes)."""
+        for key in ("step", "codec_state", "config", "rank"):
+            if key not in saved:
+                raise ValueError(f"tgsim DDP hook: load_state_dict: the saved state has no {key!r}")
+        if saved["config"] != config_hash(self.cfg):
+            raise ValueError("tgsim DDP hook: load_state_dict: the state was saved under another config "
+                             "(config sha256 differs)")
+        if int(saved["rank"]) != self.rank:
+            raise ValueError(f"tgsim DDP hook: load_state_dict: the state is rank {saved['rank']}'s; this is rank "
+                             f"{self.rank}")
+        mine, theirs = self.codec_state, saved["codec_state"]
+        if (mine is None) != (theirs is None) or (mine is not None and (
+                set(mine) != set(theirs) or any(np.shape(theirs[k]) != np.shape(mine[k]) or
+                                                np.asarray(theirs[k]).dtype != mine[k].dtype for k in mine))):
+            raise ValueError("tgsim DDP hook: load_state_dict: the saved codec state does not match this codec's "
+                             "(keys, shapes or dtypes)")
+        if int(saved["step"]) < 0:
+            raise ValueError(f"tgsim DDP hook: load_state_dict: step {saved['step']} < 0")
+        if mine is not None:
+            self.codec_state = {k: np.array(theirs[k], dtype=mine[k].dtype, copy=True) for k in mine}
+        self.step = int(saved["step"])
+        self.sent, self.received = float(saved.get("sent", 0.0)), float(saved.get("received", 0.0))
+
     # -- the hook's work ---------------------------------------------------------------------------
     def name_of(self, param) -> str:
         try:
@@ -350,6 +388,21 @@ class TgsimOptimizer:
 
     def _arrays(self) -> dict:
         return {k: p.detach().numpy() for k, p in self.state.params.items()}
+
+    def state_dict(self) -> dict:
+        """{"applied": the next step it may apply, "opt_state": the optimizer's state (copies)}."""
+        return {"applied": int(self.applied),
+                "opt_state": {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else
+                                  {n: np.array(a, copy=True) for n, a in v.items()} if isinstance(v, dict) else v)
+                              for k, v in self.opt_state.items()}}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from `saved` (state_dict() after the same step as the hook state loaded)."""
+        if int(saved["applied"]) != self.state.step:
+            raise ValueError(f"TgsimOptimizer.load_state_dict: saved after step {int(saved['applied']) - 1}, but the "
+                             f"hook's next step is {self.state.step}: load the hook's state from the same checkpoint")
+        self.opt_state = saved["opt_state"]
+        self.applied = int(saved["applied"])
 
     def zero_grad(self) -> None:
         """Every parameter's .grad to None (DDP writes the next step's mean)."""
