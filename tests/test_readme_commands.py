@@ -89,6 +89,11 @@ QUICK = {
     ".venv/bin/tgsim run torch_digits --out results/torch-digits":
         (lambda t: _tgsim("run", "torch_digits", "--out", str(t / "torch"), "--set", "run.steps=5", "--quiet"),
          ["test loss", "results: "]),
+    ".venv/bin/tgsim run torch_chars --out results/torch-chars":
+        (lambda t: _tgsim("run", "torch_chars", "--out", str(t / "chars"), "--set", "run.steps=5",
+                          "--set", "data.options.num_samples=400", "--quiet"), ["test loss", "results: "]),
+    # run by tests/test_torch_examples.py (--steps 4)
+    ".venv/bin/tgsim analyze clipping --quick --model tgsim.torch.examples:mlp --out results/analysis-torch": (None, []),
     # the torch model over MPI equals the simulator bit for bit: tests/test_torch_model.py (one -n 2 job)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train torch_digits --out results/torch-digits-mpi":
         (None, []),
