@@ -25,7 +25,8 @@ EXPECTED = {
 
 
 def test_every_name_is_covered():
-    assert set(DATASETS) == set(EXPECTED) | {"pychars"}   # pychars' classes depend on Python: tests/test_data_text.py
+    # pychars: its classes depend on Python (tests/test_data_text.py); torch: a factory (tests/test_torch_data.py)
+    assert set(DATASETS) == set(EXPECTED) | {"pychars", "torch"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -55,6 +55,12 @@ Names and their keyword arguments (defaults in parentheses):
   the training targets' distribution: the cross-entropy of the best constant prediction), and
   train_starts / test_starts (each window's offset in the corpus, int64; the loader's splits, before
   any validation hold-out).
+* ``"torch"`` -- factory (required, "package.module:function"), kwargs (None), task
+  ("classification"), classes (0: max label + 1), max_train (0: all), max_test (0: all). A user's
+  torch data set (``tgsim.torch.data``; needs the ``torch`` extra): the factory returns (train,
+  test) map-style torch Datasets of (x, y) or a dict of x_train, y_train, x_test, y_test; the
+  samples are read once, in index order, keeping their shape (``feature_shape``, e.g. (3, 32, 32)).
+  ``seed`` does not affect it. ``meta``: factory, kwargs, sample_shape, sha256 (of the arrays).
 
 Every name also takes ``validation`` (0.0): a fraction of the training split held out, stratified
 by label for classification and keyed by ``seed``, that replaces the test split for the run
@@ -388,6 +394,22 @@ def _pychars(seed: int, *, num_samples: int = 20000, context: int = 32,
 
 # ---------------------------------------------------------------------------------------------
 
+def _torch(seed: int, *, factory: str = "", kwargs: dict | None = None, task: str = "classification",
+           classes: int = 0, max_train: int = 0, max_test: int = 0) -> Dataset:
+    """A user's torch data set (tgsim.torch.data; needs the `torch` extra). `seed` does not affect it."""
+    if not factory:
+        raise ValueError("data 'torch': give options.factory = 'package.module:function' returning "
+                         "(train, test) torch Datasets or a dict of x_train, y_train, x_test, y_test")
+    import importlib
+
+    try:
+        torch_data = importlib.import_module("tgsim.torch.data")
+        fields = torch_data.load_torch(factory, kwargs, task, classes, max_train, max_test)
+    except ImportError as e:
+        raise ValueError(f"data 'torch' needs PyTorch: pip install 'tgsim[torch]' ({e})") from None
+    return Dataset("torch", **fields)
+
+
 _LOADERS: dict[str, Callable[..., Dataset]] = {
     "least_squares": _least_squares,
     "classification": _classification,
@@ -395,6 +417,7 @@ _LOADERS: dict[str, Callable[..., Dataset]] = {
     "breast_cancer": functools.partial(_sklearn, "breast_cancer"),
     "wine": functools.partial(_sklearn, "wine"),
     "mnist1d": _mnist1d,
+    "torch": _torch,
     "pychars": _pychars,
 }
 

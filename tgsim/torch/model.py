@@ -7,9 +7,9 @@
 
 The module
 ----------
-`factory` names a callable as "package.module:function"; it is called with `kwargs`, plus `dim` and
-`classes` where its signature names them and `kwargs` does not (the trainer fills both from the data
-set), and must return a torch.nn.Module. Its parameters are the model's parameters, keyed by their
+`factory` names a callable as "package.module:function"; it is called with `kwargs`, plus `dim`,
+`classes` and `feature_shape` (one sample's shape, a tuple) where its signature names them and
+`kwargs` does not (the trainer fills them from the data set), and must return a torch.nn.Module. Its parameters are the model's parameters, keyed by their
 `named_parameters()` names (tied parameters once, under their first name) and ordered by name, so
 every codec, checkpoint and MPI rank sees the same layers in the same order. The module is built
 once (seed 0) as a skeleton; the parameters of a call are put into it with
@@ -167,6 +167,8 @@ class TorchModel:
         for key in ("dim", "classes"):
             if key in accepted and key not in kw and getattr(self, key):
                 kw[key] = int(getattr(self, key))
+        if "feature_shape" in accepted and "feature_shape" not in kw:
+            kw["feature_shape"] = tuple(self.feature_shape)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             module = fn(**kw)

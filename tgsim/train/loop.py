@@ -69,7 +69,7 @@ def _model_options(model_name: str, options: dict, dataset) -> dict:
     from tgsim.models import model_kwargs
 
     probe = {"dim": int(np.prod(dataset.feature_shape)), "length": int(dataset.feature_shape[-1]),
-             "classes": int(dataset.n_classes)}
+             "classes": int(dataset.n_classes), "feature_shape": tuple(dataset.feature_shape)}
     accepted = model_kwargs(model_name)
     return {**{k: v for k, v in probe.items() if k in accepted}, **options}
 
