@@ -482,3 +482,24 @@ def check_sharing_sweep(out, stem: str, rows: int, keys: list[str], stdout: str)
     assert (summary[summary.variant == "fp32"].gap_to_fp32 == 0).all()
     for name in (f"{stem}.csv", f"{stem}_summary.csv", f"{stem}.png"):
         assert (out / name).stat().st_size > 0 and f"wrote {out / name}" in stdout
+
+
+def central_difference_error(model, params: dict, x, y, grads: dict, worker: int, name: str, coords: int,
+                             rng, eps: float = 1e-6) -> float:
+    """Relative error ||fd - an|| / max(||fd||, ||an||, 1e-8) of the model's gradient of layer `name`
+    for `worker` (grads[name][worker], from loss_and_grad on x, y) against central differences
+    (L(p + eps) - L(p - eps)) / (2 eps) of that worker's loss alone, at `coords` coordinates drawn
+    without replacement by `rng` (float64 params)."""
+    xi, yi = x[worker:worker + 1], y[worker:worker + 1]
+    p = params[name]
+    fd, an = [], []
+    for j in rng.choice(p.size, size=min(p.size, coords), replace=False):
+        idx = np.unravel_index(j, p.shape)
+        plus = {k: v.copy() for k, v in params.items()}
+        minus = {k: v.copy() for k, v in params.items()}
+        plus[name][idx] += eps
+        minus[name][idx] -= eps
+        fd.append((model.loss_and_grad(plus, xi, yi)[0][0] - model.loss_and_grad(minus, xi, yi)[0][0]) / (2 * eps))
+        an.append(grads[name][worker][idx])
+    fd, an = np.array(fd), np.array(an)
+    return float(np.linalg.norm(fd - an) / max(np.linalg.norm(fd), np.linalg.norm(an), 1e-8))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fakes import central_difference_error
 from tgsim.backend import gpu_available
 from tgsim.models import (MODELS, MLP, ConvNet1D, LeastSquares, LogisticRegression, SoftmaxRegression,
                           make_model)
@@ -66,25 +67,9 @@ def test_gradient_matches_finite_differences_float64(key):
     x, y = make_data(model, 2, 5, seed=1, dtype=np.float64)
     loss, grads = model.loss_and_grad(params, x, y)
     assert loss.dtype == np.float64 and all(g.dtype == np.float64 for g in grads.values())
-    eps = 1e-6
     for worker in range(2):
-        xi, yi = x[worker:worker + 1], y[worker:worker + 1]
-        for name, p in params.items():
-            flat_idx = rng.choice(p.size, size=min(p.size, 12), replace=False)
-            fd, an = [], []
-            for j in flat_idx:
-                idx = np.unravel_index(j, p.shape)
-                plus = {k: v.copy() for k, v in params.items()}
-                minus = {k: v.copy() for k, v in params.items()}
-                plus[name][idx] += eps
-                minus[name][idx] -= eps
-                lp = model.loss_and_grad(plus, xi, yi)[0][0]
-                lm = model.loss_and_grad(minus, xi, yi)[0][0]
-                fd.append((lp - lm) / (2 * eps))
-                an.append(grads[name][worker][idx])
-            fd, an = np.array(fd), np.array(an)
-            scale = max(np.linalg.norm(fd), np.linalg.norm(an), 1e-8)
-            rel = np.linalg.norm(fd - an) / scale
+        for name in params:
+            rel = central_difference_error(model, params, x, y, grads, worker, name, 12, rng)
             assert rel < 1e-5, f"{key} worker {worker} {name}: relative error {rel:.2e}"
 
 
