@@ -503,3 +503,18 @@ def central_difference_error(model, params: dict, x, y, grads: dict, worker: int
         an.append(grads[name][worker][idx])
     fd, an = np.array(fd), np.array(an)
     return float(np.linalg.norm(fd - an) / max(np.linalg.norm(fd), np.linalg.norm(an), 1e-8))
+
+
+def kill_train_step_at(monkeypatch, kill_step: int) -> None:
+    """Make tgsim.train.loop.train_step raise KeyboardInterrupt("killed") when it reaches `kill_step`
+    (a run killed there, after its last checkpoint); `monkeypatch.undo()` restores it."""
+    from tgsim.train import loop as loop_mod
+
+    original = loop_mod.train_step
+
+    def dying(setup, params, opt_state, step, *args, **kwargs):
+        if step == kill_step:
+            raise KeyboardInterrupt("killed")
+        return original(setup, params, opt_state, step, *args, **kwargs)
+
+    monkeypatch.setattr(loop_mod, "train_step", dying)

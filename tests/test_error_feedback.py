@@ -11,12 +11,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fakes import kill_train_step_at
 from tgsim.codecs import error_feedback, error_feedback as ef, registry
 from tgsim.codecs.base import CodecProperties
 from tgsim.errors import ConfigError
 from tgsim.testing import contract_layers, encode
 from tgsim.train import checkpoint
-from tgsim.train import loop as loop_mod
 from tgsim.train.config import CodecConfig, from_dict
 from tgsim.train.loop import build, local_batch, run, train_step
 
@@ -126,17 +126,6 @@ def test_the_loop_keeps_each_workers_residual(codec):
         train_step(setup, params, opt, 2)
 
 
-def _kill_at(monkeypatch, kill_step: int):
-    original = loop_mod.train_step
-
-    def dying(setup, params, opt_state, step, *args, **kwargs):
-        if step == kill_step:
-            raise KeyboardInterrupt("killed")
-        return original(setup, params, opt_state, step, *args, **kwargs)
-
-    monkeypatch.setattr(loop_mod, "train_step", dying)
-
-
 @pytest.mark.parametrize("sections", [
     {},                                                                        # terngrad, integer all-reduce
     {"codec": {"name": "scaled_sign", "error_feedback": True}, "exchange": {"mode": "ps"}},   # EF-signSGD
@@ -148,7 +137,7 @@ def test_kill_and_resume_gives_the_bits_of_an_uninterrupted_run(tmp_path, monkey
     them is refused."""
     cfg = cfg_with(**sections)
     full = run(cfg, out=tmp_path / "full", quiet=True)
-    _kill_at(monkeypatch, 27)
+    kill_train_step_at(monkeypatch, 27)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, out=tmp_path / "killed", quiet=True)
     monkeypatch.undo()

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fakes import kill_train_step_at
 from mpi_cases import _DRIVER, load_params, mpiexec, needs_mpi, params_bits, params_digest, simulate, train_losses
 from tgsim.codecs.base import CodecProperties, MultiRound
 from tgsim.train import checkpoint
-from tgsim.train import loop as loop_mod
 from tgsim.train.config import from_dict
 from tgsim.train.loop import build, local_batch, run, train_step
 
@@ -139,14 +139,7 @@ def test_killed_run_resumes_with_the_codec_state(tmp_path, monkeypatch):
     checkpoint with the state zeroed gives other bits, and one without it is refused."""
     cfg = cfg_of()
     full = run(cfg, out=tmp_path / "full", quiet=True)
-    original = loop_mod.train_step
-
-    def dying(setup, params, opt_state, step, *args, **kwargs):
-        if step == 10:
-            raise KeyboardInterrupt("killed")
-        return original(setup, params, opt_state, step, *args, **kwargs)
-
-    monkeypatch.setattr(loop_mod, "train_step", dying)
+    kill_train_step_at(monkeypatch, 10)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, out=tmp_path / "killed", quiet=True)
     monkeypatch.undo()

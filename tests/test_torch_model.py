@@ -17,14 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
 
-from fakes import central_difference_error  # noqa: E402
+from fakes import central_difference_error, kill_train_step_at  # noqa: E402
 from mpi_cases import cases_over_mpi_equal_the_simulator, needs_mpi  # noqa: E402
 
 from tgsim.errors import ConfigError, NonFiniteGradientError  # noqa: E402
 from tgsim.models import make_model  # noqa: E402
 from tgsim.torch import TorchModel  # noqa: E402
 from tgsim.train import checkpoint  # noqa: E402
-from tgsim.train import loop as loop_mod  # noqa: E402
 from tgsim.train.config import from_dict  # noqa: E402
 from tgsim.train.loop import run  # noqa: E402
 
@@ -202,14 +201,7 @@ def test_training_repeats_bit_for_bit_and_resumes_with_the_same_bits(tmp_path, m
     init = make_model("torch", factory=RESNET, dim=64, classes=10, kwargs={"width": 4, "blocks": 1}).init(5)
     assert all(not np.array_equal(full.params[k], init[k]) for k in init)
 
-    original = loop_mod.train_step
-
-    def dying(setup, params, opt_state, step, *args, **kwargs):
-        if step == 7:
-            raise KeyboardInterrupt("killed")
-        return original(setup, params, opt_state, step, *args, **kwargs)
-
-    monkeypatch.setattr(loop_mod, "train_step", dying)
+    kill_train_step_at(monkeypatch, 7)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, out=tmp_path / "killed", quiet=True)
     monkeypatch.undo()
