@@ -265,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     bx = bsub.add_parser("exchange", help="MPI exchange modes over an emulated 1/10 Gb/s network (needs root)")
     exchange.add_arguments(bx)
     bx.set_defaults(func=exchange.cmd)
+    from tgsim.bench import torch_ddp  # light: torch, mpi4py and pandas are imported when the bench runs
+
+    bt = bsub.add_parser("torch", help="tgsim's DDP comm hook against the backward pass and DDP's all-reduce "
+                                       "and fp16 hooks, CPU, Gloo (shaped rates need root)")
+    torch_ddp.add_arguments(bt)
+    bt.set_defaults(func=torch_ddp.cmd)
 
     f = sub.add_parser("figures", help="run the figure scripts of the installed package (make_report.py, or "
                                        "the named ones); outputs in --out")

@@ -1,0 +1,122 @@
+"""`tgsim bench torch`: DDP over Gloo at 2 ranks with tgsim's comm hook, DDP's all-reduce and its fp16
+hook. The quick run (unshaped loopback, 3 rounds) writes every column, positive finite times and
+ratios, the hook's counted bits and DDP's modelled ones; the ratios come from the raw rows as the
+module docstring defines them (checked on hand-made rows, no timing); the whole shaped grid is heavy.
+Skipped, with the reason, without torch, MPI or (shaped) network namespaces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
+
+from tgsim.bench import exchange as be  # noqa: E402
+from tgsim.bench import torch_ddp as bt  # noqa: E402
+from tgsim.bench.torch_ddp_rank import COLUMNS as RAW_COLUMNS, VARIANTS, model_bits  # noqa: E402
+
+OK, WHY = bt.check_launch()
+needs_launch = pytest.mark.skipif(not OK, reason=f"cannot launch the DDP ranks here: {WHY}")
+NETNS, NETNS_WHY = be.check_environment()
+TIMES = ["t_step", "t_forward", "t_backward", "t_optimizer"]
+
+
+def _raw(rate: str, variant: str, **kw) -> dict:
+    row = dict.fromkeys(RAW_COLUMNS, np.nan)
+    row.update(rate=rate, variant=variant, ranks=2, params=1000, batch=32, width=16, steps=5, loadavg=0.5, cores=2,
+               bits_source="counted" if variant.startswith("tgsim_") else "model")
+    row.update(kw)
+    return row
+
+
+def test_ratios_from_raw_rows():
+    """hook / backward of `local`, step / step of ddp_allreduce, bits of ddp_allreduce / bits, the target."""
+    rows = []
+    for rate, scale in (("none", 1.0), ("1gbit", 2.0)):
+        rows += [_raw(rate, "local", t_step=0.01 * scale, t_backward=0.006 * scale, t_backward_min=0.005 * scale,
+                      t_backward_max=0.007 * scale, t_step_min=0.009, t_step_max=0.011, bits_per_step=0.0),
+                 _raw(rate, "ddp_allreduce", t_step=0.02 * scale, t_backward=0.015, t_backward_min=0.014,
+                      t_backward_max=0.016, t_step_min=0.019, t_step_max=0.021,
+                      bits_per_step=model_bits("ddp_allreduce", 1000, 2)),
+                 _raw(rate, "tgsim_terngrad", t_step=0.03, t_backward=0.02, t_backward_min=0.019, t_backward_max=0.021,
+                      t_hook=0.0006 * scale, t_hook_min=0.0004 * scale, t_hook_max=0.0007 * scale,
+                      t_step_min=0.029, t_step_max=0.031, bits_per_step=2000.0),
+                 _raw(rate, "tgsim_fp32", t_step=0.04, t_backward=0.03, t_backward_min=0.03, t_backward_max=0.03,
+                      t_hook=0.0012, t_hook_min=0.0012, t_hook_max=0.0012, t_step_min=0.04, t_step_max=0.04,
+                      bits_per_step=32000.0)]
+    df = bt.summarize(pd.DataFrame(rows)).set_index(["rate", "variant"])
+    assert model_bits("ddp_allreduce", 1000, 2) == 32000.0 and model_bits("ddp_fp16", 1000, 4) == 24000.0
+    assert df.loc[("none", "tgsim_terngrad"), "hook_over_backward"] == pytest.approx(0.1)
+    assert df.loc[("1gbit", "tgsim_terngrad"), "hook_over_backward"] == pytest.approx(0.1)      # same rate's local
+    assert df.loc[("none", "tgsim_terngrad"), "hook_over_backward_best"] == pytest.approx(0.08)
+    assert df.loc[("none", "tgsim_terngrad"), "meets_target"] == "yes"
+    assert df.loc[("none", "tgsim_fp32"), "meets_target"] == "NO"                               # 0.2 > 0.1
+    assert df.loc[("none", "local"), "meets_target"] == ""
+    assert math.isnan(df.loc[("none", "ddp_allreduce"), "hook_over_backward"])
+    assert df.loc[("1gbit", "tgsim_fp32"), "step_vs_allreduce"] == pytest.approx(1.0)
+    assert df.loc[("none", "tgsim_fp32"), "step_vs_allreduce"] == pytest.approx(2.0)
+    assert df.loc[("none", "tgsim_terngrad"), "bits_ratio"] == pytest.approx(16.0)
+    assert math.isnan(df.loc[("none", "local"), "bits_ratio"])
+    assert df.loc[("none", "tgsim_fp32"), "warning"] == ""
+    assert "spread 33 %" in df.loc[("none", "local"), "warning"]                                  # backward 5..7 ms
+
+
+def test_shaped_command_and_bad_options(capsys):
+    cmd = bt.command("1gbit", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)
+    assert cmd[:3] == ["unshare", "--net", "--"] and "rate 1gbit burst 262144" in cmd[5]
+    assert bt.burst_bytes("10gbit") == 1_250_000
+    assert bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)[1:3] == ["-n", "2"]
+    parser = bt.argparse.ArgumentParser()
+    bt.add_arguments(parser)
+    assert bt.cmd(parser.parse_args(["--rates", "fast"])) == 2
+    assert bt.cmd(parser.parse_args(["--variants", "ddp_allreduce,nccl"])) == 2
+    assert "unknown variant(s) ['nccl']" in capsys.readouterr().err
+
+
+def _check_rows(df: pd.DataFrame, rates: tuple, quick: bool) -> None:
+    assert list(df.columns) == RAW_COLUMNS + bt.COLUMNS
+    assert sorted(zip(df["rate"], df["variant"])) == sorted((r, v) for r in rates for v in VARIANTS)
+    assert (df["quick"] == quick).all()
+    assert np.isfinite(df[TIMES].to_numpy(float)).all() and (df[TIMES].to_numpy(float) > 0).all()
+    tg = df[df["variant"].str.startswith("tgsim_")]
+    for col in ("t_hook", "hook_over_backward", "hook_over_backward_best", "bits_per_step"):
+        assert np.isfinite(tg[col]).all() and (tg[col] > 0).all(), col
+    assert tg["meets_target"].isin(["yes", "NO"]).all()
+    ok = df[df["variant"] != "local"]
+    assert np.isfinite(ok["step_vs_allreduce"]).all() and (ok["step_vs_allreduce"] > 0).all()
+    assert np.isfinite(ok["bits_ratio"]).all() and (ok["bits_ratio"] > 0).all()
+    ddp = df[df["variant"].str.startswith("ddp_")]
+    assert (ddp["bits_source"] == "model").all() and (tg["bits_source"] == "counted").all()
+    for r in ddp.itertuples():
+        assert r.bits_per_step == model_bits(r.variant, r.params, r.ranks)
+    # TernGrad's 2-bit codes send fewer bits than fp32 through the same hook, which sends DDP's float32 count
+    for rate in rates:
+        bits = df[df["rate"] == rate].set_index("variant")["bits_per_step"]
+        assert bits["tgsim_terngrad"] < bits["tgsim_fp32"] / 4
+
+
+@needs_launch
+def test_quick_run_unshaped(tmp_path, capsys):
+    """One quick run at 2 ranks on the unshaped loopback; the table names every variant."""
+    out = tmp_path / "bench_torch.csv"
+    df = bt.sweep(out=out, quick=True, **bt.QUICK)
+    assert not df.attrs["failures"]
+    back = pd.read_csv(out, keep_default_na=False, na_values=["nan", ""])
+    _check_rows(back, ("none",), quick=True)
+    capsys.readouterr()
+    bt.print_table(df)
+    text = capsys.readouterr().out
+    assert text.startswith(bt.QUICK_MARK) and all(v in text for v in VARIANTS)
+
+
+@pytest.mark.heavy
+@needs_launch
+@pytest.mark.skipif(not NETNS, reason=f"cannot shape a network here: {NETNS_WHY}")
+def test_full_grid_shaped(tmp_path):
+    """The whole grid: unshaped, 10 Gb/s and 1 Gb/s shaped loopback, the full rounds."""
+    df = bt.sweep(out=tmp_path / "bench_torch.csv", **bt.FULL)
+    assert not df.attrs["failures"] and not df.attrs["skipped"]
+    _check_rows(df, bt.FULL["rates"], quick=False)

@@ -1,0 +1,298 @@
+"""`tgsim bench torch`: tgsim's DDP comm hook against the backward pass and against DDP's own
+all-reduce and fp16 hooks, on the CPU over Gloo, as ratios measured in one run.
+
+    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [...]
+    python -m tgsim.bench.torch_ddp [...]
+
+Per network setting (`--rates`: "none" is the loopback unshaped; a tc rate shapes it) one mpiexec
+job of N ranks runs `python -m tgsim.bench.torch_ddp_rank` (its docstring: the variants, the
+interleaved rounds, the columns it measures). MPI is forced onto TCP over the loopback in every
+setting (MPICH: MPIR_CVAR_NOLOCAL=1, the ofi netmod, libfabric's tcp provider on lo, as netem.sh
+does), so the hook's mpi4py traffic crosses the same link as Gloo's. A shaped setting runs in a
+private network namespace whose loopback carries `tc tbf rate RATE` with netem.sh's burst
+(`burst_bytes`) and latency: the shared topology of `tgsim bench exchange` (netem.sh), set up here because
+netem.sh launches only the exchange benchmark's rank program. Shaping needs root or CAP_SYS_ADMIN +
+CAP_NET_ADMIN (`tgsim.bench.exchange.check_environment`); without it the shaped settings are skipped
+with the reason printed and only the unshaped one runs.
+
+Ratios added to every row (same run, same network setting):
+
+  hook_over_backward       t_hook / t_backward(local): the hook's encode + exchange + decode (all
+                           the time spent inside tgsim's hook in a step) over the backward pass of the
+                           module alone (no DDP, no communication); target <= TARGET (10 %). tgsim rows
+  hook_over_backward_best  the same ratio of the fastest rounds (the least disturbed)
+  step_vs_allreduce        t_step / t_step(ddp_allreduce): the whole training step (forward, backward
+                           with DDP's communication, SGD step) against DDP's default all-reduce
+  bits_ratio               bits_per_step(ddp_allreduce) / bits_per_step: how many times fewer bits a
+                           rank sends per step than under DDP's float32 ring all-reduce (DDP's own:
+                           the model 32 or 16 bits x P x 2 (N - 1) / N; tgsim: counted)
+  meets_target             hook_over_backward <= TARGET (tgsim rows; empty otherwise)
+  load_avg, spread, warning    tgsim.bench.timing.judge over the row's step, backward and hook timings
+  quick                    True when --quick wrote the CSV (a smoke test: numbers not for reporting)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tgsim.bench.torch_ddp_rank import VARIANTS
+
+FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
+QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
+TARGET = 0.10
+BASELINE = "ddp_allreduce"
+REFERENCE = "local"
+QUICK_COLUMN = "quick"
+QUICK_MARK = "QUICK (tgsim bench torch --quick: a smoke test, numbers not for reporting)"
+MPI_OVER_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo",
+                "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+COLUMNS = ["hook_over_backward", "hook_over_backward_best", "step_vs_allreduce", "bits_ratio", "meets_target",
+           "load_avg", "spread", "warning", QUICK_COLUMN]
+
+
+def burst_bytes(rate: str) -> int:
+    """tbf's burst for RATE in bytes, as netem.sh sets it: max(262144, RATE in bit/s / 8000)."""
+    from tgsim.bench.exchange import rate_bits
+
+    return max(262144, int(rate_bits(rate) / 8 * 1e-3))
+
+
+def check_launch() -> tuple[bool, str]:
+    """(ok, reason): are torch, mpi4py and an mpiexec there to run the ranks (unshaped)?"""
+    from tgsim.bench.exchange import _mpiexec
+
+    for mod, how in (("torch", "pip install -e '.[torch]'"), ("mpi4py", "pip install -e '.[mpich]'"),
+                     ("sklearn", "pip install scikit-learn")):
+        try:
+            __import__(mod)
+        except ImportError:
+            return False, f"{mod} is not installed ({how})"
+    if _mpiexec() is None:
+        return False, "no mpiexec next to the interpreter or on PATH (pip install -e '.[mpich]')"
+    return True, "ok"
+
+
+def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmup: int,
+            variants=None) -> list[str]:
+    """The command line of one setting: mpiexec of the rank program, inside a shaped private network
+    namespace unless rate is 'none'."""
+    from tgsim.bench.exchange import _mpiexec, rate_bits
+
+    job = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", "--store", str(store),
+           "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup), "--rate", rate]
+    if variants:
+        job += ["--variants", ",".join(variants)]
+    if rate == "none":
+        return job
+    rate_bits(rate)                                   # ValueError for a rate tc would not take
+    shape = ("ip link set lo up && tc qdisc replace dev lo root tbf rate {r} burst {b} latency 50ms "
+             "&& exec \"$@\"").format(r=rate, b=burst_bytes(rate))
+    return ["unshare", "--net", "--", "bash", "-c", shape, "bash", *job]
+
+
+def run_setting(rate: str, ranks: int, raw_csv: Path, steps: int, warmup: int, variants=None,
+                timeout: float = 600.0) -> int:
+    """One mpiexec job (one network setting); its exit status (the output printed when it fails)."""
+    with tempfile.TemporaryDirectory(prefix="tgsim-bench-torch-") as store:
+        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants)
+        env = {**os.environ, **MPI_OVER_TCP}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, _ = proc.communicate()
+            print(out, file=sys.stderr)
+            raise RuntimeError(f"tgsim bench torch: {rate} did not finish within {timeout} s: {' '.join(cmd)}")
+    for line in out.splitlines():
+        if line.startswith("[bench torch]") or proc.returncode:
+            print(line, file=sys.stderr if proc.returncode else sys.stdout, flush=True)
+    return proc.returncode
+
+
+def summarize(raw):
+    """The raw rows (one per rate and variant) with the ratios and trust columns of the module
+    docstring."""
+    import numpy as np
+
+    from tgsim.bench import timing
+
+    df = raw.copy().reset_index(drop=True)
+    ref = df[df["variant"] == REFERENCE].set_index("rate")
+    base = df[df["variant"] == BASELINE].set_index("rate")
+
+    def per_rate(frame, col):
+        return df["rate"].map(frame[col]).astype(float).to_numpy() if col in frame else np.full(len(df), np.nan)
+
+    tgsim = df["variant"].str.startswith("tgsim_")
+    df["hook_over_backward"] = np.where(tgsim, df["t_hook"] / per_rate(ref, "t_backward"), np.nan)
+    df["hook_over_backward_best"] = np.where(tgsim, df["t_hook_min"] / per_rate(ref, "t_backward_min"), np.nan)
+    df["step_vs_allreduce"] = df["t_step"] / per_rate(base, "t_step")
+    bits = df["bits_per_step"].astype(float)
+    df["bits_ratio"] = per_rate(base, "bits_per_step") / bits.where(bits > 0)     # nan for `local` (sends none)
+    df["meets_target"] = [("yes" if h <= TARGET else "NO") if t else "" for h, t in
+                          zip(df["hook_over_backward"], tgsim)]
+
+    def spread(lo, hi, mid):
+        return (df[hi] - df[lo]) / df[mid]
+
+    spreads = np.vstack([spread("t_step_min", "t_step_max", "t_step"),
+                         spread("t_backward_min", "t_backward_max", "t_backward"),
+                         np.where(tgsim, spread("t_hook_min", "t_hook_max", "t_hook"), np.nan)])
+    df["spread"] = np.nanmax(spreads, axis=0)
+    df["load_avg"] = df["loadavg"].astype(float)
+    resolution = timing.clock_resolution()
+    shortest = np.nanmin(np.vstack([df["t_step"], np.where(tgsim, df["t_hook"], np.nan)]), axis=0)
+    df["warning"] = [timing.judge(float(sp), int(st), float(t), float(ld), int(c), resolution)
+                     for sp, st, t, ld, c in zip(df["spread"], df["steps"], shortest, df["load_avg"], df["cores"])]
+    return df
+
+
+def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None):
+    """Run every network setting (`rates`; shaped ones only where `check_environment()` allows, else
+    skipped with the reason in df.attrs["skipped"]); returns the summarized rows (also written to
+    `out`), QUICK_COLUMN = `quick` in every row. RuntimeError when nothing could run."""
+    import pandas as pd
+
+    from tgsim.bench.exchange import check_environment
+
+    ok, why = check_launch()
+    if not ok:
+        raise RuntimeError(f"tgsim bench torch cannot run here: {why}")
+    if any(r != "none" for r in rates):
+        shaping = check_environment() if shaping is None else shaping
+    skipped, failures = [], []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tgsim-bench-torch-") as tmp:
+        raw_csv = Path(tmp) / "raw.csv"
+        for rate in rates:
+            if rate != "none" and not shaping[0]:
+                skipped.append((rate, shaping[1]))
+                print(f"[bench torch] {rate}: skipped, cannot shape the loopback here: {shaping[1]}", flush=True)
+                continue
+            t1 = time.monotonic()
+            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants)
+            print(f"[bench torch] {rate} N={ranks}: exit {rc} in {time.monotonic() - t1:.0f} s "
+                  f"(total {time.monotonic() - t0:.0f} s)", flush=True)
+            if rc:
+                failures.append((rate, rc))
+        if not raw_csv.exists():
+            raise RuntimeError(f"tgsim bench torch: no measurements were written (failures: {failures}, "
+                               f"skipped: {skipped})")
+        raw = pd.read_csv(raw_csv, keep_default_na=False, na_values=["nan", ""])
+    df = summarize(raw)
+    df[QUICK_COLUMN] = bool(quick)
+    df = df[[c for c in df.columns if c not in COLUMNS] + COLUMNS]
+    df.attrs["failures"], df.attrs["skipped"] = failures, skipped
+    if out:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    return df
+
+
+def print_table(df, file=None) -> None:
+    """The rows as a table: times in ms, the ratios, bits per step; the machine line and warnings."""
+    import numpy as np
+
+    from tgsim.bench import timing
+
+    file = file or sys.stdout
+    if QUICK_COLUMN in df.columns and bool(df[QUICK_COLUMN].astype(bool).any()):
+        print(QUICK_MARK, file=file)
+    load = float(np.nanmax(df["load_avg"])) if len(df) else timing.load_average()
+    cores = int(df["cores"].iloc[0]) if len(df) else timing.core_count()
+    print(timing.machine_line(load, cores, timing.clock_resolution()), file=file)
+    r0 = df.iloc[0]
+    print(f"ResNet (tgsim.torch.examples:resnet, width {int(r0.width)}) of {int(r0.params):,} parameters, "
+          f"{int(r0.batch)} samples per rank, {int(r0.ranks)} ranks, DDP over Gloo on the CPU, "
+          f"{int(r0.steps)} timed rounds; medians over rounds (times: the slowest rank; hook: the rank that "
+          "waited least in it)", file=file)
+    print(f"{'rate':7} {'variant':25} {'step ms':>8} {'fwd ms':>7} {'bwd ms':>7} {'hook ms':>8} "
+          f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'step/ar':>7} {'kbit/step':>10} {'bits x':>7}  source", file=file)
+
+    def pct(v):
+        return "" if v != v else f"{100 * v:.1f}%"
+
+    for r in df.itertuples(index=False):
+        hook = "" if r.t_hook != r.t_hook else f"{r.t_hook * 1e3:.2f}"
+        print(f"{r.rate:7} {r.variant:25} {r.t_step * 1e3:8.2f} {r.t_forward * 1e3:7.2f} {r.t_backward * 1e3:7.2f} "
+              f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {r.meets_target:>3} "
+              f"{r.step_vs_allreduce:7.2f} {r.bits_per_step / 1e3:10.1f} {r.bits_ratio:7.2f}  {r.bits_source}",
+              file=file)
+    warned = [r for r in df.itertuples(index=False) if isinstance(r.warning, str) and r.warning]
+    for r in warned:
+        print(f"warning {r.rate} {r.variant}: {r.warning}", file=file)
+    if warned:
+        print(f"WARNING: {len(warned)} of {len(df)} rows warn: their times and ratios are not reliable", file=file)
+    for rate, why in df.attrs.get("skipped", []):
+        print(f"skipped {rate}: {why}", file=file)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `tgsim bench torch` (for tgsim/cli.py)."""
+    p.add_argument("--quick", action="store_true", help="unshaped loopback only, 3 timed rounds: a smoke test; "
+                   "every row of the CSV gets quick = True")
+    p.add_argument("--rates", help="comma list: none (the loopback unshaped) and tc rates (default none,10gbit,1gbit; "
+                   "shaped ones need root)")
+    p.add_argument("--ranks", type=int, help="MPI ranks (default 2)")
+    p.add_argument("--steps", type=int, help="timed rounds per setting (default 100)")
+    p.add_argument("--variants", help=f"comma list (default all: {','.join(VARIANTS)}); "
+                   f"{REFERENCE} and {BASELINE} are the ratios' references")
+    p.add_argument("--out", default="results/bench_torch.csv", help="CSV of every row")
+
+
+def cmd(args) -> int:
+    """`tgsim bench torch`: exit 0 on success, 1 when a setting failed, 3 when nothing can run here."""
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.rates:
+        cfg["rates"] = tuple(r.strip() for r in args.rates.split(",") if r.strip())
+    if args.ranks:
+        if args.ranks < 2:
+            print("tgsim bench torch: --ranks must be >= 2", file=sys.stderr)
+            return 2
+        cfg["ranks"] = args.ranks
+    if args.steps:
+        cfg["steps"] = args.steps
+    variants = None
+    if args.variants:
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        bad = [v for v in variants if v not in VARIANTS]
+        if bad:
+            print(f"tgsim bench torch: unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr)
+            return 2
+    try:
+        for r in cfg["rates"]:
+            if r != "none":
+                burst_bytes(r)
+    except ValueError as e:
+        print(f"tgsim bench torch: --rates: {e}", file=sys.stderr)
+        return 2
+    ok, why = check_launch()
+    if not ok:
+        print(f"tgsim bench torch: {why}", file=sys.stderr)
+        return 3
+    df = sweep(variants=variants, out=args.out, quick=bool(args.quick), **cfg)
+    print()
+    print_table(df)
+    print(f"\nrows: {args.out}" + (" (quick = True: a smoke test)" if args.quick else ""))
+    return 1 if df.attrs.get("failures") else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tgsim.bench.torch_ddp", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return cmd(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""One rank of `tgsim bench torch`: DDP over Gloo on the CPU, each variant's training step timed in
+interleaved rounds, the medians written by rank 0 as one CSV row per variant.
+
+    mpiexec -n N python -m tgsim.bench.torch_ddp_rank --store DIR --out RAW.csv [--variants ...]
+        [--steps S] [--warmup W] [--batch B] [--width C] [--rate none|1gbit|...]
+
+Every variant trains its own copy of the example ResNet (`tgsim.torch.examples.resnet`, 64 input
+features as scikit-learn's digits, 10 classes; the same initial parameters on every rank) with
+torch.optim.SGD (lr 0.05, the same optimizer arithmetic for every variant), each rank on its own
+B digits per step (a NumPy generator keyed by (seed, step, rank)). Variants (`VARIANTS`):
+
+  local          the module alone, no DDP (no communication): the backward pass's own time
+  ddp_allreduce  DDP's default: Gloo all-reduce of each float32 bucket (no hook)
+  ddp_fp16       DDP with torch's `default_hooks.fp16_compress_hook` (float16 all-reduce)
+  tgsim_*        DDP with tgsim's comm hook (`tgsim.torch.ddp`), the codec and exchange of `TGSIM`:
+                 the hook's own exchange runs over mpi4py's COMM_WORLD
+
+A round runs every variant once, in an order rotated by one each round (no variant always first),
+each step after an MPI barrier: t_forward (zero_grad, forward, loss), t_backward (loss.backward(),
+which for DDP includes waiting for its communication), t_optimizer (SGD step), t_step their sum;
+t_hook the seconds spent inside the tgsim hook's calls of the step (collecting every bucket, then at
+the last one the tgsim step: encode, exchange, decode, writing the mean into the buckets), nan for
+the others. Per round every rank's numbers are gathered; a round's t_forward, t_backward and
+t_optimizer are the max over ranks (the step ends for all when the slowest rank ends), its t_hook
+the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
+there for the others' backward passes; the last to arrive waits for no one). The row holds the median over the timed rounds, the
+min and max of t_step (spread), and bits per step per rank: for tgsim counted (8 x the hook's sent
+bytes, mean and max over ranks); for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce:
+a rank sends 2 (N - 1) / N of the buffer; bits 32 for float32, 16 for fp16), marked bits_source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEED = 0
+CLASSES = 10
+DIM = 64
+LR = 0.05
+# name -> ([codec], [exchange]) of the tgsim hook's config: the default TernGrad config (parameter
+# server), TernGrad's integer all-reduce of the codes, and float32 through the hook as a control
+TGSIM = {
+    "tgsim_terngrad": ({"name": "terngrad"}, {}),
+    "tgsim_terngrad_allreduce": ({"name": "terngrad"}, {"mode": "allreduce"}),
+    "tgsim_fp32": ({"name": "fp32"}, {}),
+}
+VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
+COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "steps", "t_step", "t_forward", "t_backward",
+           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_backward_min",
+           "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
+
+
+def hook_config(variant: str, ranks: int, batch: int, width: int) -> dict:
+    """The tgsim config of a tgsim_* variant (the hook reads [run], [workers], [codec], [exchange])."""
+    codec, exchange = TGSIM[variant]
+    return {"run": {"name": "bench-torch", "seed": SEED, "steps": 1_000_000},
+            "data": {"name": "digits"},
+            "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:resnet",
+                                                    "kwargs": {"width": width}}},
+            "workers": {"n": ranks, "batch": batch, "batch_mode": "per_worker"},
+            "codec": dict(codec), "exchange": dict(exchange),
+            "optimizer": {"name": "sgd"}, "schedule": {"name": "constant", "lr": LR}}
+
+
+def digits():
+    """scikit-learn's digits as float32 (pixels / 16) and int64 labels."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+class Variant:
+    """One variant's module, DDP wrapper, optimizer and per-step timings of this rank."""
+
+    def __init__(self, name: str, torch, ranks: int, batch: int, width: int):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from tgsim.torch import ddp as tgddp
+        from tgsim.torch.examples import resnet
+
+        self.name, self.torch = name, torch
+        torch.manual_seed(SEED)
+        module = resnet(DIM, CLASSES, width=width)
+        self.params = sum(p.numel() for p in module.parameters())
+        self.state = None
+        self.hook_seconds = 0.0
+        if name == "local":
+            self.model = module
+        else:
+            if name.startswith("tgsim_"):
+                self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width))
+            self.model = DDP(module)
+            if name == "ddp_fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            elif self.state is not None:
+                tgddp.register(self.model, self.state, self._timed_hook())
+        self.opt = torch.optim.SGD(module.parameters(), lr=LR)
+        self.rows: list[tuple] = []
+
+    def _timed_hook(self):
+        from tgsim.torch import ddp as tgddp
+
+        def hook(state, bucket):
+            t0 = time.perf_counter()
+            try:
+                return tgddp.tgsim_hook(state, bucket)
+            finally:
+                self.hook_seconds += time.perf_counter() - t0
+
+        return hook
+
+    def step(self, x, y) -> tuple:
+        """One training step; (t_forward, t_backward, t_optimizer, t_hook, bytes sent by the hook)."""
+        torch = self.torch
+        sent0 = self.state.sent if self.state is not None else 0.0
+        self.hook_seconds = 0.0
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        hook = self.hook_seconds if self.state is not None else float("nan")
+        sent = (self.state.sent - sent0) if self.state is not None else float("nan")
+        return t1 - t0, t2 - t1, t3 - t2, hook, sent
+
+
+def model_bits(variant: str, params: int, ranks: int) -> float:
+    """Bits one rank sends per step under DDP's own all-reduce, as a ring: bits x P x 2 (N - 1) / N."""
+    bits = {"ddp_allreduce": 32, "ddp_fp16": 16}.get(variant)
+    if bits is None:
+        return 0.0 if variant == "local" else float("nan")
+    return float(bits * params * 2 * (ranks - 1) / ranks)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tgsim.bench.torch_ddp_rank", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--store", required=True, help="a directory for the process group's file store")
+    p.add_argument("--out", required=True, help="raw CSV (rank 0 appends one row per variant)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--steps", type=int, default=20, help="timed rounds")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (DDP rebuilds its buckets at step 1)")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--width", type=int, default=16, help="the ResNet's width")
+    p.add_argument("--rate", default="none", help="the shaping of the loopback (a label for the rows)")
+    a = p.parse_args(argv)
+    variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+
+    from mpi4py import MPI
+
+    import torch
+    import torch.distributed as dist
+
+    from tgsim.bench import timing
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = Path(a.store) / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    x_all, y_all = digits()
+    runs = [Variant(v, torch, size, a.batch, a.width) for v in variants]
+    times = {v.name: [] for v in runs}
+    for r in range(a.warmup + a.steps):
+        rng = np.random.default_rng([SEED, r, rank])
+        idx = rng.choice(len(x_all), a.batch, replace=False)
+        x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
+        k = r % len(runs)
+        for v in runs[k:] + runs[:k]:
+            comm.Barrier()
+            got = v.step(x, y)
+            if r >= a.warmup:
+                times[v.name].append(got)
+    everyone = comm.gather(times, root=0)
+    load = timing.load_average()
+    if rank == 0:
+        rows = []
+        for v in runs:
+            t = np.array([e[v.name] for e in everyone], dtype=np.float64)    # (ranks, steps, 5)
+            fwd, bwd, opt = t[:, :, :3].max(axis=0).T                         # per round: the slowest rank
+            hook = t[:, :, 3].min(axis=0)                                     # the rank that waited least
+            step = fwd + bwd + opt
+            sent = t[:, :, 4]
+            counted = v.state is not None
+            bits = 8 * sent.mean() if counted else model_bits(v.name, v.params, size)
+            bits_max = 8 * sent.mean(axis=1).max() if counted else bits
+            rows.append({"rate": a.rate, "variant": v.name, "ranks": size, "params": v.params, "batch": a.batch,
+                         "width": a.width, "steps": a.steps, "t_step": np.median(step),
+                         "t_forward": np.median(fwd), "t_backward": np.median(bwd), "t_optimizer": np.median(opt),
+                         "t_hook": np.median(hook), "t_step_min": step.min(), "t_step_max": step.max(),
+                         "t_hook_min": np.min(hook), "t_hook_max": np.max(hook), "t_backward_min": bwd.min(),
+                         "t_backward_max": bwd.max(), "bits_per_step": bits, "bits_per_step_max": bits_max,
+                         "bits_source": "counted" if counted else "model", "loadavg": load,
+                         "cores": timing.core_count()})
+        out = Path(a.out)
+        new = not out.exists()
+        with out.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        print(f"[bench torch] rate={a.rate} N={size}: {len(rows)} variants x {a.steps} rounds -> {out}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
