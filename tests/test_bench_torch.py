@@ -56,6 +56,9 @@ def test_ratios_from_raw_rows():
     assert df.loc[("none", "tgsim_fp32"), "meets_target"] == "NO"                               # 0.2 > 0.1
     assert df.loc[("none", "local"), "meets_target"] == ""
     assert math.isnan(df.loc[("none", "ddp_allreduce"), "hook_over_backward"])
+    assert df.loc[("none", "tgsim_fp32"), "comm_over_backward"] == pytest.approx(4.0)                # 30 ms / 6 ms - 1
+    assert df.loc[("1gbit", "ddp_allreduce"), "comm_over_backward"] == pytest.approx(0.25)           # 15 ms / 12 ms - 1
+    assert math.isnan(df.loc[("none", "local"), "comm_over_backward"])
     assert df.loc[("1gbit", "tgsim_fp32"), "step_vs_allreduce"] == pytest.approx(1.0)
     assert df.loc[("none", "tgsim_fp32"), "step_vs_allreduce"] == pytest.approx(2.0)
     assert df.loc[("none", "tgsim_terngrad"), "bits_ratio"] == pytest.approx(16.0)
@@ -86,6 +89,7 @@ def _check_rows(df: pd.DataFrame, rates: tuple, quick: bool) -> None:
         assert np.isfinite(tg[col]).all() and (tg[col] > 0).all(), col
     assert tg["meets_target"].isin(["yes", "NO"]).all()
     ok = df[df["variant"] != "local"]
+    assert np.isfinite(ok["comm_over_backward"]).all()          # a difference of two timings: either sign
     assert np.isfinite(ok["step_vs_allreduce"]).all() and (ok["step_vs_allreduce"] > 0).all()
     assert np.isfinite(ok["bits_ratio"]).all() and (ok["bits_ratio"] > 0).all()
     ddp = df[df["variant"].str.startswith("ddp_")]

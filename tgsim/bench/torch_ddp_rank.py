@@ -23,10 +23,11 @@ the last one the tgsim step: encode, exchange, decode, writing the mean into the
 the others. Per round every rank's numbers are gathered; a round's t_forward, t_backward and
 t_optimizer are the max over ranks (the step ends for all when the slowest rank ends), its t_hook
 the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
-there for the others' backward passes; the last to arrive waits for no one). The row holds the median over the timed rounds, the
-min and max of t_step (spread), and bits per step per rank: for tgsim counted (8 x the hook's sent
-bytes, mean and max over ranks); for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce:
-a rank sends 2 (N - 1) / N of the buffer; bits 32 for float32, 16 for fp16), marked bits_source.
+there for the others' backward passes; the last to arrive waits for no one). The row holds the
+median over the timed rounds, the min and max of t_step, t_backward and t_hook (their spread), and
+bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);
+for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce: a rank sends 2 (N - 1) / N of
+the buffer; bits 32 for float32, 16 for fp16), marked bits_source.
 """
 
 from __future__ import annotations
