@@ -21,7 +21,8 @@ end of the same interval above -margin confirms, its upper end below -margin ref
 `slope_fit(M, K, seed, alpha)`: the slope β of log K = α_seed + β log M (one intercept per seed,
 least squares) with its (1 - α) t-interval. `slopes_common_range(runs, ...)`: every method's slope
 over one common range of M (the M at which every method reached the target on every seed, up to
-`M_max`), and per method its difference to the reference method's slope with the interval of the
+`M_max`; a method that missed it at the smallest M on some seed has no slope there: its row says so,
+"inconclusive", and it does not shorten the others' range), and per method its difference to the reference method's slope with the interval of the
 difference; "keeps the linear speedup" is `equivalence` of the two slopes within `margin` (a
 difference of two independent estimates: se = √(se_a² + se_b²), dof the smaller of the two).
 
@@ -210,14 +211,24 @@ def slopes_common_range(runs: pd.DataFrame, *, reference: str, M_max: float | No
     """Per method of `runs` (columns method, workers, seed, K): the slope over the common range
     (`common_range`), its (1 - α) interval, the difference to `reference`'s slope with the (1 - 2α)
     interval of the difference, and the TOST verdict of |difference| < margin (`verdict`); for the
-    reference itself the TOST of |slope + 1| < margin (linear speedup). Columns: method, M_lo, M_hi,
-    slope, lo, hi, diff, diff_lo, diff_hi, verdict, test."""
-    Ms = common_range(runs, M_max)
-    r = runs[runs.workers.isin(Ms)]
+    reference itself the TOST of |slope + 1| < margin (linear speedup). A method that missed the
+    target at the smallest M on some seed gets slope NaN and "inconclusive" (no range to fit), and
+    is left out of the common range; so is every comparison when the reference is such a method.
+    Columns: method, M_lo, M_hi, slope, lo, hi, diff, diff_lo, diff_hi, verdict, test."""
+    M0 = runs.workers.min()
+    at0 = runs[runs.workers == M0].assign(fin=lambda d: np.isfinite(d.K.astype(float))).groupby("method").fin.all()
+    missed = [m for m in dict.fromkeys(runs.method) if not at0.get(m, False)]
+    Ms = common_range(runs[~runs.method.isin(missed)], M_max)
+    r = runs[runs.workers.isin(Ms) & ~runs.method.isin(missed)]
     fits = {m: slope_fit(g.workers, g.K, g.seed, alpha) for m, g in r.groupby("method", sort=False)}
     ref = fits.get(reference)
     rows = []
     for m, f in fits.items():
+        if ref is None and m != reference:
+            rows.append(dict(method=m, M_lo=min(Ms), M_hi=max(Ms), slope=f["slope"], lo=f["lo"], hi=f["hi"],
+                             diff=float("nan"), diff_lo=float("nan"), diff_hi=float("nan"), verdict="inconclusive",
+                             test=f"no comparison: the reference {reference} has no slope"))
+            continue
         if m == reference:
             d, se, dof = f["slope"] + 1.0, f["se"], f["dof"]
             what = "slope + 1"
@@ -238,6 +249,13 @@ def slopes_common_range(runs: pd.DataFrame, *, reference: str, M_max: float | No
                          test=f"TOST on {what} over M = {min(Ms) if Ms else '-'}..{max(Ms) if Ms else '-'} "
                               f"(log-log least squares, one intercept per seed), margin {margin:g}, "
                               f"alpha {alpha:g}, {seeds} seed(s)"))
+    for m in missed:                       # after the fitted ones: row 0 holds the common range
+        at = runs[(runs.method == m) & (runs.workers == M0)]
+        n_miss = int((~np.isfinite(at.K.astype(float))).sum())
+        rows.append(dict(method=m, M_lo=float("nan"), M_hi=float("nan"), slope=float("nan"), lo=float("nan"),
+                         hi=float("nan"), diff=float("nan"), diff_lo=float("nan"), diff_hi=float("nan"),
+                         verdict="inconclusive", test=f"no slope: missed the target at M = {M0:g} in {n_miss} "
+                                                      f"of {len(at)} run(s)"))
     return pd.DataFrame(rows)
 
 

@@ -18,6 +18,7 @@
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,7 +42,7 @@ sl = slopes_common_range(runs, reference="fp32", margin=MARGIN).set_index("metho
 seeds = seeds_note(runs.seed)
 
 # %% figure: (a) K against M with the linear-speedup line, (b) K against compression at fixed M
-fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3))
+fig, axes = plt.subplots(1, 2, figsize=(16, 4.6), gridspec_kw={"wspace": 1.0})
 w = df[df.sweep == "workers"]
 methods = list(dict.fromkeys(df.method))
 pal = dict(zip(methods, sns.color_palette("colorblind", len(methods))))
@@ -55,9 +56,19 @@ axes[0].axvspan(sl.M_lo.iloc[0], sl.M_hi.iloc[0], color="0.92", zorder=0, label=
 axes[0].set(xscale="log", yscale="log", xlabel="workers M", ylabel="iterations K_ε to ||w-w*|| <= ε||w*||",
             title=f"(a) iterations against workers (95 % interval; {seeds})")
 h, lab = axes[0].get_legend_handles_labels()
-axes[0].legend(h, [f"{x} ({sl.loc[x].slope:.2f} [{sl.loc[x].lo:.2f}, {sl.loc[x].hi:.2f}])" if x in sl.index else x
-                   for x in lab], fontsize=8,
-               title=f"method (slope of log K on log M, 95 % t-interval,\nM = {sl.M_lo.iloc[0]:g}..{sl.M_hi.iloc[0]:g})")
+
+
+def _slope_label(x: str) -> str:
+    """A legend entry: the method with its slope and interval, or why it has none."""
+    if x not in sl.index:
+        return x
+    if not np.isfinite(sl.loc[x].slope):
+        return f"{x} (no slope: missed the target at M = {runs.workers.min():g})"
+    return f"{x} ({sl.loc[x].slope:.2f} [{sl.loc[x].lo:.2f}, {sl.loc[x].hi:.2f}])"
+
+
+axes[0].legend(h, [_slope_label(x) for x in lab], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+               title=f"method (slope of log K on log M,\n95 % t-interval, M = {sl.M_lo.iloc[0]:g}..{sl.M_hi.iloc[0]:g})")
 ms = sorted(w.workers.unique())
 axes[0].xaxis.set_major_locator(FixedLocator(ms))
 axes[0].xaxis.set_minor_locator(NullLocator())
@@ -88,6 +99,8 @@ def slope(m):
 
 def vs_fp32(m):
     r = sl.loc[m]
+    if not np.isfinite(r.slope):
+        return f"{m}: {r.test}"
     return f"{m}: {slope(m)}, minus fp32's {r['diff']:+.2f} [{r.diff_lo:+.2f}, {r.diff_hi:+.2f}]"
 
 

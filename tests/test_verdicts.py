@@ -101,6 +101,23 @@ def test_slopes_common_range_controls():
     assert set(noisy.verdict) == {"inconclusive"}
 
 
+def test_a_method_that_never_reaches_the_target_does_not_empty_the_range():
+    """A method that missed the target at every M (e.g. random-k at fp32's rate) gets an inconclusive
+    row without a slope, after the fitted ones, and the others keep their whole range and verdicts;
+    the reference missing leaves every comparison inconclusive."""
+    runs = _runs({"fp32": -1.0, "good": -1.0, "never": -1.0})
+    runs.loc[runs.method == "never", "K"] = np.nan
+    t = V.slopes_common_range(runs, reference="fp32")
+    assert list(t.method) == ["fp32", "good", "never"] and t.M_lo.iloc[0] == 1 and t.M_hi.iloc[0] == 32
+    t = t.set_index("method")
+    assert t.loc["good", "verdict"] == "confirmed" and t.loc["fp32", "verdict"] == "confirmed"
+    assert t.loc["never", "verdict"] == "inconclusive" and np.isnan(t.loc["never", "slope"])
+    assert "missed the target at M = 1 in 3 of 3 run(s)" in t.loc["never", "test"]
+    runs.loc[runs.method == "fp32", "K"] = np.nan
+    t = V.slopes_common_range(runs, reference="fp32").set_index("method")
+    assert set(t.verdict) == {"inconclusive"} and "the reference fp32 has no slope" in t.loc["good", "test"]
+
+
 @pytest.mark.parametrize("bad", ["a", "b"])
 def test_paired_lengths_must_match(bad):
     with pytest.raises(ValueError):
