@@ -94,6 +94,7 @@ QUICK = {
                           "--set", "data.options.num_samples=400", "--quiet"), ["test loss", "results: "]),
     # run by tests/test_torch_examples.py (--steps 4)
     ".venv/bin/tgsim analyze clipping --quick --model tgsim.torch.examples:mlp --out results/analysis-torch": (None, []),
+    ".venv/bin/tgsim bench torch": (None, []),      # its --quick form: tests/test_bench_torch.py
     # the torch model over MPI equals the simulator bit for bit: tests/test_torch_model.py (one -n 2 job)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train torch_digits --out results/torch-digits-mpi":
         (None, []),
