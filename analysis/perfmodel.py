@@ -11,7 +11,7 @@ Two uses, one set of byte formulas, in these modules (each imports only those li
     perfmodel_ddp         the step as DDP over NCCL runs it (buckets, node-aware ring/tree, ps on the
                           workers, codec seconds on the critical path): `tgsim compare time`'s model;
                           perfmodel_verdict its intervals and wins, perfmodel_ddp_validate its check
-                          against `tgsim bench exchange`
+                          against `tgsim bench exchange` and DDP over Gloo (`tgsim bench torch`)
     perfmodel             all of the above by name; `validation_summary`, `describe_params`,
                           `worst_rows`; `tgsim analyze perfmodel-fig5 | perfmodel-validate` and
                           `python -m tgsim.analysis.perfmodel fig5 | validate`
@@ -80,7 +80,7 @@ def worst_rows(table, k: int = 10, split: str = "validation"):
 
 CLI_OUT = "results/analysis"              # = tgsim.analysis.common.DEFAULT_OUT, as every `tgsim analyze` check
 BENCH_CSV = "results/bench_exchange.csv"  # `tgsim bench exchange`'s default --out
-FIG5_NAME, VALIDATION_NAME = "perfmodel_fig5", "perfmodel_validation"
+FIG5_NAME, VALIDATION_NAME, DDP_TORCH_NAME = "perfmodel_fig5", "perfmodel_validation", "perfmodel_ddp_torch"
 FIG5_QUICK_NETS = "alexnet"
 
 
@@ -119,6 +119,9 @@ def _validate_arguments(v) -> None:
                    help="use a CSV written by `tgsim bench exchange --quick` (its `quick` column; refused "
                         "otherwise, exit 2); the printed tables, perfmodel_validation.csv (column quick) then "
                         "say QUICK. A CSV without the column (an older tgsim) counts as not quick")
+    v.add_argument("--torch-csv", help="also validate the DDP model's buckets and overlap against a `tgsim bench "
+                   "torch` CSV (variants local, ddp_allreduce, ddp_fp16): printed, and written to "
+                   f"{DDP_TORCH_NAME}.csv; with only this and no bench exchange CSV at the default path, only it runs")
     v.set_defaults(func=_run_validate, prog=v.prog)
 
 
@@ -244,11 +247,21 @@ def _print_validation(out) -> None:
 def _run_validate(args) -> int:
     """Calibrate on the measurements, print the validation, write perfmodel_validation.csv; exit 2
     (one line on stderr) when the CSV is missing, was written by `tgsim bench exchange --quick` without
-    --allow-quick (or --quick), or the calibration leaves no row to validate."""
+    --allow-quick (or --quick), or the calibration leaves no row to validate. --torch-csv first prints
+    and writes the DDP-over-Gloo validation (`_run_validate_torch`); alone, with no CSV at BENCH_CSV,
+    only that runs."""
     import sys
     import time
+    from pathlib import Path
 
-    if _bad_out(args, VALIDATION_NAME) or _missing_measurements(args) or _refused_quick(args):
+    if _bad_out(args, VALIDATION_NAME):
+        return 2
+    if args.torch_csv:
+        if _run_validate_torch(args):
+            return 2
+        if args.csv == [BENCH_CSV] and not Path(BENCH_CSV).is_file():
+            return 0
+    if _missing_measurements(args) or _refused_quick(args):
         return 2
     t0 = time.perf_counter()
     out = validate(args.csv, calibration=CALIBRATIONS[args.calibration])
@@ -259,6 +272,31 @@ def _run_validate(args) -> int:
         return 2
     _print_validation(out)
     _write(out, args.out, VALIDATION_NAME, t0, ", QUICK: column quick = True" if out["quick"].any() else "")
+    return 0
+
+
+def _run_validate_torch(args) -> int:
+    """`perfmodel_ddp_validate.print_ddp` on --torch-csv, written to DDP_TORCH_NAME.csv: 0; 2 (one line
+    on stderr) when the CSV is missing or not a `tgsim bench torch` CSV of the bench's ResNet."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from tgsim.analysis.perfmodel_ddp_validate import print_ddp
+
+    if not Path(args.torch_csv).is_file():
+        print(f"{args.prog}: no measurements at {args.torch_csv}: make them with `tgsim bench torch --width 80 "
+              f"--variants local,ddp_allreduce,ddp_fp16 --out {args.torch_csv}` (shaped rates need root)",
+              file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        table = print_ddp(args.torch_csv)
+    except ValueError as e:
+        print(f"{args.prog}: {args.torch_csv}: {e}", file=sys.stderr)
+        return 2
+    _write(table, args.out, DDP_TORCH_NAME, t0)
+    print()
     return 0
 
 

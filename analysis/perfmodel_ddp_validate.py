@@ -1,8 +1,10 @@
 """The DDP step model's collectives (`perfmodel_ddp`) against `tgsim bench exchange` measurements on
 emulated links (tc in a private namespace, MPI over TCP; switch topology: every rank its own shaped
-link, so a rank is a node of one GPU in the model).
+link, so a rank is a node of one GPU in the model), and its buckets and overlap against PyTorch DDP
+over Gloo (`tgsim bench torch`).
 
-    python -m tgsim.analysis.perfmodel_ddp_validate results/bench_exchange.csv [--latency 50e-6]
+    python -m tgsim.analysis.perfmodel_ddp_validate [results/bench_exchange.csv] [--latency 50e-6]
+        [--torch results/bench_torch.csv]
 
 Predicted, per bench row of `MODES` (P gradient elements in one message: the MPI exchange's 64 MiB
 buckets hold the bench's whole gradient; N ranks; a link of the row's rate, `latency` per hop,
@@ -15,19 +17,44 @@ predicted / measured, within = |ratio - 1| <= 0.20. The model has no term for th
 (the bench's encode and decode: the GPU's in the modeled cluster), so t_exchange and t_step are
 shown beside it, not predicted. The shared topology (every byte through one shaped loopback) is not
 a DDP cluster and is left out.
+
+DDP over Gloo (`validate_ddp`, rows of `tgsim bench torch` of `DDP_MODES`, the `local` row of the same
+rate as reference): measured = t_backward - t_backward(local), what DDP adds to the module's own
+backward pass. Predicted = the exposed communication of the bench's ResNet (`bench_resnet_tensors`
+of the row's width: its parameter tensors, checked against the row's params) with
+  buckets   DDP's rebuilt buckets (`ddp_buckets`): the tensors in reverse forward order (the order
+            their gradients become ready), a bucket closed as soon as it holds >= its cap of bytes:
+            FIRST_BUCKET_MB (1 MiB, DDP's first-bucket cap) for the first, bucket_mb (DDP's
+            bucket_cap_mb, 25) for the rest; 4 bytes per element (ddp_fp16: 2)
+  overlap   bucket b is ready when the backward pass has done the MACs of its tensors and of every
+            tensor after them (share x the measured t_backward(local)); its ring all-reduce starts at
+            max(ready_b, the previous bucket's end) and runs alone on the link; exposed = the last
+            bucket's end - t_backward(local). One bucket: no overlap (it is ready at the end).
+            pred_serial (every bucket after the backward pass) is shown beside it
+  link      the row's rate shared by the N ranks (every rank's bytes cross the one shaped loopback,
+            the shared topology): a ring all-reduce (`ring_allreduce`, N nodes of one GPU) on a Link
+            of rate / N, `latency` per hop, efficiency 0.9
+The model has no term for the CPU work of DDP and Gloo (copying gradients into buckets, the
+reduction, the fp16 casts, TCP on the loopback): unshaped rows (rate none) are CPU-bound, not
+link-bound, and are marked out of scope (scope column, no prediction).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 import pandas as pd
 
-from tgsim.analysis.perfmodel_ddp import DDPExchange, Link, collective, scaler_allreduce
+from tgsim.analysis.perfmodel_ddp import MIB, DDPExchange, Link, collective, ring_allreduce, scaler_allreduce
 from tgsim.analysis.perfmodel_emulation import bench_layer_sizes, message_header_bytes
 
 MODES = ("fp32_native", "tg_allreduce")
 TOLERANCE = 0.20
+DDP_MODES = {"ddp_allreduce": 4, "ddp_fp16": 2}    # variant -> bytes per gradient element on the wire
+DDP_REFERENCE = "local"
+FIRST_BUCKET_MB = 1.0
+OUT_OF_SCOPE = "out: unshaped (CPU-bound)"
 
 
 def rate_bits(rate: str) -> float:
@@ -60,22 +87,152 @@ def validate(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9
     return d[["rate", "ranks", "params", "mode", "pred_wire", "t_wire", "ratio", "within", "t_exchange", "t_step"]]
 
 
+def bench_resnet_tensors(width: int, dim: int = 64, classes: int = 10, blocks: int = 2,
+                         channels: int = 1) -> list[tuple[int, int]]:
+    """(elements, forward MACs per example) of every parameter tensor of `tgsim.torch.examples.resnet`
+    (dim, classes, width, blocks, channels) in registration (forward) order: a k x k conv c_in -> c_out
+    has k^2 c_in c_out elements and as many MACs per output pixel (3 x 3 convs padded, output side =
+    ceil(side / stride)); GroupNorm scale and shift and the head's bias count no MACs; the head
+    2 width -> classes after the global mean."""
+    side = math.isqrt(dim // channels)
+    out: list[tuple[int, int]] = []
+
+    def conv(cin, cout, k, s):
+        out.append((k * k * cin * cout, k * k * cin * cout * s * s))
+
+    def norm(c):
+        out.extend([(c, 0), (c, 0)])
+
+    def block(cin, cout, stride, s):
+        s = -(-s // stride)
+        conv(cin, cout, 3, s), norm(cout), conv(cout, cout, 3, s), norm(cout)
+        if stride != 1 or cin != cout:
+            conv(cin, cout, 1, s), norm(cout)
+        return s
+
+    conv(channels, width, 3, side), norm(width)
+    s = side
+    for _ in range(blocks):
+        s = block(width, width, 1, s)
+    s = block(width, 2 * width, 2, s)
+    for _ in range(blocks - 1):
+        s = block(2 * width, 2 * width, 1, s)
+    out.extend([(2 * width * classes, 2 * width * classes), (classes, 0)])
+    return out
+
+
+def ddp_buckets(tensors: list[tuple[int, int]], bucket_mb: float = 25.0,
+                first_mb: float = FIRST_BUCKET_MB) -> list[tuple[int, float]]:
+    """DDP's rebuilt buckets of (elements, MACs) tensors given in forward order: (elements, share of the
+    backward MACs done when the bucket is ready) per bucket, in the order they are sent. The tensors
+    are taken last first; a bucket closes as soon as it holds >= its cap of float32 bytes (first_mb
+    MiB for the first bucket, bucket_mb MiB after)."""
+    if bucket_mb <= 0 or first_mb <= 0:
+        raise ValueError(f"bucket caps must be > 0 MiB, got bucket_mb={bucket_mb}, first_mb={first_mb}")
+    total = sum(m for _, m in tensors) or 1
+    out, n, done, cap = [], 0, 0.0, first_mb
+    for elements, macs in reversed(tensors):
+        n, done = n + elements, done + macs / total
+        if 4 * n >= cap * MIB:
+            out.append((n, done))
+            n, cap = 0, bucket_mb
+    if n:
+        out.append((n, 1.0))
+    return out
+
+
+def exposed_comm(bks: list[tuple[int, float]], backward: float, nbytes: int, ranks: int, link: Link,
+                 overlap: bool = True) -> float:
+    """Seconds the backward pass ends later than `backward` (module docstring, overlap): buckets (elements,
+    ready share) all-reduced as rings of nbytes per element on `link`, one at a time, each from
+    max(ready share x backward, the previous end); overlap=False: every bucket after the backward pass."""
+    end = 0.0
+    for elements, ready in bks:
+        start = max(ready * backward if overlap else backward, end)
+        end = start + ring_allreduce(nbytes * elements, ranks, 1, link, link)
+    return max(end, backward) - backward
+
+
+def validate_ddp(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9,
+                 bucket_mb: float = 25.0) -> pd.DataFrame:
+    """One row per `tgsim bench torch` row of `DDP_MODES`: measured (t_backward - t_backward of the
+    same rate's `local` row), pred (the exposed communication, module docstring), pred_serial (no
+    overlap), buckets, ratio = pred / measured, within = |ratio - 1| <= TOLERANCE, scope ("link", or
+    OUT_OF_SCOPE for unshaped rows: no prediction, within False). ValueError on missing columns, a
+    rate without its local row, or params that are not the bench ResNet's of that width."""
+    need = {"rate", "variant", "ranks", "params", "width", "t_backward"}
+    if not need <= set(rows.columns):
+        raise ValueError(f"not a `tgsim bench torch` CSV: missing columns {sorted(need - set(rows.columns))}")
+    local = rows[rows.variant == DDP_REFERENCE].set_index("rate").t_backward
+    out = []
+    for r in rows[rows.variant.isin(list(DDP_MODES))].itertuples():
+        if r.rate not in local.index:
+            raise ValueError(f"rate {r.rate!r}: no {DDP_REFERENCE!r} row to measure the backward pass against "
+                             f"(run tgsim bench torch with --variants {DDP_REFERENCE},{r.variant})")
+        tensors = bench_resnet_tensors(int(r.width))
+        if sum(e for e, _ in tensors) != int(r.params):
+            raise ValueError(f"row {r.rate} {r.variant}: params {int(r.params)} are not the bench ResNet's of width "
+                             f"{int(r.width)} ({sum(e for e, _ in tensors)})")
+        bwd, ranks = float(local[r.rate]), int(r.ranks)
+        bks = ddp_buckets(tensors, bucket_mb)
+        row = dict(rate=r.rate, variant=r.variant, ranks=ranks, params=int(r.params), buckets=len(bks),
+                   t_backward_local=bwd, measured=float(r.t_backward) - bwd)
+        if str(r.rate).lower() == "none":
+            row.update(pred=math.nan, pred_serial=math.nan, scope=OUT_OF_SCOPE)
+        else:
+            link = Link(f"{r.rate} / {ranks}", rate_bits(r.rate) / ranks, latency, efficiency)
+            nb = DDP_MODES[r.variant]
+            row.update(pred=exposed_comm(bks, bwd, nb, ranks, link),
+                       pred_serial=exposed_comm(bks, bwd, nb, ranks, link, overlap=False), scope="link")
+        out.append(row)
+    cols = ["rate", "variant", "ranks", "params", "buckets", "t_backward_local", "measured", "pred", "pred_serial",
+            "ratio", "within", "scope"]
+    if not out:
+        return pd.DataFrame(columns=cols)
+    d = pd.DataFrame(out)
+    d["ratio"] = d.pred / d.measured
+    d["within"] = ((d.ratio - 1).abs() <= TOLERANCE) & (d.scope == "link")
+    return d[cols]
+
+
+def print_ddp(path: str, latency: float = 50e-6, file=None) -> pd.DataFrame:
+    """Read a `tgsim bench torch` CSV, print `validate_ddp`'s table and its count of in-scope rows
+    within TOLERANCE (QUICK first when the CSV says quick); returns the table."""
+    rows = pd.read_csv(path)
+    if "quick" in rows and rows.quick.astype(bool).any():
+        print(f"QUICK {path}: rows of tgsim bench torch --quick: numbers not for reporting", file=file)
+    v = validate_ddp(rows, latency)
+    with pd.option_context("display.width", 200):
+        print(v.to_string(index=False, float_format=lambda x: f"{x:.4g}"), file=file)
+    inside = v[v.scope == "link"]
+    print(f"DDP over Gloo ({path}): {int(inside.within.sum())} of {len(inside)} link-bound rows within "
+          f"{TOLERANCE:.0%} of the measured backward-pass increase; {len(v) - len(inside)} unshaped rows out of "
+          f"scope", file=file)
+    return v
+
+
 def main(argv=None) -> int:
-    """Print the table and the points with >= 1M elements within 20 %."""
+    """Print the table(s) and the points with >= 1M elements within 20 %."""
     ap = argparse.ArgumentParser(prog="python -m tgsim.analysis.perfmodel_ddp_validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv")
+    ap.add_argument("csv", nargs="?", help="a `tgsim bench exchange` CSV")
+    ap.add_argument("--torch", help="a `tgsim bench torch` CSV (variants local, ddp_allreduce, ddp_fp16)")
     ap.add_argument("--latency", type=float, default=50e-6, help="seconds per hop (default %(default)s)")
     args = ap.parse_args(argv)
-    rows = pd.read_csv(args.csv)
-    if "quick" in rows and rows.quick.astype(bool).any():
-        print(f"{args.csv}: QUICK rows (tgsim bench exchange --quick): numbers not for reporting")
-    v = validate(rows, args.latency)
-    with pd.option_context("display.width", 200):
-        print(v.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    big = v[v.params >= 1_000_000]
-    print(f"points with >= 1M elements within {TOLERANCE:.0%} of the measured t_wire: "
-          f"{int(big.within.sum())} of {len(big)}")
+    if not (args.csv or args.torch):
+        ap.error("give a `tgsim bench exchange` CSV, --torch CSV, or both")
+    if args.csv:
+        rows = pd.read_csv(args.csv)
+        if "quick" in rows and rows.quick.astype(bool).any():
+            print(f"{args.csv}: QUICK rows (tgsim bench exchange --quick): numbers not for reporting")
+        v = validate(rows, args.latency)
+        with pd.option_context("display.width", 200):
+            print(v.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        big = v[v.params >= 1_000_000]
+        print(f"points with >= 1M elements within {TOLERANCE:.0%} of the measured t_wire: "
+              f"{int(big.within.sum())} of {len(big)}")
+    if args.torch:
+        print_ddp(args.torch, args.latency)
     return 0
 
 

@@ -167,3 +167,115 @@ def test_bench_validation_predicts_the_allreduce_and_judges_within_20_percent():
     v = pv.validate(rows, lat)
     assert len(v) == 2 and list(v.within) == [True, False]
     np.testing.assert_allclose(v.ratio, [1.0, 0.5])
+
+
+# -- DDP over Gloo (`tgsim bench torch`): DDP's buckets, overlap, the shared loopback -------------------------------
+
+def test_ddp_buckets_close_at_the_first_cap_then_at_bucket_cap():
+    """Tensors (elements, MACs) in forward order, taken last first: 200k elements (800 KB) stay under
+    the 1 MiB first cap, +100k reach 1.2 MB >= 1 MiB and close the first bucket at 3/4 of the MACs;
+    the first 300k go into a 25 MiB bucket that is ready at the end of the backward pass."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    tensors = [(300_000, 1), (100_000, 1), (200_000, 2)]
+    assert pv.ddp_buckets(tensors) == [(300_000, 0.75), (300_000, 1.0)]
+    assert pv.ddp_buckets(tensors, first_mb=25.0) == [(600_000, 1.0)]       # one bucket: no overlap
+    with pytest.raises(ValueError, match="bucket caps"):
+        pv.ddp_buckets(tensors, bucket_mb=0)
+
+
+def test_bench_resnet_tensors_are_the_torch_models():
+    """`bench_resnet_tensors` lists the element count of every parameter tensor of
+    tgsim.torch.examples.resnet, in its registration order (width 16, the default, and 80)."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+    from tgsim.torch.examples import resnet
+
+    for width in (16, 80):
+        model = resnet(64, 10, width=width)
+        assert [e for e, _ in pv.bench_resnet_tensors(width)] == [p.numel() for p in model.parameters()]
+
+
+def _torch_rows(width: int, rate: str, local: float, added: dict) -> list[dict]:
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    P = sum(e for e, _ in pv.bench_resnet_tensors(width))
+    rows = [dict(rate=rate, variant="local", ranks=2, params=P, width=width, t_backward=local)]
+    return rows + [dict(rate=rate, variant=v, ranks=2, params=P, width=width, t_backward=local + a)
+                   for v, a in added.items()]
+
+
+def test_validate_ddp_overlaps_buckets_on_the_shared_link_and_marks_unshaped_rows():
+    """Width 80 (two DDP buckets) on 2 ranks sharing one 1 Gb/s loopback: each bucket of e elements
+    is a ring all-reduce of 2 (N-1)/N x 4e bytes (fp16: 2e) at 0.9 x 1 Gb/s / 2 + 2 latencies; the
+    first starts when the backward pass is `ready` through, the second at max(end of the backward
+    pass, end of the first). A row measured at that is within 20 % (positive control), an fp16 row
+    measured at twice its prediction is not (negative control); unshaped rows are out of scope."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    lat, W, B = 50e-6, 0.02, 1e9
+    (e1, r1), (e2, r2) = pv.ddp_buckets(pv.bench_resnet_tensors(80))
+    assert r2 == 1.0 and 0 < r1 < 1
+
+    def ring(nbytes):
+        return 8 * (2 * (2 - 1) / 2 * nbytes) / (0.9 * B / 2) + 2 * lat
+
+    def exposed(width_bytes):
+        first_end = r1 * W + ring(width_bytes * e1)
+        return max(first_end, W) + ring(width_bytes * e2) - W
+
+    fp32, fp16 = exposed(4), exposed(2)
+    assert fp32 < ring(4 * e1) + ring(4 * e2)               # the overlap hides part of the first bucket
+    rows = pd.DataFrame(_torch_rows(80, "1gbit", W, {"ddp_allreduce": fp32, "ddp_fp16": 2 * fp16})
+                        + _torch_rows(80, "none", W, {"ddp_allreduce": 0.005}))
+    v = pv.validate_ddp(rows, lat).set_index(["rate", "variant"])
+    np.testing.assert_allclose(v.loc[("1gbit", "ddp_allreduce"), "pred"], fp32, rtol=1e-12)
+    np.testing.assert_allclose(v.loc[("1gbit", "ddp_fp16"), "ratio"], 0.5, rtol=1e-12)
+    assert v.loc[("1gbit", "ddp_allreduce"), "within"] and not v.loc[("1gbit", "ddp_fp16"), "within"]
+    np.testing.assert_allclose(v.loc[("1gbit", "ddp_allreduce"), "pred_serial"], ring(4 * e1) + ring(4 * e2))
+    out = v.loc[("none", "ddp_allreduce")]
+    assert out.scope == pv.OUT_OF_SCOPE and math.isnan(out.pred) and not out.within
+    assert (v.drop(index=[("none", "ddp_allreduce")]).scope == "link").all()
+    # N = 4 ranks, one bucket (width 16): 2 (N-1)/N x 4P bytes at 0.9 x B / 4 + 2 (N-1) latencies
+    rows4 = pd.DataFrame(_torch_rows(16, "1gbit", W, {"ddp_allreduce": 0.0})).assign(ranks=4)
+    P = int(rows4.params.iloc[0])
+    v4 = pv.validate_ddp(rows4, lat)
+    np.testing.assert_allclose(v4.pred, [8 * (2 * 3 / 4 * 4 * P) / (0.9 * B / 4) + 6 * lat], rtol=1e-12)
+    assert list(v4.buckets) == [1]
+
+
+def test_validate_ddp_refuses_rows_it_cannot_model(tmp_path, monkeypatch):
+    """No local row at a rate, params not the bench ResNet's, missing columns: ValueError naming the
+    problem; `tgsim analyze perfmodel-validate --torch-csv` prints and writes the table (no bench
+    exchange CSV needed), exit 2 with one line for a missing file."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+    from tgsim.cli import main
+
+    rows = pd.DataFrame(_torch_rows(16, "1gbit", 0.02, {"ddp_allreduce": 0.01}))
+    with pytest.raises(ValueError, match="no 'local' row"):
+        pv.validate_ddp(rows[rows.variant != "local"])
+    with pytest.raises(ValueError, match="not the bench ResNet"):
+        pv.validate_ddp(rows.assign(params=rows.params + 1))
+    with pytest.raises(ValueError, match="missing columns"):
+        pv.validate_ddp(rows.drop(columns="width"))
+    monkeypatch.chdir(tmp_path)
+    rows.to_csv("bt.csv", index=False)
+    assert main(["analyze", "perfmodel-validate", "--torch-csv", "bt.csv", "--out", "out"]) == 0
+    assert len(pd.read_csv(tmp_path / "out" / "perfmodel_ddp_torch.csv")) == 1
+    assert main(["analyze", "perfmodel-validate", "--torch-csv", "missing.csv", "--out", "out"]) == 2
+
+
+def test_bench_torch_width_reaches_the_rank_program(capsys):
+    """`tgsim bench torch --width W` passes --width W to every rank (default 16); a width the ResNet's
+    GroupNorm cannot split is refused (exit 2) before anything runs."""
+    from tgsim.bench import torch_ddp as bt
+
+    job = bt.command("1gbit", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1, width=80)
+    assert job[job.index("--width") + 1] == "80"
+    job = bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)
+    assert job[job.index("--width") + 1] == "16"
+    parser = bt.argparse.ArgumentParser()
+    bt.add_arguments(parser)
+    assert parser.parse_args([]).width == 16
+    assert bt.cmd(parser.parse_args(["--width", "6"])) == 2
+    assert "--width must be" in capsys.readouterr().err

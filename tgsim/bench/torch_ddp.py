@@ -1,7 +1,7 @@
 """`tgsim bench torch`: tgsim's DDP comm hook against the backward pass and against DDP's own
 all-reduce and fp16 hooks, on the CPU over Gloo, as ratios measured in one run.
 
-    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [...]
+    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [--width 16] [...]
     python -m tgsim.bench.torch_ddp [...]
 
 Per network setting (`--rates`: "none" is the loopback unshaped; a tc rate shapes it) one mpiexec
@@ -49,6 +49,7 @@ from tgsim.bench.torch_ddp_rank import VARIANTS
 FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
 QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
 TARGET = 0.10
+WIDTH = 16
 BASELINE = "ddp_allreduce"
 REFERENCE = "local"
 QUICK_COLUMN = "quick"
@@ -84,13 +85,14 @@ def check_launch() -> tuple[bool, str]:
 
 
 def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmup: int,
-            variants=None) -> list[str]:
+            variants=None, width: int = WIDTH) -> list[str]:
     """The command line of one setting: mpiexec of the rank program, inside a shaped private network
     namespace unless rate is 'none'."""
     from tgsim.bench.exchange import _mpiexec, rate_bits
 
     job = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", "--store", str(store),
-           "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup), "--rate", rate]
+           "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup), "--rate", rate,
+           "--width", str(width)]
     if variants:
         job += ["--variants", ",".join(variants)]
     if rate == "none":
@@ -102,10 +104,10 @@ def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmu
 
 
 def run_setting(rate: str, ranks: int, raw_csv: Path, steps: int, warmup: int, variants=None,
-                timeout: float = 600.0) -> int:
+                timeout: float = 600.0, width: int = WIDTH) -> int:
     """One mpiexec job (one network setting); its exit status (the output printed when it fails)."""
     with tempfile.TemporaryDirectory(prefix="tgsim-bench-torch-") as store:
-        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants)
+        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants, width)
         env = {**os.environ, **MPI_OVER_TCP}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -162,7 +164,7 @@ def summarize(raw):
     return df
 
 
-def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None):
+def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None, width=WIDTH):
     """Run every network setting (`rates`; shaped ones only where `check_environment()` allows, else
     skipped with the reason in df.attrs["skipped"]); returns the summarized rows (also written to
     `out`), QUICK_COLUMN = `quick` in every row. RuntimeError when nothing could run."""
@@ -185,7 +187,7 @@ def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=Fal
                 print(f"[bench torch] {rate}: skipped, cannot shape the loopback here: {shaping[1]}", flush=True)
                 continue
             t1 = time.monotonic()
-            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants)
+            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants, width=width)
             print(f"[bench torch] {rate} N={ranks}: exit {rc} in {time.monotonic() - t1:.0f} s "
                   f"(total {time.monotonic() - t0:.0f} s)", flush=True)
             if rc:
@@ -255,6 +257,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="timed rounds per setting (default 100)")
     p.add_argument("--variants", help=f"comma list (default all: {','.join(VARIANTS)}); "
                    f"{REFERENCE} and {BASELINE} are the ratios' references")
+    p.add_argument("--width", type=int, default=WIDTH, help="the example ResNet's width (default %(default)s: "
+                   "about 43k parameters; 80: about 1.05M; 1 to 4 or a multiple of 4)")
     p.add_argument("--out", default="results/bench_torch.csv", help="CSV of every row")
 
 
@@ -270,6 +274,11 @@ def cmd(args) -> int:
         cfg["ranks"] = args.ranks
     if args.steps:
         cfg["steps"] = args.steps
+    width = getattr(args, "width", WIDTH)
+    if width < 1 or (width > 4 and width % 4):
+        print(f"tgsim bench torch: --width must be 1 to 4 or a multiple of 4 (the ResNet's GroupNorm of min(4, "
+              f"width) groups), got {width}", file=sys.stderr)
+        return 2
     variants = None
     if args.variants:
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -288,7 +297,7 @@ def cmd(args) -> int:
     if not ok:
         print(f"tgsim bench torch: {why}", file=sys.stderr)
         return 3
-    df = sweep(variants=variants, out=args.out, quick=bool(args.quick), **cfg)
+    df = sweep(variants=variants, out=args.out, quick=bool(args.quick), width=width, **cfg)
     print()
     print_table(df)
     print(f"\nrows: {args.out}" + (" (quick = True: a smoke test)" if args.quick else ""))
