@@ -68,9 +68,12 @@ def test_ratios_from_raw_rows():
 
 
 def test_shaped_command_and_bad_options(capsys):
+    from tgsim.bench.exchange import NETEM
+
     cmd = bt.command("1gbit", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)
-    assert cmd[:3] == ["unshare", "--net", "--"] and "rate 1gbit burst 262144" in cmd[5]
-    assert bt.burst_bytes("10gbit") == 1_250_000
+    assert cmd[:2] == ["bash", str(NETEM)] and cmd[cmd.index("--rate") + 1] == "1gbit"
+    assert cmd[cmd.index("--module") + 1] == "tgsim.bench.torch_ddp_rank" and cmd[cmd.index("--topology") + 1] == "shared"
+    assert cmd[cmd.index("--") + 1:][:2] == ["--store", "store"]
     assert bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)[1:3] == ["-n", "2"]
     parser = bt.argparse.ArgumentParser()
     bt.add_arguments(parser)

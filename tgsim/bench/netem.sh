@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run the exchange benchmark's ranks (python -m tgsim.bench.exchange_rank) over an emulated network.
+# Run a benchmark's ranks (python -m MODULE, default tgsim.bench.exchange_rank) over an emulated network.
 #
-#   bash netem.sh [--topology shared|switch] [--rate 1gbit|10gbit|none] [--ranks N]
-#                 [--burst BYTES] [--mtu BYTES] [--python PY] [--check] -- [exchange_rank args]
+#   bash netem.sh [--topology shared|switch] [--rate 1gbit|10gbit|none] [--ranks N] [--module MODULE]
+#                 [--burst BYTES] [--mtu BYTES] [--python PY] [--check] -- [MODULE's args]
+# (exchange_rank also gets --topology, --rate and the interface to count; another MODULE its args only)
 #
 # This file is package data of tgsim.bench (`tgsim bench exchange` runs it from the installed
 # package: tgsim.bench.exchange.NETEM). PY (default: the checkout's .venv/bin/python if this file
@@ -43,6 +44,7 @@ BURST=""
 MTU=""
 PYTHON="${PYTHON:-}"
 CHECK=0
+MODULE=tgsim.bench.exchange_rank
 while [ $# -gt 0 ]; do
   case "$1" in
     --topology) TOPOLOGY="$2"; shift 2 ;;
@@ -51,9 +53,10 @@ while [ $# -gt 0 ]; do
     --burst) BURST="$2"; shift 2 ;;
     --mtu) MTU="$2"; shift 2 ;;
     --python) PYTHON="$2"; shift 2 ;;
+    --module) MODULE="$2"; shift 2 ;;
     --check) CHECK=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "netem.sh: unknown option $1 (bench arguments go after --)" >&2; exit 2 ;;
   esac
 done
@@ -79,7 +82,7 @@ if [ -z "${TGSIM_NETEM_INNER:-}" ]; then
     exit 3
   fi
   exec env TGSIM_NETEM_INNER=1 unshare --net -- bash "$0" --topology "$TOPOLOGY" --rate "$RATE" --ranks "$RANKS" \
-    ${BURST:+--burst "$BURST"} ${MTU:+--mtu "$MTU"} --python "$PYTHON" $([ $CHECK = 1 ] && echo --check) -- "$@"
+    --module "$MODULE" ${BURST:+--burst "$BURST"} ${MTU:+--mtu "$MTU"} --python "$PYTHON" $([ $CHECK = 1 ] && echo --check) -- "$@"
 fi
 
 # ---- inside the private namespace -------------------------------------------------------------
@@ -178,8 +181,13 @@ fi
 ARGS=()
 for tok in "${LAUNCH[@]}"; do
   ARGS+=("$tok")
-  [ "$tok" = "$PYTHON" ] && ARGS+=(-m tgsim.bench.exchange_rank --topology "$TOPOLOGY" --rate "$RATE" "${COUNT[@]}"
-                                   "$@")
+  if [ "$tok" = "$PYTHON" ]; then
+    if [ "$MODULE" = tgsim.bench.exchange_rank ]; then
+      ARGS+=(-m "$MODULE" --topology "$TOPOLOGY" --rate "$RATE" "${COUNT[@]}" "$@")
+    else
+      ARGS+=(-m "$MODULE" "$@")
+    fi
+  fi
 done
 set +e
 "$MPIEXEC" "${ARGS[@]}"

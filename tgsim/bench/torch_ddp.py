@@ -8,10 +8,9 @@ Per network setting (`--rates`: "none" is the loopback unshaped; a tc rate shape
 job of N ranks runs `python -m tgsim.bench.torch_ddp_rank` (its docstring: the variants, the
 interleaved rounds, the columns it measures). MPI is forced onto TCP over the loopback in every
 setting (MPICH: MPIR_CVAR_NOLOCAL=1, the ofi netmod, libfabric's tcp provider on lo, as netem.sh
-does), so the hook's mpi4py traffic crosses the same link as Gloo's. A shaped setting runs in a
-private network namespace whose loopback carries `tc tbf rate RATE` with netem.sh's burst
-(`burst_bytes`) and latency: the shared topology of `tgsim bench exchange` (netem.sh), set up here because
-netem.sh launches only the exchange benchmark's rank program. Shaping needs root or CAP_SYS_ADMIN +
+does), so the hook's mpi4py traffic crosses the same link as Gloo's. A shaped setting runs through
+netem.sh (`--module tgsim.bench.torch_ddp_rank`) in its shared topology: a private network
+namespace whose loopback carries `tc tbf rate RATE`, as `tgsim bench exchange` shapes it. Shaping needs root or CAP_SYS_ADMIN +
 CAP_NET_ADMIN (`tgsim.bench.exchange.check_environment`); without it the shaped settings are skipped
 with the reason printed and only the unshaped one runs.
 
@@ -62,13 +61,6 @@ COLUMNS = ["hook_over_backward", "hook_over_backward_best", "comm_over_backward"
            "load_avg", "spread", "warning", QUICK_COLUMN]
 
 
-def burst_bytes(rate: str) -> int:
-    """tbf's burst for RATE in bytes, as netem.sh sets it: max(262144, RATE in bit/s / 8000)."""
-    from tgsim.bench.exchange import rate_bits
-
-    return max(262144, int(rate_bits(rate) / 8 * 1e-3))
-
-
 def check_launch() -> tuple[bool, str]:
     """(ok, reason): are torch, mpi4py and an mpiexec there to run the ranks (unshaped)?"""
     from tgsim.bench.exchange import _mpiexec
@@ -86,21 +78,17 @@ def check_launch() -> tuple[bool, str]:
 
 def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmup: int,
             variants=None, width: int = WIDTH) -> list[str]:
-    """The command line of one setting: mpiexec of the rank program, inside a shaped private network
-    namespace unless rate is 'none'."""
-    from tgsim.bench.exchange import _mpiexec, rate_bits
+    """The command line of one setting: mpiexec of the rank program, or for a shaped rate netem.sh's
+    shared topology running it (`tgsim.bench.exchange.NETEM --module tgsim.bench.torch_ddp_rank`)."""
+    from tgsim.bench.exchange import NETEM, _mpiexec, rate_bits
 
-    job = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", "--store", str(store),
-           "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup), "--rate", rate,
-           "--width", str(width)]
-    if variants:
-        job += ["--variants", ",".join(variants)]
+    args = ["--store", str(store), "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup),
+            "--rate", rate, "--width", str(width)] + (["--variants", ",".join(variants)] if variants else [])
     if rate == "none":
-        return job
+        return [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", *args]
     rate_bits(rate)                                   # ValueError for a rate tc would not take
-    shape = ("ip link set lo up && tc qdisc replace dev lo root tbf rate {r} burst {b} latency 50ms "
-             "&& exec \"$@\"").format(r=rate, b=burst_bytes(rate))
-    return ["unshare", "--net", "--", "bash", "-c", shape, "bash", *job]
+    return ["bash", str(NETEM), "--topology", "shared", "--rate", rate, "--ranks", str(ranks), "--python",
+            sys.executable, "--module", "tgsim.bench.torch_ddp_rank", "--", *args]
 
 
 def run_setting(rate: str, ranks: int, raw_csv: Path, steps: int, warmup: int, variants=None,
@@ -286,10 +274,12 @@ def cmd(args) -> int:
         if bad:
             print(f"tgsim bench torch: unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr)
             return 2
+    from tgsim.bench.exchange import rate_bits
+
     try:
         for r in cfg["rates"]:
             if r != "none":
-                burst_bytes(r)
+                rate_bits(r)
     except ValueError as e:
         print(f"tgsim bench torch: --rates: {e}", file=sys.stderr)
         return 2
