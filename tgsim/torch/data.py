@@ -19,15 +19,15 @@ factory must return the same data on every rank).
 A Dataset's samples stay in the shape the factory gives (e.g. (3, 32, 32) for CIFAR-10): the model
 factory receives it as `feature_shape` and `dim` = its product, and `TorchModel` feeds the module
 batches of that shape. `meta`: the factory, its kwargs, the sample shape and a SHA-256 of the
-arrays (`sha256`), so two runs can check they trained on the same bytes.
+arrays (`sha256`: `tgsim.data.array_cache.digest`), so two runs can check they trained on the
+same bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
+from tgsim.data import array_cache
 from tgsim.torch.model import import_torch, resolve_factory
 
 _KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -88,16 +88,6 @@ def arrays(factory: str, kwargs: dict | None = None, max_train: int = 0, max_tes
     return {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te}
 
 
-def sha256(a: dict) -> str:
-    """SHA-256 over the four arrays' dtypes, shapes and bytes, in _KEYS order."""
-    h = hashlib.sha256()
-    for k in _KEYS:
-        v = np.ascontiguousarray(a[k])
-        h.update(f"{k}|{v.dtype.str}|{v.shape}|".encode())
-        h.update(v.tobytes())
-    return h.hexdigest()
-
-
 def load_torch(factory: str, kwargs: dict | None = None, task: str = "classification", classes: int = 0,
                max_train: int = 0, max_test: int = 0) -> dict:
     """The Dataset fields (name aside) of the factory's data: x float32, y int64 labels (or float32
@@ -133,5 +123,5 @@ def load_torch(factory: str, kwargs: dict | None = None, task: str = "classifica
     else:
         n_classes = 0
     meta = {"factory": factory, "kwargs": dict(kwargs or {}), "sample_shape": list(a["x_train"].shape[1:]),
-            "sha256": sha256(a)}
+            "sha256": array_cache.digest(a)}
     return dict(task=task, **a, n_classes=n_classes, feature_shape=tuple(a["x_train"].shape[1:]), meta=meta)
