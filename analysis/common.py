@@ -248,11 +248,10 @@ def network_section(model: str | None = None, hidden=(64,)) -> dict:
     """The [model] table of the analyses' network: tgsim's MLP with `hidden` widths when `model` is
     None, else the torch.nn.Module built by the factory `model` = "package.module:function"
     (tgsim.models.make_model's optional model "torch", a TorchModel: its layers are the module's
-    parameters, by name; the trainer fills the factory's dim and classes from the data set)."""
+    parameters, by name; the trainer fills the factory's dim and classes from the data set; a factory
+    that does not resolve is the trainer's ConfigError, before any step)."""
     if model is None:
         return {"name": "mlp", "options": {"hidden": list(hidden)}}
-    if not isinstance(model, str) or model.count(":") != 1 or not all(model.split(":")):
-        raise ValueError(f"--model must look like 'package.module:function', got {model!r}")
     return {"name": "torch", "options": {"factory": model}}
 
 
