@@ -8,15 +8,29 @@ over Gloo (`tgsim bench torch`).
 
 Predicted, per bench row of `MODES` (P gradient elements in one message: the MPI exchange's 64 MiB
 buckets hold the bench's whole gradient; N ranks; a link of the row's rate, `latency` per hop,
-efficiency 0.9 as compare time's links):
+efficiency 0.9 as compare time's links, and the emulated link's token bucket, `tbf_saving`):
   fp32_native    the all-reduce of 4P bytes: the faster of ring and tree (`perfmodel_ddp.collective`)
   tg_allreduce   the scaler all-reduce (one float per bench layer) + the all-reduce of the int8 code
                  sums, P bytes (2P beyond 127 ranks), + the message header (`message_header_bytes`)
+Token bucket: netem.sh shapes with tc's tbf, whose bucket (`perfmodel_emulation.tbf_burst`: max(256
+KiB, 1 ms at the rate)) lets its bytes through at once when it is full, so a collective starting on a
+rested link takes min(tokens, its bytes on the link) x 8 / (efficiency x rate) less; the bucket
+refills at the rate while the link is idle (between the bench's steps: full again).
 against the bench's t_wire (the time inside MPI collectives, the minimum over ranks); ratio =
 predicted / measured, within = |ratio - 1| <= 0.20. The model has no term for the host's CPU work
 (the bench's encode and decode: the GPU's in the modeled cluster), so t_exchange and t_step are
 shown beside it, not predicted. The shared topology (every byte through one shaped loopback) is not
 a DDP cluster and is left out.
+
+Scope (both tables). The model predicts the time a shaped link takes; on the emulation the host's
+CPU also takes time (TCP on the loopback, copies, the reduction), and on a small host it can take
+longer than the link. `host` is that time measured: the same point (mode or variant, N, P) on the
+loopback unshaped (rate "none"), where the link is not the limit. A shaped row is a test of the
+link model ("link") only when host <= HOST_SHARE x pred, HOST_SHARE = TOLERANCE / (1 - TOLERANCE)
+= 0.25: were the host's time added to the link's (no overlap), a perfect link model would still
+be within TOLERANCE of the measurement. Otherwise the row is `HOST_BOUND` (shown with its ratio,
+not counted); without an unshaped row (host nan) a shaped row is "link". Unshaped rows themselves
+are `OUT_OF_SCOPE`.
 
 DDP over Gloo (`validate_ddp`, rows of `tgsim bench torch` of `DDP_MODES`, the `local` row of the same
 rate as reference): measured = t_backward - t_backward(local), what DDP adds to the module's own
@@ -28,15 +42,18 @@ of the row's width: its parameter tensors, checked against the row's params) wit
             bucket_cap_mb, 25) for the rest; 4 bytes per element (ddp_fp16: 2)
   overlap   bucket b is ready when the backward pass has done the MACs of its tensors and of every
             tensor after them (share x the measured t_backward(local)); its ring all-reduce starts at
-            max(ready_b, the previous bucket's end) and runs alone on the link; exposed = the last
-            bucket's end - t_backward(local). One bucket: no overlap (it is ready at the end).
+            max(ready_b, the previous bucket's end) and runs alone on the link, less the token
+            bucket's saving (Token bucket, above: tokens refill while the link idles between buckets);
+            exposed = the last bucket's end - t_backward(local). One bucket: no overlap (it is ready at
+            the end).
             pred_serial (every bucket after the backward pass) is shown beside it
   link      the row's rate shared by the N ranks (every rank's bytes cross the one shaped loopback,
             the shared topology): a ring all-reduce (`ring_allreduce`, N nodes of one GPU) on a Link
             of rate / N, `latency` per hop, efficiency 0.9
 The model has no term for the CPU work of DDP and Gloo (copying gradients into buckets, the
 reduction, the fp16 casts, TCP on the loopback): unshaped rows (rate none) are CPU-bound, not
-link-bound, and are marked out of scope (scope column, no prediction).
+link-bound, and are marked out of scope (scope column, no prediction); they give `host` (above)
+for the shaped rows of the same variant: the backward-pass increase measured unshaped.
 """
 
 from __future__ import annotations
@@ -47,7 +64,7 @@ import math
 import pandas as pd
 
 from tgsim.analysis.perfmodel_ddp import MIB, DDPExchange, Link, collective, ring_allreduce, scaler_allreduce
-from tgsim.analysis.perfmodel_emulation import bench_layer_sizes, message_header_bytes
+from tgsim.analysis.perfmodel_emulation import bench_layer_sizes, message_header_bytes, tbf_burst
 
 MODES = ("fp32_native", "tg_allreduce")
 TOLERANCE = 0.20
@@ -55,6 +72,15 @@ DDP_MODES = {"ddp_allreduce": 4, "ddp_fp16": 2}    # variant -> bytes per gradie
 DDP_REFERENCE = "local"
 FIRST_BUCKET_MB = 1.0
 OUT_OF_SCOPE = "out: unshaped (CPU-bound)"
+HOST_BOUND = "out: host-bound"
+HOST_SHARE = TOLERANCE / (1 - TOLERANCE)
+UNSHAPED = "none"
+
+
+def scope_of(pred: float, host: float) -> str:
+    """"link" when the host's measured time (nan: not measured) is at most HOST_SHARE x the predicted
+    link time, else HOST_BOUND (module docstring, Scope)."""
+    return HOST_BOUND if host > HOST_SHARE * pred else "link"
 
 
 def rate_bits(rate: str) -> float:
@@ -63,28 +89,47 @@ def rate_bits(rate: str) -> float:
     return float(r[:-1]) * {"k": 1e3, "m": 1e6, "g": 1e9}[r[-1]] if r[-1] in "kmg" else float(r)
 
 
-def predict_wire(mode: str, params: int, ranks: int, link: Link) -> float:
-    """Seconds of the collectives of one bench step (module docstring), ranks = nodes of one GPU."""
+def tbf_saving(link_bytes: float, tokens: float, link: Link) -> float:
+    """Seconds a full-enough tbf bucket of `tokens` bytes saves a transfer of `link_bytes` through the
+    link: min(tokens, link_bytes) x 8 / (efficiency x bandwidth)."""
+    return link.seconds(min(max(tokens, 0.0), max(link_bytes, 0.0)))
+
+
+def predict_wire(mode: str, params: int, ranks: int, link: Link, tbf: bool = True) -> float:
+    """Seconds of the collectives of one bench step (module docstring), ranks = nodes of one GPU; tbf:
+    the step's all-reduce starts with a full token bucket (`tbf_saving` on its 2 (N-1)/N S bytes per
+    link)."""
     ex = DDPExchange("allreduce")
+    burst = tbf_burst(link.bandwidth) if tbf else 0.0
     if mode == "fp32_native":
-        return collective(ex, {"reduce": 4.0 * params}, ranks, 1, link, link)[0]
+        S = 4.0 * params
+        t = collective(ex, {"reduce": S}, ranks, 1, link, link)[0]
+        return t - tbf_saving(2 * (ranks - 1) / ranks * S, burst, link)
     if mode == "tg_allreduce":
         layers = len(bench_layer_sizes(params))
         width = 1 if ranks <= 127 else 2
-        t, _ = collective(ex, {"reduce": width * params + message_header_bytes(layers)}, ranks, 1, link, link)
-        return scaler_allreduce(layers, ranks, 1, link, link) + t
+        S = width * params + message_header_bytes(layers)
+        t, _ = collective(ex, {"reduce": S}, ranks, 1, link, link)
+        return scaler_allreduce(layers, ranks, 1, link, link) + t - tbf_saving(2 * (ranks - 1) / ranks * S, burst, link)
     raise ValueError(f"no prediction for mode {mode!r}; modeled: {MODES}")
 
 
-def validate(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9) -> pd.DataFrame:
-    """One row per switch-topology bench row of `MODES`: pred_wire, t_wire, ratio, within, and the
-    measured t_exchange and t_step beside them."""
+def validate(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9, tbf: bool = True) -> pd.DataFrame:
+    """One row per shaped switch-topology bench row of `MODES`: pred_wire, t_wire, host (t_wire of the
+    same mode, N and P unshaped; nan without such a row), ratio, scope (`scope_of`), within (|ratio - 1|
+    <= TOLERANCE and scope "link"), and the measured t_exchange and t_step beside them."""
     d = rows[(rows.topology == "switch") & rows["mode"].isin(MODES)].copy()
+    unshaped = d.rate.astype(str).str.lower() == UNSHAPED
+    host = d[unshaped].groupby(["mode", "ranks", "params"]).t_wire.median()
+    d = d[~unshaped].copy()
     d["pred_wire"] = [predict_wire(r.mode, int(r.params), int(r.ranks),
-                                   Link(r.rate, rate_bits(r.rate), latency, efficiency)) for r in d.itertuples()]
+                                   Link(r.rate, rate_bits(r.rate), latency, efficiency), tbf) for r in d.itertuples()]
+    d["host"] = [float(host.get((r.mode, r.ranks, r.params), math.nan)) for r in d.itertuples()]
+    d["scope"] = [scope_of(p, h) for p, h in zip(d.pred_wire, d.host)]
     d["ratio"] = d.pred_wire / d.t_wire
-    d["within"] = (d.ratio - 1).abs() <= TOLERANCE
-    return d[["rate", "ranks", "params", "mode", "pred_wire", "t_wire", "ratio", "within", "t_exchange", "t_step"]]
+    d["within"] = ((d.ratio - 1).abs() <= TOLERANCE) & (d.scope == "link")
+    return d[["rate", "ranks", "params", "mode", "pred_wire", "t_wire", "host", "ratio", "within", "scope",
+              "t_exchange", "t_step"]]
 
 
 def bench_resnet_tensors(width: int, dim: int = 64, classes: int = 10, blocks: int = 2,
@@ -142,28 +187,42 @@ def ddp_buckets(tensors: list[tuple[int, int]], bucket_mb: float = 25.0,
 
 
 def exposed_comm(bks: list[tuple[int, float]], backward: float, nbytes: int, ranks: int, link: Link,
-                 overlap: bool = True) -> float:
+                 overlap: bool = True, burst: float = 0.0) -> float:
     """Seconds the backward pass ends later than `backward` (module docstring, overlap): buckets (elements,
-    ready share) all-reduced as rings of nbytes per element on `link`, one at a time, each from
-    max(ready share x backward, the previous end); overlap=False: every bucket after the backward pass."""
-    end = 0.0
+    ready share) all-reduced as rings of nbytes per element on `link` (one rank's share of a shared
+    link of bandwidth ranks x link.bandwidth), one at a time, each from max(ready share x backward,
+    the previous end); overlap=False: every bucket after the backward pass. burst: the shared link's
+    tbf bucket in bytes, full at the start, refilled at ranks x link.bandwidth / 8 bytes/s while the
+    link idles; a ring moving B = ranks x 2 (ranks-1)/ranks x S bytes through it takes min(tokens, B)
+    bytes' time at the full rate less (`tbf_saving`)."""
+    end, tokens = 0.0, burst
+    whole = Link(link.name, link.bandwidth * ranks, link.latency, link.efficiency)
     for elements, ready in bks:
         start = max(ready * backward if overlap else backward, end)
-        end = start + ring_allreduce(nbytes * elements, ranks, 1, link, link)
+        S = nbytes * elements
+        tokens = min(burst, tokens + (start - end) * whole.bandwidth / 8.0)
+        moved = 2 * (ranks - 1) * S
+        saved = tbf_saving(moved, tokens, whole)
+        tokens -= min(tokens, moved)
+        end = start + ring_allreduce(S, ranks, 1, link, link) - saved
     return max(end, backward) - backward
 
 
 def validate_ddp(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9,
-                 bucket_mb: float = 25.0) -> pd.DataFrame:
+                 bucket_mb: float = 25.0, tbf: bool = True) -> pd.DataFrame:
     """One row per `tgsim bench torch` row of `DDP_MODES`: measured (t_backward - t_backward of the
     same rate's `local` row), pred (the exposed communication, module docstring), pred_serial (no
-    overlap), buckets, ratio = pred / measured, within = |ratio - 1| <= TOLERANCE, scope ("link", or
-    OUT_OF_SCOPE for unshaped rows: no prediction, within False). ValueError on missing columns, a
-    rate without its local row, or params that are not the bench ResNet's of that width."""
+    overlap), buckets, host (the same variant's measured increase unshaped; nan without that row),
+    ratio = pred / measured, scope (OUT_OF_SCOPE for unshaped rows: no prediction; else `scope_of`),
+    within = |ratio - 1| <= TOLERANCE and scope "link". ValueError on missing columns, a rate
+    without its local row, or params that are not the bench ResNet's of that width."""
     need = {"rate", "variant", "ranks", "params", "width", "t_backward"}
     if not need <= set(rows.columns):
         raise ValueError(f"not a `tgsim bench torch` CSV: missing columns {sorted(need - set(rows.columns))}")
     local = rows[rows.variant == DDP_REFERENCE].set_index("rate").t_backward
+    unshaped = rows[(rows.rate.astype(str).str.lower() == UNSHAPED) & rows.variant.isin(list(DDP_MODES))]
+    host = {(r.variant, int(r.ranks), int(r.params)): float(r.t_backward) - float(local[r.rate])
+            for r in unshaped.itertuples() if r.rate in local.index}
     out = []
     for r in rows[rows.variant.isin(list(DDP_MODES))].itertuples():
         if r.rate not in local.index:
@@ -177,16 +236,20 @@ def validate_ddp(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float =
         bks = ddp_buckets(tensors, bucket_mb)
         row = dict(rate=r.rate, variant=r.variant, ranks=ranks, params=int(r.params), buckets=len(bks),
                    t_backward_local=bwd, measured=float(r.t_backward) - bwd)
-        if str(r.rate).lower() == "none":
-            row.update(pred=math.nan, pred_serial=math.nan, scope=OUT_OF_SCOPE)
+        if str(r.rate).lower() == UNSHAPED:
+            row.update(pred=math.nan, pred_serial=math.nan, host=math.nan, scope=OUT_OF_SCOPE)
         else:
             link = Link(f"{r.rate} / {ranks}", rate_bits(r.rate) / ranks, latency, efficiency)
             nb = DDP_MODES[r.variant]
-            row.update(pred=exposed_comm(bks, bwd, nb, ranks, link),
-                       pred_serial=exposed_comm(bks, bwd, nb, ranks, link, overlap=False), scope="link")
+            burst = tbf_burst(rate_bits(r.rate)) if tbf else 0.0
+            pred = exposed_comm(bks, bwd, nb, ranks, link, burst=burst)
+            h = host.get((r.variant, ranks, int(r.params)), math.nan)
+            row.update(pred=pred, pred_serial=exposed_comm(bks, bwd, nb, ranks, link, overlap=False, burst=burst),
+                       host=h,
+                       scope=scope_of(pred, h))
         out.append(row)
     cols = ["rate", "variant", "ranks", "params", "buckets", "t_backward_local", "measured", "pred", "pred_serial",
-            "ratio", "within", "scope"]
+            "host", "ratio", "within", "scope"]
     if not out:
         return pd.DataFrame(columns=cols)
     d = pd.DataFrame(out)
@@ -206,8 +269,8 @@ def print_ddp(path: str, latency: float = 50e-6, file=None) -> pd.DataFrame:
         print(v.to_string(index=False, float_format=lambda x: f"{x:.4g}"), file=file)
     inside = v[v.scope == "link"]
     print(f"DDP over Gloo ({path}): {int(inside.within.sum())} of {len(inside)} link-bound rows within "
-          f"{TOLERANCE:.0%} of the measured backward-pass increase; {len(v) - len(inside)} unshaped rows out of "
-          f"scope", file=file)
+          f"{TOLERANCE:.0%} of the measured backward-pass increase; {int((v.scope == HOST_BOUND).sum())} host-bound "
+          f"rows and {int((v.scope == OUT_OF_SCOPE).sum())} unshaped rows out of scope", file=file)
     return v
 
 
@@ -228,9 +291,10 @@ def main(argv=None) -> int:
         v = validate(rows, args.latency)
         with pd.option_context("display.width", 200):
             print(v.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-        big = v[v.params >= 1_000_000]
-        print(f"points with >= 1M elements within {TOLERANCE:.0%} of the measured t_wire: "
-              f"{int(big.within.sum())} of {len(big)}")
+        big = v[(v.params >= 1_000_000) & (v.scope == "link")]
+        print(f"link-bound points with >= 1M elements within {TOLERANCE:.0%} of the measured t_wire: "
+              f"{int(big.within.sum())} of {len(big)}; {int((v.scope == HOST_BOUND).sum())} shaped points "
+              f"host-bound, out of scope")
     if args.torch:
         print_ddp(args.torch, args.latency)
     return 0

@@ -160,13 +160,43 @@ def test_bench_validation_predicts_the_allreduce_and_judges_within_20_percent():
     assert pv.rate_bits("10gbit") == 10e9 and pv.rate_bits("500mbit") == 500e6
     P, lat = 1_000_000, 50e-6
     pred = 8 * 4 * P / (0.9 * 1e9) + 2 * lat
-    assert math.isclose(pv.predict_wire("fp32_native", P, 2, Link("1gbit", 1e9, lat)), pred, rel_tol=1e-12)
+    assert math.isclose(pv.predict_wire("fp32_native", P, 2, Link("1gbit", 1e9, lat), tbf=False), pred,
+                        rel_tol=1e-12)
     rows = pd.DataFrame([dict(topology=t, rate="1gbit", ranks=2, params=P, mode=m, t_wire=w, t_exchange=w, t_step=w)
                          for t, m, w in (("switch", "fp32_native", pred), ("switch", "fp32_native", 2 * pred),
                                          ("shared", "fp32_native", pred), ("switch", "tg_ps", pred))])
-    v = pv.validate(rows, lat)
-    assert len(v) == 2 and list(v.within) == [True, False]
+    v = pv.validate(rows, lat, tbf=False)
+    assert len(v) == 2 and list(v.within) == [True, False] and list(v.scope) == ["link", "link"]
     np.testing.assert_allclose(v.ratio, [1.0, 0.5])
+
+
+def test_bench_validation_counts_the_token_bucket_and_leaves_host_bound_rows_out():
+    """netem.sh's tbf bucket (256 KiB at 1 Gb/s) passes at once: the all-reduce of 4P bytes on N = 2
+    ranks takes 256 KiB x 8 / (0.9 x 1 Gb/s) less than the pure link time, and a message smaller than
+    the bucket saves only its own bytes. The same point measured unshaped gives `host`: a shaped row
+    whose host time exceeds 0.25 x its prediction is host-bound (shown, not counted); at 0.25 x it is
+    still a link row (the boundary: a perfect link model plus that host time is 20 % off)."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    P, lat, link = 1_000_000, 50e-6, Link("1gbit", 1e9, 50e-6)
+    pure = pv.predict_wire("fp32_native", P, 2, link, tbf=False)
+    burst = 262144.0
+    assert math.isclose(pv.predict_wire("fp32_native", P, 2, link), pure - 8 * burst / 0.9e9, rel_tol=1e-12)
+    assert math.isclose(pv.tbf_saving(1000.0, burst, link), 8 * 1000 / 0.9e9, rel_tol=1e-12)
+    assert pv.tbf_saving(1000.0, -5.0, link) == 0.0
+    pred = pv.predict_wire("fp32_native", P, 2, link)
+
+    def row(rate, ranks, t):
+        return dict(topology="switch", rate=rate, ranks=ranks, params=P, mode="fp32_native", t_wire=t,
+                    t_exchange=t, t_step=t)
+
+    rows = pd.DataFrame([row("1gbit", 2, pred), row("none", 2, 0.25 * pred),
+                         row("1gbit", 4, 1.0), row("none", 4, 0.2501 * pv.predict_wire("fp32_native", P, 4, link))])
+    v = pv.validate(rows, lat).set_index("ranks")
+    assert len(v) == 2 and (v.rate == "1gbit").all()
+    assert v.loc[2, "scope"] == "link" and v.loc[2, "within"] and math.isclose(v.loc[2, "host"], 0.25 * pred)
+    assert v.loc[4, "scope"] == pv.HOST_BOUND and not v.loc[4, "within"]
+    assert pv.scope_of(1.0, math.nan) == "link"
 
 
 # -- DDP over Gloo (`tgsim bench torch`): DDP's buckets, overlap, the shared loopback -------------------------------
@@ -228,7 +258,7 @@ def test_validate_ddp_overlaps_buckets_on_the_shared_link_and_marks_unshaped_row
     assert fp32 < ring(4 * e1) + ring(4 * e2)               # the overlap hides part of the first bucket
     rows = pd.DataFrame(_torch_rows(80, "1gbit", W, {"ddp_allreduce": fp32, "ddp_fp16": 2 * fp16})
                         + _torch_rows(80, "none", W, {"ddp_allreduce": 0.005}))
-    v = pv.validate_ddp(rows, lat).set_index(["rate", "variant"])
+    v = pv.validate_ddp(rows, lat, tbf=False).set_index(["rate", "variant"])
     np.testing.assert_allclose(v.loc[("1gbit", "ddp_allreduce"), "pred"], fp32, rtol=1e-12)
     np.testing.assert_allclose(v.loc[("1gbit", "ddp_fp16"), "ratio"], 0.5, rtol=1e-12)
     assert v.loc[("1gbit", "ddp_allreduce"), "within"] and not v.loc[("1gbit", "ddp_fp16"), "within"]
@@ -239,9 +269,40 @@ def test_validate_ddp_overlaps_buckets_on_the_shared_link_and_marks_unshaped_row
     # N = 4 ranks, one bucket (width 16): 2 (N-1)/N x 4P bytes at 0.9 x B / 4 + 2 (N-1) latencies
     rows4 = pd.DataFrame(_torch_rows(16, "1gbit", W, {"ddp_allreduce": 0.0})).assign(ranks=4)
     P = int(rows4.params.iloc[0])
-    v4 = pv.validate_ddp(rows4, lat)
+    v4 = pv.validate_ddp(rows4, lat, tbf=False)
     np.testing.assert_allclose(v4.pred, [8 * (2 * 3 / 4 * 4 * P) / (0.9 * B / 4) + 6 * lat], rtol=1e-12)
     assert list(v4.buckets) == [1]
+
+
+def test_ddp_token_bucket_refills_only_while_the_link_idles():
+    """Two buckets on 2 ranks sharing one 1 Gb/s loopback with a tbf bucket of `burst` bytes: the first
+    starts on a full bucket and saves min(burst, its 2 (N-1) S bytes) at the full rate; the second
+    starts right after it (no idle time) and saves nothing when the first drained the bucket, but
+    saves again after an idle gap long enough to refill it. The unshaped row of the same variant is
+    the shaped rows' `host`; a host time above 0.25 x the prediction makes the row host-bound."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    lat, B, burst = 50e-6, 1e9, 262144.0
+    link = Link("1gbit / 2", B / 2, lat)
+    whole = Link("1gbit", B, lat)
+    e = 1_000_000                                   # 4 MB per bucket: drains the bucket
+    ring = pv.ring_allreduce(4 * e, 2, 1, link, link)
+    back = [(e, 0.0), (e, 0.0)]                     # both ready at once: back to back
+    got = pv.exposed_comm(back, 1e-9, 4, 2, link, burst=burst)
+    np.testing.assert_allclose(got, 2 * ring - whole.seconds(burst) - 1e-9, rtol=1e-9)
+    apart = [(e, 0.0), (e, 1.0)]                    # the second ready long after the first ended
+    got = pv.exposed_comm(apart, 10.0, 4, 2, link, burst=burst)
+    np.testing.assert_allclose(got, ring - whole.seconds(burst), rtol=1e-9)
+    assert pv.exposed_comm(back, 1e-9, 4, 2, link) > pv.exposed_comm(back, 1e-9, 4, 2, link, burst=burst)
+    W = 0.02
+    rows = pd.DataFrame(_torch_rows(80, "1gbit", W, {"ddp_allreduce": 0.05})
+                        + _torch_rows(80, "none", W, {"ddp_allreduce": 0.05}))
+    v = pv.validate_ddp(rows, lat).set_index(["rate", "variant"])
+    shaped = v.loc[("1gbit", "ddp_allreduce")]
+    assert math.isclose(shaped.host, 0.05, rel_tol=1e-12) and shaped.scope == pv.HOST_BOUND and not shaped.within
+    rows = pd.DataFrame(_torch_rows(80, "1gbit", W, {"ddp_allreduce": 0.05})
+                        + _torch_rows(80, "none", W, {"ddp_allreduce": 0.001}))
+    assert pv.validate_ddp(rows, lat).set_index(["rate", "variant"]).loc[("1gbit", "ddp_allreduce"), "scope"] == "link"
 
 
 def test_validate_ddp_refuses_rows_it_cannot_model(tmp_path, monkeypatch):
