@@ -98,7 +98,8 @@ class MPIExchange(PipelinedModes):
 
     def __init__(self, comm=None, exact: bool = True, bucket_bytes: int = 64 << 20, gpu: str | bool = "auto",
                  ps_transport: str = "p2p", chunk: int = CHUNK):
-        MPI = mpi_module()
+        own = getattr(comm, "MPI", None)     # a comm other than mpi4py's brings its constants, device and
+        MPI = own if own is not None else mpi_module()    # CUDA awareness (tgsim/torch/dist_comm.py)
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
@@ -114,8 +115,11 @@ class MPIExchange(PipelinedModes):
         self.ps_transport = ps_transport
         self.chunk = int(chunk)
         self._plans: dict = {}
-        self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
-        self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
+        if own is not None:
+            self.device, self.cuda_aware = (comm.device if gpu in ("auto", True) else None), bool(comm.cuda_aware)
+        else:
+            self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
+            self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
         self._pending = CommBytes()      # scaler sharing, added to the next aggregate() result
         self.staging = Staging(self.cuda_aware)
