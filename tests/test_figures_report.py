@@ -91,6 +91,12 @@ def test_report_links_every_png_and_its_claims(quick_report):
     for kind in ("paper claim", "other paper's result", "self-check"):
         assert re.search(rf"\| {kind} \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \|", text), kind
     assert "## Reviewers' questions" in text and "23,882 parameters" in text[:text.index("## Summary")]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "papers_figures"))
+    import publish_report
+
+    stamp = publish_report.read_stamp(text)                # the first line: the run's provenance
+    assert stamp["quick"] and stamp["only"] == "" and stamp["failed"] == []
+    assert any("QUICK" in p for p in publish_report.stamp_problems(stamp))     # never published
 
 
 @pytest.mark.timeout(900)
