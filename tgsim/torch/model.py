@@ -35,7 +35,21 @@ call runs with torch at one intra-op thread (`torch.set_num_threads(1)`, restore
 CPU kernel's reduction order then does not depend on the thread count, and an MPI rank computes
 the simulator's bits for its worker. `determinism()` states these settings (the run manifest
 records them). The compute dtype is the parameters' (float32 in training, float64 for gradient
-checks); CPU only (NumPy arrays).
+checks).
+
+On a GPU (run.backend = "cupy")
+-------------------------------
+With CuPy arrays the module runs on the CuPy array's current CUDA device. Parameters, inputs and
+the gradient buffers pass between CuPy and torch through DLPack (`torch.from_dlpack`: the same
+device memory, no copy); under the DLPack protocol torch's import makes its current stream wait
+for CuPy's, and the call ends with torch's stream synchronized, so the CuPy code after it sees the
+gradients written. Every call runs under `gpu_determinism`: torch's deterministic algorithms on
+(CUBLAS_WORKSPACE_CONFIG=":4096:8" set when unset, as cuBLAS requires for them), cuDNN's
+deterministic kernels and no autotuning (`cudnn.benchmark` off), TF32 off for matmuls and
+convolutions; restored afterwards. Worker i is still its own call on x[i] with the same shapes,
+so on one GPU type its gradient is bitwise that of a call with x[i:i+1] alone, and an MPI rank on
+that GPU type computes the simulator's bits for its worker. CPU and GPU bits differ (other
+kernels).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import functools
 import importlib
 import inspect
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
@@ -67,15 +82,38 @@ def import_torch():
     return torch
 
 
-def determinism() -> dict:
-    """The settings a TorchModel's bits depend on, for the run manifest: torch's version, the device,
-    the intra-op threads of every call, whether torch's deterministic-algorithms flag is on, the
-    float32 matmul precision and whether oneDNN (mkldnn) kernels are enabled."""
+def determinism(device: str = "cpu") -> dict:
+    """The settings a TorchModel's bits depend on, for the run manifest: torch's version, the device
+    ("cpu", or "cuda" with the GPU's name and torch's CUDA and cuDNN versions), the intra-op threads
+    of every call, whether torch's deterministic-algorithms flag is on (on a GPU: inside every call,
+    `gpu_determinism`), the float32 matmul precision and whether oneDNN (mkldnn) kernels are enabled."""
     torch = import_torch()
-    return {"version": torch.__version__, "device": "cpu", "threads": THREADS,
-            "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "mkldnn": bool(torch.backends.mkldnn.enabled)}
+    out = {"version": torch.__version__, "device": device, "threads": THREADS,
+           "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+           "float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "mkldnn": bool(torch.backends.mkldnn.enabled)}
+    if device == "cuda":
+        out.update(deterministic_algorithms=True, gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version(), cudnn_deterministic=True, cudnn_benchmark=False,
+                   tf32=False)
+    return out
+
+
+@contextlib.contextmanager
+def gpu_determinism(torch):
+    """Inside the block: torch's deterministic algorithms, cuDNN deterministic without autotuning,
+    TF32 off (module docstring, On a GPU); the previous settings restored after it."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    torch.use_deterministic_algorithms(True)
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, False, False, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved[2:]
 
 
 @contextlib.contextmanager
@@ -108,14 +146,32 @@ def resolve_factory(spec: str):
     return obj
 
 
-def _tensor(torch, a: np.ndarray):
-    """A torch tensor sharing memory with the NumPy array `a` (never written through): a read-only
-    array is shared too, without torch's warning about it."""
+def _tensor(torch, a):
+    """A torch tensor sharing memory with the array `a`: a NumPy array through `torch.from_numpy` (a
+    read-only one too, without torch's warning about it, never written through), a CuPy array
+    through DLPack (`torch.from_dlpack`, on its device)."""
+    if not isinstance(a, np.ndarray):
+        return torch.from_dlpack(a)
     if a.flags.writeable:
         return torch.from_numpy(a)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(a)
+
+
+@contextlib.contextmanager
+def _on_device(torch, xp):
+    """The block's torch settings for arrays of `xp`: one thread (NumPy), or `gpu_determinism` on the
+    CuPy array's current device (CuPy), torch's stream synchronized at the end."""
+    if xp is np:
+        with one_thread(torch):
+            yield
+        return
+    with torch.cuda.device(int(xp.cuda.Device().id)), gpu_determinism(torch):
+        try:
+            yield
+        finally:
+            torch.cuda.current_stream().synchronize()
 
 
 @dataclass(frozen=True)
@@ -204,9 +260,24 @@ class TorchModel:
                 for k, p in sorted(module.named_parameters())}
 
     # -- the protocol ----------------------------------------------------------------------------
-    def _call(self, torch, tensors: dict, x):
+    def _module_on(self, torch, xp):
+        """(module, buffers) for arrays of `xp`: the skeleton (NumPy), or its copy on the current CUDA
+        device (CuPy; made once per device)."""
+        if xp is np:
+            return self._skeleton
+        device = int(xp.cuda.Device().id)
+        cache = self.__dict__.setdefault("_on_gpu", {})
+        if device not in cache:
+            module, buffers = self._skeleton
+            import copy
+
+            gpu = copy.deepcopy(module).to(torch.device("cuda", device))
+            cache[device] = (gpu, dict(gpu.named_buffers()))
+        return cache[device]
+
+    def _call(self, torch, tensors: dict, x, xp=np):
         """The module's output for the input tensor `x` with the parameters `tensors`."""
-        module, buffers = self._skeleton
+        module, buffers = self._module_on(torch, xp)
         dtype = next(iter(tensors.values())).dtype
         bufs = {k: b.to(dtype) if b.is_floating_point() else b for k, b in buffers.items()}
         return torch.func.functional_call(module, (tensors, bufs), (x,), tie_weights=True, strict=False)
@@ -234,46 +305,45 @@ class TorchModel:
         """(loss (N,) float64, {name: (N, *shape)} gradients) of the N workers' batches x (N, B,
         *feature_shape), y (N, B) at `params`: one forward and backward pass per worker."""
         xp, dtype, x, y = prepare_batch(self, params, x, y)
-        if xp is not np:
-            raise ValueError("model 'torch': runs on NumPy arrays (run.backend = 'numpy')")
         torch = import_torch()
         if self.task == "classification":
-            y = y.astype(np.int64, copy=False)
+            y = y.astype(xp.int64, copy=False)
         shapes = self.layer_shapes()
         names = list(shapes)
         n = x.shape[0]
-        grads = {k: np.empty((n, *s), dtype) for k, s in shapes.items()}
+        grads = {k: xp.empty((n, *s), dtype) for k, s in shapes.items()}
         loss = np.empty(n, np.float64)
-        module, _ = self._skeleton
+        module, _ = self._module_on(torch, xp)
         module.train()
-        with one_thread(torch):
-            tensors = {k: _tensor(torch, np.asarray(params[k])).requires_grad_(True) for k in names}
+        with _on_device(torch, xp):
+            tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])).requires_grad_(True) for k in names}
             leaves = [tensors[k] for k in names]
             for i in range(n):
-                out = self._call(torch, tensors, _tensor(torch, x[i]))
+                out = self._call(torch, tensors, _tensor(torch, xp.ascontiguousarray(x[i])), xp)
                 if i == 0:
                     self._check_labels(xp, y, out)
-                li = self._loss(torch, out, _tensor(torch, y[i]))
+                li = self._loss(torch, out, _tensor(torch, xp.ascontiguousarray(y[i])))
                 gs = torch.autograd.grad(li, leaves, allow_unused=True)
                 loss[i] = float(li.detach())
                 for k, g in zip(names, gs):
                     if g is None:                      # a parameter the forward pass does not use
                         grads[k][i] = 0
                     else:
-                        torch.from_numpy(grads[k][i]).copy_(g)
-        return loss, grads
+                        _tensor(torch, grads[k][i]).copy_(g)
+        return (loss if xp is np else xp.asarray(loss)), grads
 
     def predict(self, params: Mapping, x):
         """The module's outputs (logits or predictions) for M samples x (M, *feature_shape)."""
         check_params(self, params)
         torch = import_torch()
-        module, _ = self._skeleton
+        xp = _xp_of(params)
+        module, _ = self._module_on(torch, xp)
         module.eval()
         dtype = next(iter(params.values())).dtype
-        with one_thread(torch), torch.no_grad():
-            tensors = {k: _tensor(torch, np.asarray(params[k])) for k in self.layer_shapes()}
-            out = self._call(torch, tensors, _tensor(torch, np.ascontiguousarray(x, dtype=dtype)))
-        return out.numpy()
+        with _on_device(torch, xp), torch.no_grad():
+            tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])) for k in self.layer_shapes()}
+            out = self._call(torch, tensors, _tensor(torch, xp.ascontiguousarray(xp.asarray(x), dtype=dtype)), xp)
+        return out.numpy() if xp is np else xp.from_dlpack(out.detach())
 
     def evaluate(self, params: Mapping, x, y, batch_size: int = 4096) -> tuple[float, float]:
         """(mean loss, accuracy) of the module in eval mode on M samples x (M, *feature_shape), y (M,),
@@ -281,7 +351,8 @@ class TorchModel:
         if int(batch_size) < 1:
             raise ValueError(f"model 'torch': batch_size must be >= 1, got {batch_size!r}")
         check_params(self, params)
-        x, y = np.asarray(x), np.asarray(y)
+        xp = _xp_of(params)
+        x, y = xp.asarray(x), xp.asarray(y)
         m = x.shape[0]
         if m == 0:
             raise ValueError("model 'torch': evaluate needs at least one sample")
@@ -291,24 +362,32 @@ class TorchModel:
             raise ValueError(f"model 'torch': x must have shape (M, {', '.join(map(str, self.feature_shape))}), "
                              f"got {tuple(x.shape)}")
         torch = import_torch()
-        module, _ = self._skeleton
+        module, _ = self._module_on(torch, xp)
         dtype = next(iter(params.values())).dtype
         total, correct = 0.0, 0
         module.eval()
-        with one_thread(torch), torch.no_grad():
-            tensors = {k: _tensor(torch, np.asarray(params[k])) for k in self.layer_shapes()}
+        with _on_device(torch, xp), torch.no_grad():
+            tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])) for k in self.layer_shapes()}
             for s in range(0, m, int(batch_size)):
-                xb = np.ascontiguousarray(x[s:s + int(batch_size)], dtype=dtype)
+                xb = xp.ascontiguousarray(x[s:s + int(batch_size)], dtype=dtype)
                 yb = y[s:s + int(batch_size)]
-                yb = yb.astype(dtype) if self.task == "regression" else yb.astype(np.int64)
-                out = self._call(torch, tensors, _tensor(torch, xb))
-                self._check_labels(np, yb, out)
-                per = self._loss(torch, out, torch.from_numpy(np.ascontiguousarray(yb)), reduction="none")
+                yb = xp.ascontiguousarray(yb.astype(dtype) if self.task == "regression" else yb.astype(xp.int64))
+                out = self._call(torch, tensors, _tensor(torch, xb), xp)
+                self._check_labels(xp, yb, out)
+                yt = _tensor(torch, yb)
+                per = self._loss(torch, out, yt, reduction="none")
                 total += float(per.double().sum())
                 if self.task == "classification":
-                    correct += int((out.argmax(dim=-1).numpy() == yb).sum())
+                    correct += int((out.argmax(dim=-1) == yt).sum())
         acc = float("nan") if self.task == "regression" else correct / m
         return total / m, acc
+
+
+def _xp_of(params: Mapping):
+    """The array module of the parameters (NumPy or CuPy)."""
+    from tgsim.backend import array_module
+
+    return array_module(next(iter(params.values())))
 
 
 def _check_stateless(torch, module, factory: str) -> None:
@@ -325,4 +404,5 @@ def _check_stateless(torch, module, factory: str) -> None:
                              "(seed, step, worker), so runs would not repeat bit for bit")
 
 
-__all__ = ["INSTALL_HINT", "THREADS", "TorchModel", "determinism", "import_torch", "resolve_factory"]
+__all__ = ["INSTALL_HINT", "THREADS", "TorchModel", "determinism", "gpu_determinism", "import_torch",
+           "resolve_factory"]

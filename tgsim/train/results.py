@@ -98,7 +98,7 @@ def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
     if cfg.model.name == "torch":
         from tgsim.torch import determinism
 
-        manifest["torch"] = determinism()
+        manifest["torch"] = determinism("cpu" if cfg.run.backend == "numpy" else "cuda")
     path = out / "manifest.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=2))
