@@ -13,7 +13,7 @@ efficiency 0.9 as compare time's links, and the emulated link's token bucket, `t
   tg_allreduce   the scaler all-reduce (one float per bench layer) + the all-reduce of the int8 code
                  sums, P bytes (2P beyond 127 ranks), + the message header (`message_header_bytes`)
 Token bucket: netem.sh shapes with tc's tbf, whose bucket (`perfmodel_emulation.tbf_burst`: max(256
-KiB, 1 ms at the rate)) lets its bytes through at once when it is full, so a collective starting on a
+KiB, rate / 8000 bytes)) lets its bytes through at once when it is full, so a collective starting on a
 rested link takes min(tokens, its bytes on the link) x 8 / (efficiency x rate) less; the bucket
 refills at the rate while the link is idle (between the bench's steps: full again).
 against the bench's t_wire (the time inside MPI collectives, the minimum over ranks); ratio =
