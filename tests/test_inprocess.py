@@ -179,3 +179,30 @@ def test_integer_sum_modes_refuse_more_than_32767_workers():
             else:
                 with pytest.raises(ValueError, match="up to 32767 ranks, got 32768"):
                     ex.aggregate(codec, msgs, mode, True)
+
+
+@pytest.mark.parametrize("packing", ["2bit", "base3"])
+def test_shared_code_sums_in_one_call_equal_the_per_layer_sums(monkeypatch, packing):
+    """The shared-scaler mean of packed_code_mean through scaled_code_sum_layers (the Numba kernels'
+    one call for every ternary layer) and through scaled_code_sum layer by layer: the same bits, for
+    the messages of one encode_many call and for messages without its PayloadBatch."""
+    from tgsim.codecs import TernGrad
+    from tgsim.codecs.message import Message
+    from tgsim.codecs.terngrad import numba_kernels
+    from tgsim.exchange.inprocess import packed_code_mean
+
+    rng = np.random.default_rng(4)
+    shapes = {"a": (1,), "w": (13, 7), "b": (5,), "c": (4000,)}
+    layers = {k: rng.standard_normal((3, *s)).astype(np.float32) for k, s in shapes.items()}
+    codec = TernGrad(clip="none", packing=packing, kernels="numba", float_layers=("b",))
+    sc = codec.scaling_many(layers)
+    shared = np.max(codec.local_scalers_many(sc), axis=0)
+    msgs = codec.encode_many(layers, 2, 3, np.arange(3), shared, sc)
+    loose = [Message(m.layout, m.scalers, [np.array(p) for p in m.parts]) for m in msgs]
+
+    def means():
+        return [{k: v.tobytes() for k, v in packed_code_mean(codec, ms, "ps", True)[0].items()} for ms in (msgs, loose)]
+
+    whole = means()
+    monkeypatch.delattr(numba_kernels, "scaled_code_sum_layers")
+    assert means() == whole and whole[0] == whole[1]

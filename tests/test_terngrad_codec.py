@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tgsim.codecs import TernGrad
-from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, layer_payloads
+from tgsim.codecs.message import KIND_FLOAT, KIND_TERNARY, Message, layer_payloads
 from tgsim.codecs.terngrad import reference
 from tgsim.codecs.terngrad.codec import DeferredMessage, as_float32_rows
 from tgsim.rng import StreamKey
@@ -386,3 +386,48 @@ def test_the_name_is_the_registry_key():
 
     codec = TernGrad()      # an instance: runs codec.py code, so the mutation tool selects this test
     assert registry.codec_class(codec.name) is TernGrad
+
+
+WHOLE_STEP = ("moments_layers", "encode_layers", "weighted_sum_layers", "scaled_code_sum_layers")
+
+
+def _step_outputs(codec, layers, nw):
+    """(the scalings' arrays, every message's bytes, the aggregate) of one step of `codec`."""
+    sc = codec.scaling_many(layers)
+    msgs = codec.encode_many(layers, 11, 4, np.arange(nw) + 1, None, sc)
+    mean = codec.aggregate(msgs, divide_by=nw)
+    own = codec.aggregate([Message(m.layout, m.scalers, [np.array(p) for p in m.parts]) for m in msgs],
+                          divide_by=nw)     # copied parts, no PayloadBatch: passed by address
+    return ([None if s is None else np.stack(s).tobytes() for s in sc], [m.to_bytes() for m in msgs],
+            {k: v.tobytes() for k, v in mean.items()}, {k: v.tobytes() for k, v in own.items()})
+
+
+@pytest.mark.parametrize("nw", [1, 3])
+@pytest.mark.parametrize("clip", ["none", "explicit"])
+@pytest.mark.parametrize("packing", ["2bit", "base3"])
+def test_numba_whole_step_equals_the_per_layer_calls(monkeypatch, nw, clip, packing):
+    """TernGrad on the Numba kernels with their whole-step functions (one call a step) and without
+    them (a call a layer): the same scalings, message bytes and aggregates, and for a non-finite
+    gradient the same error naming the same layer and worker. Layers: empty, 1 element, a float
+    layer between ternary ones, sizes around the folded σ pass."""
+    from tgsim.codecs.terngrad import numba_kernels
+
+    rng = np.random.default_rng(nw)
+    shapes = {"e": (0,), "one": (1,), "conv": (8, 3, 3), "bias": (8,), "fc": (50, 47), "fc.b": (3,)}
+    layers = {k: (rng.standard_normal((nw, *s)) * 0.1).astype(np.float32) for k, s in shapes.items()}
+    codec = TernGrad(clip=clip, packing=packing, kernels="numba", float_layers=("bias",))
+    whole = _step_outputs(codec, layers, nw)
+    bad = dict(layers)
+    bad["fc"] = bad["fc"].copy()
+    bad["fc"][nw - 1, 3, 4] = np.nan
+    bad["fc.b"] = bad["fc.b"].copy()
+    bad["fc.b"][nw - 1, 0] = np.inf
+    with pytest.raises(ValueError) as err_whole:
+        codec.scaling_many(bad)
+    for name in WHOLE_STEP:
+        monkeypatch.delattr(numba_kernels, name)
+    assert _step_outputs(codec, layers, nw) == whole
+    with pytest.raises(ValueError) as err_layers:
+        codec.scaling_many(bad)
+    assert type(err_whole.value) is type(err_layers.value) and str(err_whole.value) == str(err_layers.value)
+    assert "'fc'" in str(err_layers.value) and f"worker {nw - 1}" in str(err_layers.value)

@@ -44,3 +44,10 @@ def addresses(arrays, n: int, dtype=None):
             raise ValueError(f"expected {n} elements of {dt}, got {a.size} of {a.dtype}")
     addrs = np.array([a.ctypes.data for a in kept], np.int64)
     return kept, addrs, np.empty(0, dt)
+
+
+@njit(cache=True)
+def address(a) -> int:
+    """The data address of the array `a` (a.ctypes.data), read in compiled code: no ctypes object
+    is built."""
+    return a.ctypes.data

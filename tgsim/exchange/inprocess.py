@@ -30,6 +30,25 @@ def mean_of_layers(layers: Sequence[dict], divide_by: int) -> dict:
 _CHUNK = 1 << 16
 
 
+def _scaled_code_sums(codec, messages: Sequence, layout) -> dict:
+    """{ternary layer index: f32((f64(Σ_w codes_w) * f64(s)) * f64(1/N))} of every ternary layer in
+    one call where the host kernel set offers `scaled_code_sum_layers` (Numba; s: the shared scaler,
+    message 0's), else {} (the layers are summed one by one). Host parts that are not one
+    encode_many call's rows go by address, not stacked."""
+    tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
+    n = len(messages)
+    if not tern or n > 32767 or any(array_module(messages[0].parts[i]) is not np for i in tern):
+        return {}
+    step = getattr(codec.kernels_for(np), "scaled_code_sum_layers", None)
+    if step is None:
+        return {}
+    rows = getattr(messages[0], "batch", None) is None
+    payloads = [[m.parts[i] for m in messages] if rows else layer_payloads(messages, i, np) for i in tern]
+    scalers = np.array([messages[0].scalers[i] for i in tern], dtype=np.float64)
+    got = step(payloads, [layout.layers[i].size for i in tern], codec.packing, scalers, n)
+    return dict(zip(tern, got))
+
+
 def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
                   reternarize_key=None) -> tuple[dict, dict]:
     """The aggregate of all N packed-code messages (a `SummableCodes` codec) in `mode`, and the downlink payload sizes.
@@ -44,6 +63,7 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
     else:
         dtype = code_dtype(n)     # int8 / int16, as the MPI all-reduce; ValueError above 32767 workers
         mean, down = {}, 0
+        whole = _scaled_code_sums(codec, messages, layout)
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
             if spec.kind != KIND_TERNARY:
@@ -53,7 +73,9 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
             s = float(messages[0].scalers[i])
             xp = array_module(parts[0])           # CuPy payloads are summed on the device
             kern = codec.kernels_for(xp)
-            if hasattr(kern, "scaled_code_sum") and n <= 32767:
+            if i in whole:
+                out = whole[i]
+            elif hasattr(kern, "scaled_code_sum") and n <= 32767:
                 # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
                 out = kern.scaled_code_sum(layer_payloads(messages, i, xp), spec.size, codec.packing, s, n)
             else:

@@ -332,8 +332,8 @@ class TernGrad:
         calls in worker order would raise them: the lowest worker's first failing layer.
 
         The layers are converted first, then the ternary layers' statistics computed: in one call
-        for the whole step where the kernels offer `moments_layers` (CUDA: one launch, one copy
-        back), else layer by layer; then the errors are taken in layer order as before."""
+        for the whole step where the kernels offer `moments_layers` (Numba: one call; CUDA: one
+        launch, one copy back), else layer by layer; the scalings of all finite layers at once; then the errors are taken in layer order as before."""
         events: dict[int, Exception] = {}    # worker -> its error at its first failing layer
 
         def nonfinite(spec, flat, w):
@@ -355,6 +355,7 @@ class TernGrad:
                     raise
                 converted.append(e)
         moments = self._moments_of(layout, converted)
+        batches = self._scalings_of(moments)
         flats, scalings = [], []
         for i, (spec, flat) in enumerate(zip(layout.layers, converted)):
             if isinstance(flat, ValueError):
@@ -368,9 +369,8 @@ class TernGrad:
                 ok = to_numpy(xp.isfinite(flat).all(axis=1)) if flat.shape[1] else np.ones(nw, dtype=bool)
                 scalings.append(None)
             else:
-                absmax, sigma, ok = moments[i]
-                scalings.append(scaling_from_moments_many(absmax, sigma, self.clip, self.clip_factor)
-                                if ok.all() else None)
+                ok = moments[i][2]
+                scalings.append(batches.get(i))
             if not ok.all():
                 for w in np.flatnonzero(~ok):
                     if int(w) not in events:
@@ -385,7 +385,7 @@ class TernGrad:
 
     def _whole_step(self, arrays, name: str):
         """The kernel set's whole-step function `name` (moments_layers, encode_layers,
-        weighted_sum_layers) when every array runs on one kernel set that offers it (CUDA), else None."""
+        weighted_sum_layers) when every array runs on one kernel set that offers it (Numba, CUDA), else None."""
         kerns = {id(k): k for k in (self.kernels_for(array_module(a)) for a in arrays)}
         return getattr(next(iter(kerns.values())), name, None) if len(kerns) == 1 else None
 
@@ -399,6 +399,20 @@ class TernGrad:
             return dict(zip(todo, step([converted[i] for i in todo], need_sigma)))
         return {i: self.kernels_for(array_module(converted[i])).moments_many(converted[i], need_sigma)
                 for i in todo}
+
+    def _scalings_of(self, moments: dict) -> dict:
+        """{layer index: ScalingBatch} of the layers in `moments` whose rows are all finite:
+        scaling_from_moments_many once over the step's layers (elementwise: the bits of the
+        layer-by-layer calls), cut back into layers."""
+        good = [i for i, m in moments.items() if m[2].all()]
+        if len(good) <= 1:
+            return {i: scaling_from_moments_many(moments[i][0], moments[i][1], self.clip, self.clip_factor)
+                    for i in good}
+        lens = [len(moments[i][0]) for i in good]
+        whole = scaling_from_moments_many(np.concatenate([moments[i][0] for i in good]),
+                                          np.concatenate([moments[i][1] for i in good]), self.clip, self.clip_factor)
+        ends = np.cumsum(lens).tolist()
+        return {i: ScalingBatch(*(f[e - k:e] for f in whole)) for i, k, e in zip(good, lens, ends)}
 
     def prepare_many(self, layers: Mapping) -> list[ScalingBatch | None]:
         """The protocol's pass 1 (tgsim.codecs.base): `scaling_many`."""
@@ -496,7 +510,7 @@ class TernGrad:
         parts = list(flats)                  # float layers: the float32 rows
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
         whole = self._whole_step([flats[i] for i in tern], "encode_layers")
-        if whole is not None:       # the whole step in one launch (CUDA)
+        if whole is not None:       # the whole step in one call (Numba) or launch (CUDA)
             got = whole([flats[i] for i in tern], scalers[:, tern], [bounds[i] for i in tern], seed, step, workers,
                         tern, self.packing)
             for i, p in zip(tern, got):
@@ -554,10 +568,13 @@ class TernGrad:
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
         step = self._whole_step([messages[0].parts[i] for i in tern], "weighted_sum_layers")
         whole = {}
-        if step is not None:        # every ternary layer in one launch (CUDA); errors as layer by layer
+        if step is not None:        # every ternary layer in one call; errors as layer by layer
             xp = array_module(messages[0].parts[tern[0]])
             scalers = np.array([[m.scalers[i] for i in tern] for m in messages], dtype=np.float32)
-            whole = dict(zip(tern, step([layer_payloads(messages, i, xp) for i in tern], scalers,
+            # host parts not from one encode_many call go by address, not stacked (Numba)
+            rows = xp is np and getattr(messages[0], "batch", None) is None
+            whole = dict(zip(tern, step([[m.parts[i] for m in messages] if rows else layer_payloads(messages, i, xp)
+                                         for i in tern], scalers,
                                         [layout.layers[i].size for i in tern], self.packing, divide_by)))
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]

@@ -308,6 +308,17 @@ def _sigma_chunks(G, bits, w0, s1, s2, part, sums, mb):
 
 
 
+def serial_moments(nw: int, n: int, need_sigma: bool) -> bool:
+    """Whether moments_many of W = nw rows of n elements runs serially on the calling thread: W n
+    below SERIAL_MOMENTS (SERIAL_ABSMAX without σ), or for the folded σ pass (_FOLD_MIN <= n <=
+    LANES) below SERIAL_FOLD or one worker; always with one Numba thread."""
+    if _threads() == 1:
+        return True
+    if need_sigma and _FOLD_MIN <= n <= LANES:   # the folded pass is ~2x cheaper per element
+        return nw * n < nc.SERIAL_FOLD or nw == 1
+    return nw * n < (nc.SERIAL_MOMENTS if need_sigma else nc.SERIAL_ABSMAX)
+
+
 def moments_many(G: np.ndarray, need_sigma: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(absmax, sigma, finite), arrays over the W rows of G (W, n) float32: row w has the bits of
     `moments(G[w], need_sigma)` (non-finite rows: nan, nan, False; n = 0: 0, 0, True).
@@ -327,12 +338,10 @@ def moments_many(G: np.ndarray, need_sigma: bool) -> tuple[np.ndarray, np.ndarra
         return absmax, sigma, np.ones(nw, dtype=bool)
     bits = G.view(np.uint32)
     mb = np.empty(nw, dtype=np.uint32)
-    serial = nw * n < (nc.SERIAL_MOMENTS if need_sigma else nc.SERIAL_ABSMAX) or _threads() == 1
+    serial = serial_moments(nw, n, need_sigma)
     if need_sigma:
         sums = np.empty((nw, 2), dtype=np.float64)
         fold = _FOLD_MIN <= n <= LANES
-        if fold:    # the folded pass is ~2x cheaper per element than the lane partials
-            serial = nw * n < nc.SERIAL_FOLD or nw == 1 or _threads() == 1
         if serial:
             _sigma_serial(G, bits, sums, mb)
         elif fold or nw >= nc._WORKER_TASKS * _threads():

@@ -1,0 +1,433 @@
+"""Whole-step Numba kernels of TernGrad: one call over every layer (and every worker) of a step.
+
+    moments_layers(Gs, need_sigma)                  -> [(absmax, sigma, finite)] per layer
+    encode_layers(Gs, scalers, clip_bounds, seed, step, workers, layers, fmt) -> [uint8 (W, nbytes_l)]
+    weighted_sum_layers(payloads, scalers, sizes, fmt, divide_by)      -> [float32 (n_l,)]
+    scaled_code_sum_layers(payloads, sizes, fmt, scalers, divide_by)   -> [float32 (n_l,)]
+
+Each result equals, bit for bit, the per-layer function of the same kernel set applied to each layer
+(moments_many, encode_many, weighted_sum, scaled_code_sum), errors included: the per-row and
+per-chunk task functions are those of numba_moments / numba_encode / numba_decode, only the driver
+differs. The rows of the step's layers reach the kernel by address (`tgsim.codecs._numba_rows`:
+an int64 table of row addresses, one per (layer, worker), layer-major), so no layer is stacked or
+copied. Serial or parallel is decided per layer by the per-layer functions' own rules
+(numba_common's thresholds, numba_moments.serial_moments): the tasks of the layers that would run
+serially run in one serial call on this thread; the tasks of the others (encode: (row, chunk)
+pairs; decode: (layer, byte chunk) pairs) in one parallel region; a layer whose moments would run
+in parallel runs moments_many on its own (its passes split rows over threads). Which driver runs a
+task does not change its bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from tgsim.codecs import packing
+from tgsim.codecs._numba_rows import address, row
+from tgsim.codecs.terngrad import numba_common as nc
+from tgsim.codecs.terngrad.moments import LANES
+from tgsim.codecs.terngrad.numba_common import _as_f32_rows, _check_fmt, _threads, _worker_ids
+from tgsim.codecs.terngrad.numba_decode import (_DEC_CHUNK, _TABLE_WORKERS, _acc, _check_payloads, _count,
+                                                _count_dtype, _index, _map_out, _scale_out, _uniform_out,
+                                                scaled_code_sum, weighted_sum)
+from tgsim.codecs.terngrad.numba_encode import _B3_UNITS, _ENC2_CHUNK, _enc2_task, _enc3_task
+from tgsim.codecs.terngrad.numba_moments import (_INF_BITS, _absbits_max, _fold_zeros, _sigma_worker, moments_many,
+                                                 serial_moments)
+from tgsim.rng import StreamKey
+from tgsim.rng.philox import MAX_ELEMENTS
+
+_F32 = np.empty(0, np.float32)
+_U32 = np.empty(0, np.uint32)
+_U8 = np.empty(0, np.uint8)
+
+
+def _row_addresses(arrays, nw: int) -> np.ndarray:
+    """int64 (L * W,): the address of row w of C-contiguous array l (W, m_l) at l * W + w."""
+    if not arrays:
+        return np.zeros(0, np.int64)
+    base = np.array([address(a) for a in arrays], np.int64)
+    stride = np.array([a.strides[0] if a.ndim == 2 else 0 for a in arrays], np.int64)
+    return (base[:, None] + stride[:, None] * np.arange(nw, dtype=np.int64)[None, :]).reshape(-1)
+
+
+# -- moments ---------------------------------------------------------------------------------------
+@njit(cache=True)
+def _moments_row(addrs, sizes, r, need_sigma, sums, mb):
+    """Row r (sizes[r] >= 1 elements at addrs[r]): mb[r] its largest |g| bit pattern, sums[r] its
+    (S1, S2) when need_sigma (numba_moments._sigma_worker, the documented lane order)."""
+    n = sizes[r]
+    g = row(addrs, r, n, _F32)
+    bits = row(addrs, r, n, _U32)
+    if need_sigma:
+        nl = min(n, LANES)
+        s1 = np.empty(nl, dtype=np.float64)
+        s2 = np.empty(nl, dtype=np.float64)
+        mb[r] = _sigma_worker(g, bits, s1, s2, sums, r, _fold_zeros(n))
+    else:
+        mb[r] = _absbits_max(bits)
+
+
+@njit(cache=True)
+def _moments_rows(addrs, sizes, need_sigma, sums, mb):
+    for r in range(sizes.size):
+        _moments_row(addrs, sizes, r, need_sigma, sums, mb)
+
+
+def moments_layers(Gs, need_sigma: bool = True) -> list:
+    """[(absmax, sigma, finite) float64/float64/bool arrays over the W rows of G] for each float32
+    G (W, n_l) of Gs: the bits of numba_moments.moments_many(G, need_sigma) for each. The rows of
+    every layer that moments_many would pass serially (numba_moments.serial_moments) in one serial
+    call; each other layer through moments_many (its parallel passes split rows over threads).
+
+    The σ of row r: m1 = S1 / n, var = S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0
+    (stats.moments_from_sums, elementwise over all rows: the same float64 operations)."""
+    Gs = [_as_f32_rows(G) for G in Gs]
+    out: list = [None] * len(Gs)
+    todo = []
+    for i, G in enumerate(Gs):
+        nw, n = G.shape
+        if nw == 0 or n == 0:
+            out[i] = (np.zeros(nw), np.zeros(nw), np.ones(nw, dtype=bool))
+        elif serial_moments(nw, n, need_sigma):
+            todo.append(i)
+        else:
+            out[i] = moments_many(G, need_sigma)
+    if not todo:
+        return out
+    nws = np.array([Gs[i].shape[0] for i in todo], np.int64)
+    sizes = np.repeat(np.array([Gs[i].shape[1] for i in todo], np.int64), nws)
+    starts = np.concatenate([[0], np.cumsum(nws)]).tolist()
+    if (nws == nws[0]).all():
+        addrs = _row_addresses([Gs[i] for i in todo], int(nws[0]))
+    else:
+        addrs = np.concatenate([_row_addresses([Gs[i]], int(Gs[i].shape[0])) for i in todo])
+    rows = sizes.size
+    mb = np.empty(rows, dtype=np.uint32)
+    sums = np.zeros((rows, 2), dtype=np.float64)
+    _moments_rows(addrs, sizes, bool(need_sigma), sums, mb)
+    finite = mb < _INF_BITS
+    absmax = mb.view(np.float32).astype(np.float64)
+    sigma = np.zeros(rows, dtype=np.float64)
+    if need_sigma:
+        nf = sizes.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m1 = sums[:, 0] / nf
+            var = sums[:, 1] / nf - m1 * m1
+            sigma = np.sqrt(np.where(var > 0.0, var, 0.0))
+    absmax[~finite] = np.nan
+    sigma[~finite] = np.nan
+    for k, i in enumerate(todo):
+        a, b = starts[k], starts[k + 1]
+        out[i] = (absmax[a:b], sigma[a:b], finite[a:b])
+    return out
+
+
+# -- encode ----------------------------------------------------------------------------------------
+@njit(cache=True)
+def _enc_task(r, ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k, words, vals):
+    """Chunk ch of row r: numba_encode's _enc2_task (k = 4) or _enc3_task (k = 5) with the row's
+    scaler, clip bound, layer id and worker id (counter words: block, layer, worker, step)."""
+    n = sizes[r]
+    g = row(gaddr, r, n, _F32)
+    out = row(oaddr, r, nbytes[r], _U8)
+    if k == 4:
+        nch = max(1, (n // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+        _enc2_task(g, out, ch, nch, 0, s_scaled[r], cb[r], lay[r], wid[r], step, k0, k1)
+    else:
+        _enc3_task(g, out, ch, 0, s_scaled[r], cb[r], lay[r], wid[r], step, k0, k1, words, vals)
+
+
+@njit(cache=True)
+def _enc_rows_serial(task_row, task_ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k):
+    words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
+    vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
+    for t in range(task_row.size):
+        _enc_task(task_row[t], task_ch[t], gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k,
+                  words, vals)
+
+
+@njit(cache=True, parallel=True)
+def _enc_rows_par(task_row, task_ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k):
+    for t in prange(task_row.size):
+        words = np.empty(20 * _B3_UNITS if k == 5 else 0, dtype=np.uint32)
+        vals = np.empty(20 * _B3_UNITS if k == 5 else 0, dtype=np.uint8)
+        _enc_task(task_row[t], task_ch[t], gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k,
+                  words, vals)
+
+
+def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layers, fmt: str) -> list:
+    """[uint8 (W, nbytes_l)] for each float32 G (W, n_l) of Gs: the bits of numba_encode.encode_many(G,
+    scalers[:, i], clip_bounds[i], seed, step, workers, layers[i], fmt) for each, every (layer,
+    worker) row in one call. scalers: (W, len(Gs)); clip_bounds: one (W,) vector per layer;
+    layers: the layer ids of the stream keys (StreamKey(seed, step, workers[w], layers[i]))."""
+    _check_fmt(fmt)
+    Gs = [_as_f32_rows(G) for G in Gs]
+    nl = len(Gs)
+    wk = _worker_ids(workers, len(np.asarray(workers)))
+    nw = wk.size
+    if len(clip_bounds) != nl or len(layers) != nl:
+        raise ValueError(f"{nl} layers, {len(clip_bounds)} clip bound vectors, {len(layers)} layer ids")
+    s = np.asarray(scalers)
+    if s.shape != (nw, nl) or (s.size and s.dtype.kind not in "fiu"):
+        raise ValueError(f"scalers: expected real numbers of shape ({nw}, {nl}), got {s.dtype} {s.shape}")
+    lay = np.array([int(v) for v in layers], dtype=np.int64) if nl else np.zeros(0, np.int64)
+    k0, k1 = StreamKey(int(seed), int(step), 0, int(lay.max()) if nl else 0).key   # range checks
+    if nl and int(lay.min()) < 0:
+        raise ValueError(f"layer must be in [0, 2^32), got {int(lay.min())}")
+    cbs = np.empty((nl, nw), dtype=np.float64)
+    for i, G in enumerate(Gs):
+        if G.shape[0] != nw:
+            raise ValueError(f"layer {i}: {G.shape[0]} rows for {nw} workers")
+        if G.shape[1] > MAX_ELEMENTS:
+            raise ValueError(f"stream range [0, {G.shape[1]}) outside [0, {MAX_ELEMENTS})")
+        c = np.asarray(clip_bounds[i])
+        if c.shape != (nw,) or (nw and c.dtype.kind not in "fiu"):
+            raise ValueError(f"clip_bounds: expected shape ({nw},), got {c.shape}")
+        cbs[i] = c
+    ns = np.array([G.shape[1] for G in Gs], np.int64)
+    nbs = np.array([packing.packed_size(int(n), fmt) for n in ns], np.int64)
+    outs = [np.empty((nw, int(nb)), dtype=np.uint8) for nb in nbs]
+    if nw == 0 or nl == 0:
+        return outs
+    with np.errstate(over="ignore", invalid="ignore"):
+        cb = cbs.reshape(-1).astype(np.float32)                      # f32(clip_bound), layer-major rows
+        s_scaled = s.astype(np.float64).T.reshape(-1).astype(np.float32).astype(np.float64) * np.float64(2.0 ** -24)
+    sizes = np.repeat(ns, nw)
+    nbytes = np.repeat(nbs, nw)
+    k = packing.CODES_PER_BYTE[fmt]
+    if k == 4:
+        nch = np.maximum(1, (sizes // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    else:
+        nch = ((sizes + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+    nch[sizes == 0] = 0
+    task_row = np.repeat(np.arange(sizes.size, dtype=np.int64), nch)
+    task_ch = np.arange(task_row.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+    args = (_row_addresses(Gs, nw), _row_addresses(outs, nw), sizes, nbytes, s_scaled, cb,
+            np.repeat(lay, nw).astype(np.uint32), np.tile(wk, nl), np.uint32(step), np.uint32(k0), np.uint32(k1),
+            np.int64(k))
+    par = np.repeat(nw * ns >= nc.SERIAL_ENCODE, nw)[task_row] if _threads() > 1 else np.zeros(task_row.size, bool)
+    if (~par).any():
+        _enc_rows_serial(task_row[~par], task_ch[~par], *args)
+    if par.any():
+        _enc_rows_par(task_row[par], task_ch[par], *args)
+    for r in np.flatnonzero(np.isnan(cb)):       # np.minimum(x, nan) = nan: every draw rejects
+        outs[r // nw][r % nw] = nc._ZERO_BYTE[fmt]
+    return outs
+
+
+# -- decode-and-sum --------------------------------------------------------------------------------
+@njit(cache=True)
+def _pad_bad(v, first, k):
+    """True when a field m >= first of the last byte v is not 1 (a non-zero pad code)."""
+    for m in range(first, k):
+        f = (v >> np.uint32(2 * m)) & np.uint32(3) if k == 4 else (v // np.uint32(3 ** m)) % np.uint32(3)
+        if f != 1:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
+              flag, count_dtype):
+    """Bytes task_ch[t] * _DEC_CHUNK .. of layer l = task_layer[t], every worker: numba_decode's
+    uniform route (uni[l]: out = f32((f64(Σ codes) * s[l]) * inv)) or table route (table row
+    tix[l]; workers past the table added in float64 with scal[l * nw + w]); flag[t] = 1 where a
+    byte is invalid or, in the layer's last chunk, a last byte has non-zero pad codes."""
+    l = task_layer[t]
+    nb = nbs[l]
+    n = ns[l]
+    j0 = task_ch[t] * _DEC_CHUNK
+    j1 = min(j0 + _DEC_CHUNK, nb)
+    o = row(oaddr, l, n, _F32)[j0 * k:min(j1 * k, n)]
+    bad = np.uint8(0)
+    if uni[l]:
+        c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+        for w in range(nw):
+            p = row(paddr, l * nw + w, nb, _U8)[j0:j1]
+            bad |= _count(c, p, 4) if k == 4 else _count(c, p, 5)
+        _uniform_out(o, c, k, np.int32(nw), s[l], inv)
+    else:
+        nt = mults.size
+        ti = tix[l]
+        c = np.zeros((k, j1 - j0), dtype=np.uint16)
+        for w in range(nt):
+            p = row(paddr, l * nw + w, nb, _U8)[j0:j1]
+            bad |= _index(c, p, mults[w], 4) if k == 4 else _index(c, p, mults[w], 5)
+        if nt == nw:
+            _map_out(o, c, k, f[ti])
+        else:
+            tab = table[ti]
+            a = np.empty((k, j1 - j0), dtype=np.float64)
+            for m in range(k):
+                for j in range(j1 - j0):
+                    a[m, j] = tab[c[m, j]]
+            for w in range(nt, nw):
+                p = row(paddr, l * nw + w, nb, _U8)[j0:j1]
+                bad |= _acc(a, p, scal[l * nw + w], 4) if k == 4 else _acc(a, p, scal[l * nw + w], 5)
+            _scale_out(o, a, k, inv)
+    padded = nb * k - n
+    if j1 == nb and padded > 0:
+        for w in range(nw):
+            if _pad_bad(np.uint32(row(paddr, l * nw + w, nb, _U8)[nb - 1]), k - padded, k):
+                bad = np.uint8(1)
+    flag[t] = bad
+
+
+@njit(cache=True)
+def _dec_serial(task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
+                count_dtype):
+    """The tasks in order on this thread; returns their flags."""
+    flag = np.zeros(task_layer.size, dtype=np.uint8)
+    for t in range(task_layer.size):
+        _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
+                  flag, count_dtype)
+    return flag
+
+
+@njit(cache=True, parallel=True)
+def _dec_par(task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
+             count_dtype):
+    """The tasks as one parallel region; returns their flags."""
+    flag = np.zeros(task_layer.size, dtype=np.uint8)
+    for t in prange(task_layer.size):
+        _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
+                  flag, count_dtype)
+    return flag
+
+
+def _layer_rows(payloads, sizes, fmt: str):
+    """(kept arrays, int64 row addresses (L * W,), W, nbytes per layer) of the layers' payloads: per
+    layer a (W, nbytes) uint8 array (numba_decode._check_payloads: its checks and errors) or a
+    sequence of W uint8 payloads of nbytes each."""
+    _check_fmt(fmt)
+    if len(payloads) != len(sizes):
+        raise ValueError(f"{len(payloads)} layers of payloads for {len(sizes)} sizes")
+    k = packing.CODES_PER_BYTE[fmt]
+    kept, bases, strides, nws, nbs, listed = [], [], [], [], [], {}
+    for i, (p, n) in enumerate(zip(payloads, sizes)):
+        if int(n) != n or n < 0:
+            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        nb = -(-int(n) // k)
+        if isinstance(p, np.ndarray):
+            if not (p.dtype == np.uint8 and p.ndim == 2 and p.shape[1] == nb and p.flags.c_contiguous):
+                p, nb = _check_payloads(p, n, fmt)
+            kept.append(p)
+            bases.append(address(p))
+            nws.append(p.shape[0])
+        else:
+            rows = [np.ascontiguousarray(q) for q in p]
+            for w, q in enumerate(rows):
+                if q.dtype != np.uint8 or q.ndim != 1 or q.size != nb:
+                    raise ValueError(f"payload of worker {w}: expected {nb} uint8 bytes for {n} elements in {fmt}, "
+                                     f"got {q.dtype} {q.shape}")
+            kept.append(rows)
+            listed[i] = np.array([address(q) for q in rows], np.int64)
+            bases.append(0)
+            nws.append(len(rows))
+        strides.append(nb)
+        nbs.append(nb)
+    nw = nws[0] if nws else 0
+    if any(v != nw for v in nws):
+        raise ValueError("every layer needs the same number of payloads")
+    addrs = (np.array(bases, np.int64)[:, None]
+             + np.array(strides, np.int64)[:, None] * np.arange(nw, dtype=np.int64)[None, :])
+    for i, a in listed.items():
+        addrs[i] = a
+    return kept, addrs.reshape(-1), nw, np.array(nbs, np.int64)
+
+
+def _raise_first(kept, flagged, sizes, fmt: str, scalers, uniform_scalers) -> None:
+    """The ValueError of the first flagged layer: its per-layer function (weighted_sum with
+    `scalers` (W, L), else scaled_code_sum with `uniform_scalers` (L,)) run again, which raises it."""
+    for i in flagged:
+        P = kept[i] if isinstance(kept[i], np.ndarray) else np.stack(kept[i])
+        if scalers is None:
+            scaled_code_sum(P, int(sizes[i]), fmt, uniform_scalers[i], 1)
+        else:
+            weighted_sum(P, scalers[:, i], int(sizes[i]), fmt, 1)
+
+
+def _decode_layers(payloads, sizes, fmt: str, divide_by: int, uniform_scalers, scalers) -> list:
+    """The decode-and-sum driver of weighted_sum_layers (scalers (W, L)) and scaled_code_sum_layers
+    (uniform_scalers (L,), one scaler per layer)."""
+    kept, paddr, nw, nbs = _layer_rows(payloads, sizes, fmt)
+    nl = len(nbs)
+    if nl == 0:
+        return []
+    ns = np.array([int(n) for n in sizes], np.int64)
+    inv = np.float64(1.0 / divide_by)
+    if scalers is not None:
+        S = np.asarray(scalers)
+        if S.shape != (nw, nl):
+            raise ValueError(f"scalers: expected shape ({nw}, {nl}), got {S.shape}")
+        S = S.astype(np.float64)
+        uni = np.zeros(nl, dtype=np.bool_)
+        if 0 < nw <= 32767 and nl:
+            s0 = S[0]
+            with np.errstate(all="ignore"):     # numba_decode._is_uniform, per layer
+                uni = np.isfinite(s0) & (s0 > 0.0) & (s0 <= np.finfo(np.float32).max) & \
+                    (s0.astype(np.float32).astype(np.float64) == s0) & (S == s0).all(axis=0)
+        s = S[0] if nw else np.zeros(nl)
+    else:
+        if nw > 32767:
+            raise ValueError(f"scaled_code_sum: {nw} workers, at most 32767")
+        s = np.asarray(uniform_scalers, dtype=np.float64).reshape(-1)
+        if s.shape != (nl,):
+            raise ValueError(f"scalers: expected {nl} values, got {s.size}")
+        uni = np.ones(nl, dtype=np.bool_)
+    outs = [np.empty(int(n), dtype=np.float32) for n in ns]
+    if nw == 0:
+        for o, v in zip(outs, s):
+            o[:] = np.float32(0.0 * inv) if scalers is not None else np.float32((np.float64(0.0) * v) * inv)
+        return outs
+    nt = min(nw, _TABLE_WORKERS)
+    tix = np.cumsum(~uni) - 1
+    lt = int((~uni).sum())
+    if lt:
+        idx = np.arange(3 ** nt)
+        table = np.zeros((lt, 3 ** nt), dtype=np.float64)
+        St = S[:, ~uni]
+        with np.errstate(all="ignore"):           # numba_decode._partial_sums, each row's operations
+            for w in range(nt):
+                table += ((idx // 3 ** w) % 3 - 1).astype(np.float64)[None, :] * St[w][:, None]
+            f = (table * inv).astype(np.float32)
+        pad = 3 * (3 ** nt - 1) // 2 + 1 - table.shape[1]
+        table = np.concatenate([table, np.zeros((lt, pad))], axis=1)
+        f = np.concatenate([f, np.zeros((lt, pad), dtype=np.float32)], axis=1)
+        scal = S.T.reshape(-1)
+    else:
+        table, f, scal = np.zeros((1, 1)), np.zeros((1, 1), np.float32), np.zeros(nl * nw)
+    mults = (3 ** np.arange(nt)).astype(np.uint16)
+    nch = -(-nbs // _DEC_CHUNK)
+    task_layer = np.repeat(np.arange(nl, dtype=np.int64), nch)
+    task_ch = np.arange(task_layer.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+    flag = np.zeros(task_layer.size, dtype=np.uint8)
+    args = (paddr, np.int64(nw), nbs, ns, _row_addresses(outs, 1), np.int64(packing.CODES_PER_BYTE[fmt]), uni, s, inv,
+            tix.astype(np.int64), mults, table, f, scal)
+    par = (nw * nbs >= nc.SERIAL_DECODE)[task_layer] if _threads() > 1 else np.zeros(task_layer.size, bool)
+    if (~par).any():
+        flag[~par] = _dec_serial(task_layer[~par], task_ch[~par], *args, _count_dtype(nw))
+    if par.any():
+        flag[par] = _dec_par(task_layer[par], task_ch[par], *args, _count_dtype(nw))
+    if flag.any():
+        _raise_first(kept, np.unique(task_layer[flag != 0]), ns, fmt, None if scalers is None else S, s)
+    return outs
+
+
+def weighted_sum_layers(payloads, scalers, sizes, fmt: str, divide_by: int) -> list:
+    """[numba_decode.weighted_sum(payloads[i], scalers[:, i], sizes[i], fmt, divide_by)] for every layer
+    i, every (layer, byte chunk) in one call, with the same bits and, for an invalid payload, the
+    ValueError of the first such layer (as the layer-by-layer calls raise it). payloads: per layer a
+    (W, nbytes) uint8 array or a sequence of W payloads; scalers (W, L)."""
+    return _decode_layers(payloads, sizes, fmt, divide_by, None, scalers)
+
+
+def scaled_code_sum_layers(payloads, sizes, fmt: str, scalers, divide_by: int) -> list:
+    """[numba_decode.scaled_code_sum(payloads[i], sizes[i], fmt, scalers[i], divide_by)] for every layer
+    i (one shared scaler per layer), in one call: f32((f64(Σ_w codes_w) * f64(s_i)) * f64(1/divide_by)),
+    with the same bits and errors (the first invalid layer's). payloads as weighted_sum_layers."""
+    return _decode_layers(payloads, sizes, fmt, divide_by, scalers, None)
+
+
+__all__ = ["moments_layers", "encode_layers", "weighted_sum_layers", "scaled_code_sum_layers"]
