@@ -417,6 +417,10 @@ def test_numba_whole_step_equals_the_per_layer_calls(monkeypatch, nw, clip, pack
     layers = {k: (rng.standard_normal((nw, *s)) * 0.1).astype(np.float32) for k, s in shapes.items()}
     codec = TernGrad(clip=clip, packing=packing, kernels="numba", float_layers=("bias",))
     whole = _step_outputs(codec, layers, nw)
+    for w in range(nw):     # and the scalings are each worker's own pass 1
+        own = codec.scaling({k: g[w] for k, g in layers.items()})
+        assert [None if s is None else tuple(s) for s in own] == \
+            [None if s is None else tuple(s.worker(w)) for s in codec.scaling_many(layers)]
     bad = dict(layers)
     bad["fc"] = bad["fc"].copy()
     bad["fc"][nw - 1, 3, 4] = np.nan
