@@ -444,3 +444,32 @@ def test_defers_encode_says_where_messages_go_in_pieces(monkeypatch):
     assert not any(ok(run_ranks(1, table, monkeypatch, chunk=-1))[0].values())
     assert not any(ok(run_ranks(1, table, monkeypatch, chunk=0, ps_transport="collective"))[0][("ps", s, r)]
                    for s in (True, False) for r in (True, False))
+
+
+def test_mpi_code_sums_in_one_call_equal_the_per_layer_calls(monkeypatch):
+    """The Numba kernels' whole-step code sums and decode (sum_codes_layers, decode_code_sums_layers)
+    and the per-layer sum_codes / decode_code_sums give the same bits in the all-reduce and in the
+    whole-message parameter server's downlink, N = 3, ternary layers of 1, 40 and 3001 elements
+    around a float layer, both packings."""
+    from tgsim.codecs import TernGrad
+    from tgsim.codecs.terngrad import numba_kernels
+    from tgsim.rng import StreamKey
+
+    rng = np.random.default_rng(8)
+    sizes = {"a": 1, "w": 40, "b": 5, "c": 3001}
+    for packing in ("2bit", "base3"):
+        codec = TernGrad(clip="none", kernels="numba", packing=packing, float_layers=("b",))
+        layers = [{k: rng.standard_normal(v).astype(np.float32) for k, v in sizes.items()} for _ in range(3)]
+        sc = [codec.scaling(g) for g in layers]
+        s = InProcessExchange(3).max_scalers(np.stack([codec.local_scalers(x) for x in sc]))
+        msgs = [codec.encode(g, StreamKey(1, 0, w), s, sc[w]) for w, g in enumerate(layers)]
+        def means():
+            return [m for mode, kw in (("allreduce", {}), ("ps", {"ps_transport": "collective"}))
+                    for m, _ in _aggregate_on_ranks(monkeypatch, 3, codec, msgs, mode, True, **kw)]
+
+        whole = means()
+        with monkeypatch.context() as m:
+            m.delattr(numba_kernels, "sum_codes_layers")
+            m.delattr(numba_kernels, "decode_code_sums_layers")
+            layer = means()
+        assert len(whole) == 6 and all(same_bits(a, b) for a, b in zip(whole, layer))

@@ -13,7 +13,7 @@ import pytest
 
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import numba_common, numba_layers as nl
-from tgsim.codecs.terngrad.numba_decode import scaled_code_sum, weighted_sum
+from tgsim.codecs.terngrad.numba_decode import scaled_code_sum, sum_codes, weighted_sum
 from tgsim.codecs.terngrad.numba_encode import encode_many
 from tgsim.codecs.terngrad.numba_moments import moments_many
 
@@ -164,3 +164,34 @@ def test_bad_arguments_are_refused():
         nl.weighted_sum_layers(p[:1], np.zeros((2, 1)), [12], "2bit", 1)
     with pytest.raises(ValueError, match="payload of worker 1"):
         nl.scaled_code_sum_layers([[np.zeros(2, np.uint8), np.zeros(3, np.uint8)]], [8], "2bit", [1.0], 1)
+
+
+@pytest.mark.parametrize("nw", [1, 3])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_integer_code_sums_equal_the_per_layer_calls(nw, fmt):
+    """sum_codes_layers against sum_codes (default dtype, a wider one into a given buffer), then
+    decode_code_sums_layers against packing.decode_code_sums layer by layer; a sum beyond N, and
+    an invalid payload, raise the per-layer errors."""
+    from tgsim.errors import PayloadError
+
+    pay = payloads(nw, fmt, seed=3)
+    got = nl.sum_codes_layers([list(p) for p in pay], SIZES, fmt)
+    buf = np.empty(sum(SIZES), np.int16)
+    wide = nl.sum_codes_layers(pay, SIZES, fmt, np.int16, out=buf)
+    for i, n in enumerate(SIZES):
+        assert same(got[i], sum_codes(pay[i], n, fmt)) and same(wide[i], sum_codes(pay[i], n, fmt, np.int16))
+        assert np.shares_memory(wide[i], buf) or n == 0
+    scalers = np.random.default_rng(1).uniform(0.1, 2.0, len(SIZES)).astype(np.float32)
+    flat = np.concatenate(got)
+    dec = nl.decode_code_sums_layers(flat, SIZES, nw, scalers)
+    offs = np.concatenate([[0], np.cumsum(SIZES)])
+    for i in range(len(SIZES)):
+        assert same(dec[i], packing.decode_code_sums(flat[offs[i]:offs[i + 1]], nw, float(scalers[i])))
+    flat[offs[6] + 7] = nw + 1
+    with pytest.raises(PayloadError, match=f"beyond N = {nw}"):
+        nl.decode_code_sums_layers(flat, SIZES, nw, scalers)
+    corrupt(pay[5], fmt, SIZES[5], nw - 1, "byte")
+    with pytest.raises(ValueError) as ref:
+        sum_codes(pay[5], SIZES[5], fmt)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(ref.value))}$"):
+        nl.sum_codes_layers(pay, SIZES, fmt)

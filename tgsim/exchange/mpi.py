@@ -485,11 +485,16 @@ class MPIExchange(PipelinedModes):
         flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
         total = sum(layers[i].size for i in tern)
         codes = xp.empty(total, dtype=dtype)
-        off = 0
-        for i in tern:
-            size = layers[i].size
-            codes[off:off + size] = kern.sum_codes(xp.stack([msg.parts[i]]), size, codec.packing, dtype)
-            off += size
+        whole = xp is np and hasattr(kern, "sum_codes_layers")   # every layer in one call (Numba)
+        if whole:
+            kern.sum_codes_layers([[msg.parts[i]] for i in tern], [layers[i].size for i in tern], codec.packing,
+                                  dtype, out=codes)
+        else:
+            off = 0
+            for i in tern:
+                size = layers[i].size
+                codes[off:off + size] = kern.sum_codes(xp.stack([msg.parts[i]]), size, codec.packing, dtype)
+                off += size
         step = max(1, self.bucket_bytes // codes.itemsize)
         for start in range(0, total, step):
             seg = self.staging.wire(xp.ascontiguousarray(codes[start:start + step]), "codes")
@@ -505,9 +510,19 @@ class MPIExchange(PipelinedModes):
             fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
             fmean, fb = self._ordered_mean_flat(fl) if self.exact else self._native_mean_fp32_flat(fl)
             nbytes += fb
+        decoded = {}
+        if whole and hasattr(kern, "decode_code_sums_layers"):    # every layer's |Σ codes| <= N and scaling
+            try:
+                decoded = dict(zip(tern, kern.decode_code_sums_layers(codes, [layers[i].size for i in tern], n,
+                                                                      [msg.scalers[i] for i in tern])))
+            except PayloadError:
+                raise beyond_n(self.rank, n) from None
         off, foff = 0, 0
         for i, spec in enumerate(layers):
-            if spec.kind == KIND_TERNARY:
+            if i in decoded:
+                mean[spec.name] = decoded[i].reshape(spec.shape)
+                off += spec.size
+            elif spec.kind == KIND_TERNARY:
                 try:    # checks |Σ codes| <= N and scales (NumPy: one Numba pass)
                     flat = packing.decode_code_sums(codes[off:off + spec.size], n, float(msg.scalers[i]))
                 except PayloadError:

@@ -61,13 +61,19 @@ def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.nda
     else:
         width = packing.uint_width(n)
         kern = codec.kernels_for(xp)
+        tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
+        sums = {}
+        if xp is np and tern and hasattr(kern, "sum_codes_layers"):     # every layer in one call, parts by address
+            sums = dict(zip(tern, kern.sum_codes_layers([[m.parts[i] for m in messages] for i in tern],
+                                                        [layout.layers[i].size for i in tern], codec.packing,
+                                                        code_dtype(n))))
         chunks = []
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
             if spec.kind != KIND_TERNARY:
                 chunks.append(_f32_bytes(ordered_mean_flat(parts, n)))
                 continue
-            intsum = kern.sum_codes(xp.stack(parts), spec.size, codec.packing, code_dtype(n))
+            intsum = sums[i] if i in sums else kern.sum_codes(xp.stack(parts), spec.size, codec.packing, code_dtype(n))
             payload = packing.pack_code_sums(intsum, n, width)
             chunks.append(np.float32(messages[0].scalers[i]).reshape(1).view(np.uint8))
             chunks.append(to_numpy(payload).astype(np.uint8, copy=False))

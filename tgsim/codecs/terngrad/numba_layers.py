@@ -24,13 +24,15 @@ import numpy as np
 from numba import njit, prange
 
 from tgsim.codecs import packing
+from tgsim.errors import PayloadError
 from tgsim.codecs._numba_rows import address, row
 from tgsim.codecs.terngrad import numba_common as nc
 from tgsim.codecs.terngrad.moments import LANES
 from tgsim.codecs.terngrad.numba_common import _as_f32_rows, _check_fmt, _threads, _worker_ids
+from tgsim.codecs._numba_uint import _decode_codes
 from tgsim.codecs.terngrad.numba_decode import (_DEC_CHUNK, _TABLE_WORKERS, _acc, _check_payloads, _count,
-                                                _count_dtype, _index, _map_out, _scale_out, _uniform_out,
-                                                scaled_code_sum, weighted_sum)
+                                                _count_dtype, _index, _int_out, _map_out, _scale_out, _uniform_out,
+                                                scaled_code_sum, sum_codes, weighted_sum)
 from tgsim.codecs.terngrad.numba_encode import _B3_UNITS, _ENC2_CHUNK, _enc2_task, _enc3_task
 from tgsim.codecs.terngrad.numba_moments import (_INF_BITS, _absbits_max, _fold_zeros, _sigma_worker, moments_many,
                                                  serial_moments)
@@ -228,6 +230,18 @@ def _pad_bad(v, first, k):
 
 
 @njit(cache=True)
+def _pads_bad(paddr, l, nw, nb, n, k, j1):
+    """1 when a chunk ending at byte j1 is layer l's last and a worker's last byte has non-zero pad
+    codes, else 0."""
+    padded = nb * k - n
+    if j1 == nb and padded > 0:
+        for w in range(nw):
+            if _pad_bad(np.uint32(row(paddr, l * nw + w, nb, _U8)[nb - 1]), k - padded, k):
+                return np.uint8(1)
+    return np.uint8(0)
+
+
+@njit(cache=True)
 def _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
               flag, count_dtype):
     """Bytes task_ch[t] * _DEC_CHUNK .. of layer l = task_layer[t], every worker: numba_decode's
@@ -266,12 +280,7 @@ def _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv,
                 p = row(paddr, l * nw + w, nb, _U8)[j0:j1]
                 bad |= _acc(a, p, scal[l * nw + w], 4) if k == 4 else _acc(a, p, scal[l * nw + w], 5)
             _scale_out(o, a, k, inv)
-    padded = nb * k - n
-    if j1 == nb and padded > 0:
-        for w in range(nw):
-            if _pad_bad(np.uint32(row(paddr, l * nw + w, nb, _U8)[nb - 1]), k - padded, k):
-                bad = np.uint8(1)
-    flag[t] = bad
+    flag[t] = bad | _pads_bad(paddr, l, nw, nb, n, k, j1)
 
 
 @njit(cache=True)
@@ -430,4 +439,86 @@ def scaled_code_sum_layers(payloads, sizes, fmt: str, scalers, divide_by: int) -
     return _decode_layers(payloads, sizes, fmt, divide_by, scalers, None)
 
 
-__all__ = ["moments_layers", "encode_layers", "weighted_sum_layers", "scaled_code_sum_layers"]
+# -- integer code sums (the integer all-reduce) ----------------------------------------------------------
+@njit(cache=True)
+def _isum_task(t, task_layer, task_ch, paddr, nw, nbs, ns, offs, out, k, flag, count_dtype):
+    """Bytes task_ch[t] * _DEC_CHUNK .. of layer l: out[offs[l] + e] = Σ_w code_w(e) (numba_decode's
+    _isum_task on rows by address); flag[t] as in _dec_task."""
+    l = task_layer[t]
+    nb = nbs[l]
+    n = ns[l]
+    j0 = task_ch[t] * _DEC_CHUNK
+    j1 = min(j0 + _DEC_CHUNK, nb)
+    c = np.zeros((k, j1 - j0), dtype=count_dtype.dtype)
+    bad = np.uint8(0)
+    for w in range(nw):
+        p = row(paddr, l * nw + w, nb, _U8)[j0:j1]
+        bad |= _count(c, p, 4) if k == 4 else _count(c, p, 5)
+    _int_out(out[offs[l] + j0 * k:offs[l] + min(j1 * k, n)], c, k, np.int32(nw))
+    flag[t] = bad | _pads_bad(paddr, l, nw, nb, n, k, j1)
+
+
+@njit(cache=True)
+def _isum_serial(task_layer, task_ch, paddr, nw, nbs, ns, offs, out, k, count_dtype):
+    flag = np.zeros(task_layer.size, dtype=np.uint8)
+    for t in range(task_layer.size):
+        _isum_task(t, task_layer, task_ch, paddr, nw, nbs, ns, offs, out, k, flag, count_dtype)
+    return flag
+
+
+def sum_codes_layers(payloads, sizes, fmt: str, dtype=None, out=None) -> list:
+    """[numba_decode.sum_codes(payloads[i], sizes[i], fmt, dtype)] for every layer i, in one serial call,
+    written one after another into `out` (a C-contiguous 1-D array of Σ sizes elements of `dtype`,
+    default: the smallest integer type that holds W, as sum_codes) and returned as views of it; the
+    same bits and, for an invalid payload, the first such layer's ValueError. payloads as
+    weighted_sum_layers."""
+    kept, paddr, nw, nbs = _layer_rows(payloads, sizes, fmt)
+    ns = np.array([int(n) for n in sizes], np.int64)
+    offs = np.concatenate([[0], np.cumsum(ns)]).astype(np.int64)
+    if dtype is None:
+        dtype = np.int8 if nw <= 127 else (np.int16 if nw <= 32767 else np.int32)
+    if out is None:
+        out = np.empty(int(offs[-1]), dtype=dtype)
+    elif out.ndim != 1 or out.size != offs[-1] or out.dtype != np.dtype(dtype) or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous 1-D {np.dtype(dtype)} array of {int(offs[-1])} elements")
+    if nw == 0:
+        out[:] = 0
+    nch = -(-nbs // _DEC_CHUNK) if nw else np.zeros(len(nbs), np.int64)
+    task_layer = np.repeat(np.arange(len(nbs), dtype=np.int64), nch)
+    task_ch = np.arange(task_layer.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+    if task_layer.size:
+        flag = _isum_serial(task_layer, task_ch, paddr, np.int64(nw), nbs, ns, offs, out,
+                            np.int64(packing.CODES_PER_BYTE[fmt]), _count_dtype(nw))
+        for i in np.unique(task_layer[flag != 0]):      # the first flagged layer's own error
+            sum_codes(kept[i] if isinstance(kept[i], np.ndarray) else np.stack(kept[i]), int(ns[i]), fmt, dtype)
+    return [out[offs[i]:offs[i + 1]] for i in range(len(nbs))]
+
+
+@njit(cache=True)
+def _decode_code_rows(codes, offs, scalers, n, inv, out):
+    bad = 0
+    for i in range(offs.size - 1):
+        bad += _decode_codes(codes[offs[i]:offs[i + 1]], n, scalers[i], inv, out[offs[i]:offs[i + 1]])
+    return bad
+
+
+def decode_code_sums_layers(codes, sizes, n: int, scalers) -> list:
+    """[packing.decode_code_sums(codes[o_i : o_i + sizes[i]], n, scalers[i])] for the layers' integer
+    code sums of N = n workers laid one after another in `codes`, in one call: float32
+    f32((f64(Σ codes) * f64(s_i)) * f64(1/n)) per element, the same bits; PayloadError when a sum
+    lies beyond [-n, n]."""
+    codes = np.ascontiguousarray(np.asarray(codes).reshape(-1))
+    offs = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+    if offs[-1] != codes.size:
+        raise ValueError(f"{codes.size} code sums for layers of {int(offs[-1])} elements")
+    scalers = np.asarray(scalers, dtype=np.float64).reshape(-1)
+    if scalers.size != offs.size - 1:
+        raise ValueError(f"{scalers.size} scalers for {offs.size - 1} layers")
+    out = np.empty(codes.size, dtype=np.float32)
+    if codes.size and _decode_code_rows(codes, offs, scalers, np.int64(n), np.float64(1.0 / n), out):
+        raise PayloadError(f"an integer code sum lies beyond N = {n}")
+    return [out[offs[i]:offs[i + 1]] for i in range(offs.size - 1)]
+
+
+__all__ = ["moments_layers", "encode_layers", "weighted_sum_layers", "scaled_code_sum_layers", "sum_codes_layers",
+           "decode_code_sums_layers"]
