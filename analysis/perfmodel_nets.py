@@ -34,6 +34,9 @@ example at the mean effective rate the three measured CNNs reach on the Titan X 
 direct count). That is likely OPTIMISTIC for ResNet-50 (many small, memory-bound layers) and BERT;
 treat both as order-of-magnitude.
 
+A net measured elsewhere (a torch module's real parameter shapes and its forward + backward time on
+this machine) comes from a JSON file: `net_from_file`.
+
 Default per-GPU batch: AlexNet 128, GoogLeNet 64, VGG-A 32 (the TernGrad paper's Fig. 5 setting as
 we recall it -- an assumption; pass batch= to change it), ResNet-50 64, BERT-base 32 sequences of
 128 tokens.
@@ -186,6 +189,66 @@ def bert_base(seq: int = 128) -> Net:
     return _estimated("bert_base", layers, 32, f"estimated from MACs, sequence length {seq}", unit="sequences")
 
 
+def net_from_file(path) -> Net:
+    """A Net from a JSON file describing a model measured elsewhere (e.g. a torch module's parameters
+    and its forward + backward time on this machine):
+
+        {"name": str, "batch": int (per-device batch of the measurement),
+         "seconds": float (measured forward + backward seconds of one such batch),
+         "fwd_frac": float in (0, 1) (optional, default 1/3), "source": str (where it was measured),
+         "layers": [{"name": str, "shapes": [[int, ...], ...], "macs": int (optional), "kind": str}]}
+
+    One Layer per entry, in FORWARD order: params = the sum of the shapes' sizes; macs absent: the
+    layer's params (the backward time is then split over the layers by parameter count, an
+    assumption); kind absent: "conv" for a 4-D weight, else "fc". The time is stored as the net's
+    P100-row time (ref_gpu "p100", ref_batch = batch), so `compute_seconds("p100")` returns the measured
+    seconds unchanged (scaled linearly with the batch). ValueError naming the file and the field at fault."""
+    import json
+    import math
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"net file {path}: cannot read it as JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"net file {path}: the top level must be an object")
+    for key in ("name", "batch", "seconds", "layers"):
+        if key not in d:
+            raise ValueError(f"net file {path}: missing field {key!r}")
+    batch, seconds, frac = d["batch"], d["seconds"], d.get("fwd_frac", 1 / 3)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"net file {path}: batch must be an integer >= 1, got {batch!r}")
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"net file {path}: seconds must be a finite number > 0, got {seconds!r}")
+    if not isinstance(frac, (int, float)) or not 0 < frac < 1:
+        raise ValueError(f"net file {path}: fwd_frac must be in (0, 1), got {frac!r}")
+    if not isinstance(d["layers"], list) or not d["layers"]:
+        raise ValueError(f"net file {path}: layers must be a non-empty list")
+    layers = []
+    for i, layer in enumerate(d["layers"]):
+        shapes = layer.get("shapes") if isinstance(layer, dict) else None
+        if not isinstance(shapes, list) or not shapes or not all(
+                isinstance(s, list) and s and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in s)
+                for s in shapes):
+            raise ValueError(f"net file {path}: layer {i} needs shapes, a non-empty list of lists of integers >= 1, "
+                             f"got {shapes!r}")
+        params = sum(math.prod(s) for s in shapes)
+        macs = layer.get("macs", params)
+        if isinstance(macs, bool) or not isinstance(macs, int) or macs < 0:
+            raise ValueError(f"net file {path}: layer {i} macs must be an integer >= 0, got {macs!r}")
+        kind = layer.get("kind", "conv" if any(len(s) == 4 for s in shapes) else "fc")
+        if kind not in ("conv", "fc"):
+            raise ValueError(f"net file {path}: layer {i} kind must be 'conv' or 'fc', got {kind!r}")
+        layers.append(Layer(str(layer.get("name", f"layer{i}")), params, macs, kind, tuple(tuple(s) for s in shapes)))
+    if not sum(l.macs for l in layers):
+        raise ValueError(f"net file {path}: the layers' macs sum to 0 (the backward pass cannot be split over them)")
+    return Net(str(d["name"]), tuple(layers), batch=batch, ref_ms=1e3 * float(seconds), ref_batch=batch,
+               ref_gpu="p100", fwd_frac=float(frac), source=str(d.get("source", f"measured ({path.name})")),
+               unit=str(d.get("unit", "examples")), notes=("compute time MEASURED (net file)",))
+
+
 NETS = {"alexnet": alexnet, "googlenet": googlenet, "vgg_a": vgg_a, "resnet50": resnet50, "bert_base": bert_base}
 
 
@@ -197,4 +260,4 @@ def get_net(name: str) -> Net:
 
 
 __all__ = ["GPU_TFLOPS", "Layer", "NETS", "Net", "alexnet", "bert_base", "effective_tflops", "get_net", "googlenet",
-           "resnet50", "vgg_a"]
+           "net_from_file", "resnet50", "vgg_a"]

@@ -28,7 +28,8 @@ QUESTIONS = [
          rows=(), note="cannot be answered here: the review cites the submission's line numbers, whose text "
                        "this repository does not carry"),
     dict(paper=TERNGRAD, reviewer="R2", question="compare against 16-bit floats, not 32-bit (a 4x, not 16x, saving)",
-         rows=(("fig08", "TernGrad's saving against fp16"), ("fig10", "fp16's error is negligible")),
+         rows=(("fig08", "TernGrad's saving against fp16"), ("fig10", "fp16's error is negligible"),
+               ("fig11", "TernGrad's saving against fp16 (paper recipe; own-lr)")),
          note="bits to the same loss against fp16's, and fp16's rounding error"),
     dict(paper=TERNGRAD, reviewer="R3", question="the domain of the max in s = max(abs(g))",
          rows=(), note="notation, not an experiment: tgsim takes the max over one layer's elements "
@@ -44,7 +45,8 @@ QUESTIONS = [
               "convnet, where it does not, and report what happens there"),
     dict(paper=TERNGRAD, reviewer="R3", question="more metrics than accuracy",
          rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss"),
-               ("fig03", "MAX sharing collapses in the demo recipe (8 workers x 8 samples)")),
+               ("fig03", "MAX sharing collapses in the demo recipe (8 workers x 8 samples)"),
+               ("fig11", "TernGrad needs fewer bits in total to reach the loss (paper recipe; own-lr)")),
          note="bits to a loss target, training loss, scaler and dead-unit diagnostics, throughput (fig06)"),
     dict(paper=JIANG, reviewer="R1", question="variance at a given communication budget against prior art "
                                               "(Konečný & Richtárik, Suresh et al., Wangni et al.)",
@@ -58,7 +60,8 @@ QUESTIONS = [
          rows=(("fig09", "TernGrad keeps the linear speedup"), ("fig09", "PQASGD keeps the linear speedup")),
          note="fig09 (a) iterations against M, (b) against the compression ratio at a fixed M"),
     dict(paper=JIANG, reviewer="R1", question="were the learning rates tuned for every method and worker count?",
-         rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss (each method's tuned rate)"),),
+         rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss (each method's tuned rate)"),
+               ("fig11", "TernGrad loses under 2 points of accuracy (paper recipe; own-lr)")),
          note="every method at fp32's tuned rate and at its own (tuned on a validation split at one M; "
               "not re-tuned per worker count)"),
     dict(paper=JIANG, reviewer="R1", question="show the linear speedup experimentally against prior art",
@@ -84,12 +87,14 @@ QUESTIONS = [
          rows=(("fig07", "QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance"),),
          note="fig09 (b) plots iterations against the measured bits of each level count"),
     dict(paper=JIANG, reviewer="R4", question="networks faster than 1 Gb/s",
-         rows=(("fig06", "the gain grows as the bandwidth falls"),),
+         rows=(("fig06", "the gain grows as the bandwidth falls"),
+               ("fig11", "significant speed gains (paper recipe; modeled, 1 Gb/s)")),
          note="model only (fig06: 1 Gb/s Ethernet and 100 Gb/s InfiniBand); no measured fast link here"),
     dict(paper=JIANG, reviewer="R4", question="results on ImageNet", rows=(),
          note="cannot be answered at this scale (see the untestable claims)"),
     dict(paper=JIANG, reviewer="R4", question="QSGD's number of bits; fewer bits for QSGD",
-         rows=(("fig10", "TernGrad against 4-bit QSGD at N = 1"),),
+         rows=(("fig10", "TernGrad against 4-bit QSGD at N = 1"),
+               ("fig11", "QSGD's bits with the paper's coding (2, 4, 8-bit words)")),
          note="fig07 and fig09 (b) sweep QSGD's levels; the bits are measured from its payloads"),
 ]
 

@@ -27,7 +27,7 @@ from fakes import check_sharing_sweep
 FIGURES = Path(__file__).resolve().parents[1] / "papers_figures"
 EXPECTED = ("fig01_gradient_histograms", "fig02_bound_gap", "fig03_workers_scaling", "fig04_convergence",
             "fig05_unbiasedness_variance", "fig06_perfmodel", "fig07_compare_variance", "fig08_compare_bits",
-            "fig09_compare_speedup", "fig10_reviewers")
+            "fig09_compare_speedup", "fig10_reviewers", "fig11_real_models")
 
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
