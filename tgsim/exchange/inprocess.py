@@ -65,6 +65,10 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
         mean, down = {}, 0
         whole = _scaled_code_sums(codec, messages, layout)
         for i, spec in enumerate(layout.layers):
+            if i in whole:
+                down += np.dtype(dtype).itemsize * spec.size
+                mean[spec.name] = whole[i].reshape(spec.shape)
+                continue
             parts = [m.parts[i] for m in messages]
             if spec.kind != KIND_TERNARY:
                 mean[spec.name] = mean_of_layers([{spec.name: p} for p in parts], n)[spec.name].reshape(spec.shape)
@@ -73,9 +77,7 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
             s = float(messages[0].scalers[i])
             xp = array_module(parts[0])           # CuPy payloads are summed on the device
             kern = codec.kernels_for(xp)
-            if i in whole:
-                out = whole[i]
-            elif hasattr(kern, "scaled_code_sum") and n <= 32767:
+            if hasattr(kern, "scaled_code_sum") and n <= 32767:
                 # sum_codes + scale_integer_sum fused in one pass (Numba): the same bits
                 out = kern.scaled_code_sum(layer_payloads(messages, i, xp), spec.size, codec.packing, s, n)
             else:

@@ -44,6 +44,13 @@ _U32 = np.empty(0, np.uint32)
 _U8 = np.empty(0, np.uint8)
 
 
+def _f32_rows(G) -> np.ndarray:
+    """G as a C-contiguous float32 (W, n) array (numba_common._as_f32_rows: its checks and errors)."""
+    if type(G) is np.ndarray and G.dtype == np.float32 and G.ndim == 2 and G.flags.c_contiguous:
+        return G
+    return _as_f32_rows(G)
+
+
 def _row_addresses(arrays, nw: int) -> np.ndarray:
     """int64 (L * W,): the address of row w of C-contiguous array l (W, m_l) at l * W + w."""
     if not arrays:
@@ -84,14 +91,15 @@ def moments_layers(Gs, need_sigma: bool = True) -> list:
 
     The σ of row r: m1 = S1 / n, var = S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0
     (stats.moments_from_sums, elementwise over all rows: the same float64 operations)."""
-    Gs = [_as_f32_rows(G) for G in Gs]
+    Gs = [_f32_rows(G) for G in Gs]
     out: list = [None] * len(Gs)
     todo = []
+    one = _threads() == 1
     for i, G in enumerate(Gs):
         nw, n = G.shape
         if nw == 0 or n == 0:
             out[i] = (np.zeros(nw), np.zeros(nw), np.ones(nw, dtype=bool))
-        elif serial_moments(nw, n, need_sigma):
+        elif one or serial_moments(nw, n, need_sigma):
             todo.append(i)
         else:
             out[i] = moments_many(G, need_sigma)
@@ -141,12 +149,22 @@ def _enc_task(r, ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, 
 
 
 @njit(cache=True)
-def _enc_rows_serial(task_row, task_ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k):
+def _enc_chunks(n, k):
+    """The chunks (tasks) of a row of n >= 1 elements: of _ENC2_CHUNK bytes (2-bit), of _B3_UNITS
+    20-element units (base-3)."""
+    if k == 4:
+        return max(1, (n // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    return ((n + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+
+
+@njit(cache=True)
+def _enc_rows_serial(rows, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k):
+    """Every chunk of the rows `rows` (of n >= 1 elements), in order, on this thread."""
     words = np.empty(20 * _B3_UNITS, dtype=np.uint32)
     vals = np.empty(20 * _B3_UNITS, dtype=np.uint8)
-    for t in range(task_row.size):
-        _enc_task(task_row[t], task_ch[t], gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k,
-                  words, vals)
+    for r in rows:
+        for ch in range(_enc_chunks(sizes[r], k)):
+            _enc_task(r, ch, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k, words, vals)
 
 
 @njit(cache=True, parallel=True)
@@ -164,7 +182,7 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
     worker) row in one call. scalers: (W, len(Gs)); clip_bounds: one (W,) vector per layer;
     layers: the layer ids of the stream keys (StreamKey(seed, step, workers[w], layers[i]))."""
     _check_fmt(fmt)
-    Gs = [_as_f32_rows(G) for G in Gs]
+    Gs = [_f32_rows(G) for G in Gs]
     nl = len(Gs)
     wk = _worker_ids(workers, len(np.asarray(workers)))
     nw = wk.size
@@ -173,46 +191,45 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
     s = np.asarray(scalers)
     if s.shape != (nw, nl) or (s.size and s.dtype.kind not in "fiu"):
         raise ValueError(f"scalers: expected real numbers of shape ({nw}, {nl}), got {s.dtype} {s.shape}")
-    lay = np.array([int(v) for v in layers], dtype=np.int64) if nl else np.zeros(0, np.int64)
+    lay = np.array(layers, dtype=np.int64).reshape(nl)
     k0, k1 = StreamKey(int(seed), int(step), 0, int(lay.max()) if nl else 0).key   # range checks
     if nl and int(lay.min()) < 0:
         raise ValueError(f"layer must be in [0, 2^32), got {int(lay.min())}")
-    cbs = np.empty((nl, nw), dtype=np.float64)
-    for i, G in enumerate(Gs):
-        if G.shape[0] != nw:
-            raise ValueError(f"layer {i}: {G.shape[0]} rows for {nw} workers")
-        if G.shape[1] > MAX_ELEMENTS:
-            raise ValueError(f"stream range [0, {G.shape[1]}) outside [0, {MAX_ELEMENTS})")
-        c = np.asarray(clip_bounds[i])
-        if c.shape != (nw,) or (nw and c.dtype.kind not in "fiu"):
-            raise ValueError(f"clip_bounds: expected shape ({nw},), got {c.shape}")
-        cbs[i] = c
-    ns = np.array([G.shape[1] for G in Gs], np.int64)
-    nbs = np.array([packing.packed_size(int(n), fmt) for n in ns], np.int64)
-    outs = [np.empty((nw, int(nb)), dtype=np.uint8) for nb in nbs]
+    shapes = np.array([G.shape for G in Gs], np.int64).reshape(nl, 2)
+    if (shapes[:, 0] != nw).any():
+        i = int(np.argmax(shapes[:, 0] != nw))
+        raise ValueError(f"layer {i}: {shapes[i, 0]} rows for {nw} workers")
+    ns = shapes[:, 1]
+    if nl and ns.max() > MAX_ELEMENTS:
+        raise ValueError(f"stream range [0, {int(ns.max())}) outside [0, {MAX_ELEMENTS})")
+    try:
+        cbs = np.array(clip_bounds, dtype=np.float64).reshape(nl, nw) if nl and nw else np.zeros((nl, nw))
+    except ValueError:
+        cbs = None
+    if cbs is None or (nl and np.shape(clip_bounds[0]) != (nw,)):
+        raise ValueError(f"clip_bounds: expected {nl} vectors of shape ({nw},)")
+    k = packing.CODES_PER_BYTE[fmt]
+    nbs = -(-ns // k)
+    outs = [np.empty((nw, nb), dtype=np.uint8) for nb in nbs.tolist()]
     if nw == 0 or nl == 0:
         return outs
     with np.errstate(over="ignore", invalid="ignore"):
         cb = cbs.reshape(-1).astype(np.float32)                      # f32(clip_bound), layer-major rows
         s_scaled = s.astype(np.float64).T.reshape(-1).astype(np.float32).astype(np.float64) * np.float64(2.0 ** -24)
     sizes = np.repeat(ns, nw)
-    nbytes = np.repeat(nbs, nw)
-    k = packing.CODES_PER_BYTE[fmt]
-    if k == 4:
-        nch = np.maximum(1, (sizes // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
-    else:
-        nch = ((sizes + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
-    nch[sizes == 0] = 0
-    task_row = np.repeat(np.arange(sizes.size, dtype=np.int64), nch)
-    task_ch = np.arange(task_row.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
-    args = (_row_addresses(Gs, nw), _row_addresses(outs, nw), sizes, nbytes, s_scaled, cb,
+    args = (_row_addresses(Gs, nw), _row_addresses(outs, nw), sizes, np.repeat(nbs, nw), s_scaled, cb,
             np.repeat(lay, nw).astype(np.uint32), np.tile(wk, nl), np.uint32(step), np.uint32(k0), np.uint32(k1),
             np.int64(k))
-    par = np.repeat(nw * ns >= nc.SERIAL_ENCODE, nw)[task_row] if _threads() > 1 else np.zeros(task_row.size, bool)
-    if (~par).any():
-        _enc_rows_serial(task_row[~par], task_ch[~par], *args)
+    par = np.repeat(nw * ns >= nc.SERIAL_ENCODE, nw) if _threads() > 1 else np.zeros(sizes.size, bool)
+    rows = np.flatnonzero(~par & (sizes > 0))
+    if rows.size:
+        _enc_rows_serial(rows, *args)
     if par.any():
-        _enc_rows_par(task_row[par], task_ch[par], *args)
+        rows = np.flatnonzero(par)
+        nch = np.array([_enc_chunks(n, k) for n in sizes[rows].tolist()], np.int64)
+        task_row = np.repeat(rows, nch)
+        task_ch = np.arange(task_row.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+        _enc_rows_par(task_row, task_ch, *args)
     for r in np.flatnonzero(np.isnan(cb)):       # np.minimum(x, nan) = nan: every draw rejects
         outs[r // nw][r % nw] = nc._ZERO_BYTE[fmt]
     return outs
@@ -284,25 +301,35 @@ def _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv,
 
 
 @njit(cache=True)
-def _dec_serial(task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
-                count_dtype):
-    """The tasks in order on this thread; returns their flags."""
-    flag = np.zeros(task_layer.size, dtype=np.uint8)
-    for t in range(task_layer.size):
+def _dec_serial(layers, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal, count_dtype):
+    """Every chunk of the layers `layers`, in order, on this thread; returns their flags (per task)."""
+    nt = 0
+    for l in layers:
+        nt += (nbs[l] + _DEC_CHUNK - 1) // _DEC_CHUNK
+    task_layer = np.empty(nt, dtype=np.int64)
+    task_ch = np.empty(nt, dtype=np.int64)
+    t = 0
+    for l in layers:
+        for ch in range((nbs[l] + _DEC_CHUNK - 1) // _DEC_CHUNK):
+            task_layer[t] = l
+            task_ch[t] = ch
+            t += 1
+    flag = np.zeros(nt, dtype=np.uint8)
+    for t in range(nt):
         _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
                   flag, count_dtype)
-    return flag
+    return task_layer[flag != 0]
 
 
 @njit(cache=True, parallel=True)
 def _dec_par(task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
              count_dtype):
-    """The tasks as one parallel region; returns their flags."""
+    """The tasks as one parallel region; returns the layers of the flagged tasks."""
     flag = np.zeros(task_layer.size, dtype=np.uint8)
     for t in prange(task_layer.size):
         _dec_task(t, task_layer, task_ch, paddr, nw, nbs, ns, oaddr, k, uni, s, inv, tix, mults, table, f, scal,
                   flag, count_dtype)
-    return flag
+    return task_layer[flag != 0]
 
 
 def _layer_rows(payloads, sizes, fmt: str):
@@ -408,19 +435,17 @@ def _decode_layers(payloads, sizes, fmt: str, divide_by: int, uniform_scalers, s
     else:
         table, f, scal = np.zeros((1, 1)), np.zeros((1, 1), np.float32), np.zeros(nl * nw)
     mults = (3 ** np.arange(nt)).astype(np.uint16)
-    nch = -(-nbs // _DEC_CHUNK)
-    task_layer = np.repeat(np.arange(nl, dtype=np.int64), nch)
-    task_ch = np.arange(task_layer.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
-    flag = np.zeros(task_layer.size, dtype=np.uint8)
     args = (paddr, np.int64(nw), nbs, ns, _row_addresses(outs, 1), np.int64(packing.CODES_PER_BYTE[fmt]), uni, s, inv,
-            tix.astype(np.int64), mults, table, f, scal)
-    par = (nw * nbs >= nc.SERIAL_DECODE)[task_layer] if _threads() > 1 else np.zeros(task_layer.size, bool)
-    if (~par).any():
-        flag[~par] = _dec_serial(task_layer[~par], task_ch[~par], *args, _count_dtype(nw))
+            tix.astype(np.int64), mults, table, f, scal, _count_dtype(nw))
+    par = nw * nbs >= nc.SERIAL_DECODE if _threads() > 1 else np.zeros(nl, bool)
+    flagged = [_dec_serial(np.flatnonzero(~par & (nbs > 0)), *args)]
     if par.any():
-        flag[par] = _dec_par(task_layer[par], task_ch[par], *args, _count_dtype(nw))
-    if flag.any():
-        _raise_first(kept, np.unique(task_layer[flag != 0]), ns, fmt, None if scalers is None else S, s)
+        nch = -(-nbs[par] // _DEC_CHUNK)
+        task_layer = np.repeat(np.flatnonzero(par), nch)
+        task_ch = np.arange(task_layer.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+        flagged.append(_dec_par(task_layer, task_ch, *args))
+    if flagged[0].size or (len(flagged) > 1 and flagged[1].size):
+        _raise_first(kept, np.unique(np.concatenate(flagged)), ns, fmt, None if scalers is None else S, s)
     return outs
 
 
