@@ -1,7 +1,7 @@
 """The script every rank of tests/test_torch_ddp.py's mpiexec job runs: torch DDP over Gloo with tgsim's
 comm hook (tgsim.torch.ddp), one case after another, results in OUT/results.json (rank 0).
 
-    mpiexec -n 2 python tests/torch_ddp_driver.py CASES.json OUT
+    mpiexec -n 2 python tests/torch_ddp_driver.py CASES.json OUT [--transport torch]
 
 CASES.json: {"train": {name: {"config": tgsim config dict, "steps": k, "bucket_cap_mb": c,
 "bucket_view": bool, "static_graph": bool, "no_sync": bool, "defect": null | "bucket_index" |
@@ -18,6 +18,11 @@ keys the layers by (bucket index, position) with the names of the first step's b
 "no_residual" zeroes error feedback's residuals after every step. Then the checks: a hook with a
 misnamed argument (tgsim's register and DDP's own message), ranks whose modules differ (rank 1 one
 hidden unit wider), NaN gradients (the exception each rank's backward pass raises).
+With `--transport torch` the hook's exchange runs over the Gloo process group DDP uses
+(`TgsimHookState.create(..., transport="torch")`, tgsim/torch/dist_comm.py) instead of mpi4py, and
+CASES.json may hold "comm": true: every TorchDistComm call, and MPIExchange over it, against mpi4py's
+on the same inputs, and the GPU test's checks on NumPy buffers (tests/dist_comm_cases.py), results
+under "comm", "exchange" and "device".
 """
 
 from __future__ import annotations
@@ -65,12 +70,15 @@ class NoResidualState(tgddp.TgsimHookState):
 DEFECTS = {None: tgddp.TgsimHookState, "bucket_index": BucketIndexState, "no_residual": NoResidualState}
 
 
+TRANSPORT = "torch" if sys.argv[3:5] == ["--transport", "torch"] else "mpi"
+
+
 def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     d = case["config"]
     cfg = from_dict(d)
     setup = build(cfg)                                   # the simulator's data set, shards and TorchModel
     module = setup.model.build(cfg.run.seed)
-    state = DEFECTS[case.get("defect")].create(module, d)
+    state = DEFECTS[case.get("defect")].create(module, d, transport=TRANSPORT)
     model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"],
                 static_graph=case.get("static_graph", False))
     buckets: list[int] = []
@@ -109,12 +117,12 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     if rank == 0:
         np.savez(out / f"{name}.npz", **{k: p.detach().numpy() for k, p in tgddp.named_parameters(module).items()})
     return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error, "hook_steps": state.step,
-            "refused": refused}
+            "refused": refused, "comm": type(state.exchange.comm).__module__}
 
 
 def misnamed(d: dict) -> dict:
     module = build(from_dict(d)).model.build(0)
-    state = tgddp.TgsimHookState.create(module, d)
+    state = tgddp.TgsimHookState.create(module, d, transport=TRANSPORT)
     model = DDP(module)
 
     def bad_hook(state, grads):
@@ -137,7 +145,7 @@ def mismatch(d: dict, rank: int) -> str | None:
     kwargs = dict(model.kwargs, hidden=[h + (rank == 1) for h in model.kwargs["hidden"]])
     module = dataclasses.replace(model, kwargs=kwargs).build(0)
     try:
-        tgddp.TgsimHookState.create(module, d)
+        tgddp.TgsimHookState.create(module, d, transport=TRANSPORT)
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     return None
@@ -146,7 +154,7 @@ def mismatch(d: dict, rank: int) -> str | None:
 def nan_case(d: dict, rank: int) -> str | None:
     cfg = from_dict(d)
     module = build(cfg).model.build(0)
-    state = tgddp.TgsimHookState.create(module, d)
+    state = tgddp.TgsimHookState.create(module, d, transport=TRANSPORT)
     model = DDP(module)
     tgddp.register(model, state)
     x = torch.full((4, 40), float("nan") if rank == 1 else 0.0)
@@ -174,6 +182,12 @@ def main() -> None:
         res["mismatch"] = mismatch(cases["mismatch"], rank)
     if "nan" in cases:
         res["nan"] = nan_case(cases["nan"], rank)
+    if cases.get("comm"):
+        from dist_comm_cases import comm_checks, device_checks, exchange_checks
+
+        res["comm"] = comm_checks(comm)
+        res["exchange"] = exchange_checks(comm)
+        res["device"] = device_checks(np)
     everyone = comm.gather(res, root=0)
     if rank == 0:
         (out / "results.json").write_text(json.dumps(everyone))

@@ -18,10 +18,22 @@ so DistributedDataParallel trains with the bits of tgsim's simulator.
         opt.step()
 
 launched as `mpiexec -n N python script.py` (mpi4py's COMM_WORLD carries tgsim's exchange; the
-process group only runs DDP's own start-up broadcast). `config` is a tgsim config (a dict of its TOML
-sections, or a `tgsim.train.config.Config`); the hook reads [run] seed and on_nonfinite, [workers] n
-(= the number of ranks), [codec] and [exchange]; TgsimOptimizer reads [optimizer], [schedule] and
-[run] steps.
+process group only runs DDP's own start-up broadcast). With `transport="torch"`:
+
+    dist.init_process_group("gloo")                      # torchrun's env:// (or "nccl" on GPUs)
+    state = tgddp.TgsimHookState.create(module, config, transport="torch")
+
+tgsim's exchange runs over torch.distributed's default process group, the one DDP uses
+(`torch_exchange()`: MPIExchange over `tgsim.torch.dist_comm.TorchDistComm`), so any launcher
+that starts the process group works (`torchrun --nproc-per-node N script.py`), without mpiexec or
+mpi4py. The messages, their order and the aggregation are MPIExchange's over either transport, so
+the parameters are the same bits; Gloo's all_gather takes equal sizes only, so variable-size
+gathers pad to the largest block or go point to point (tgsim/torch/dist_comm.py). On GPUs (NCCL),
+host buffers go over a Gloo group the comm makes, device (CuPy) buffers over NCCL.
+
+`config` is a tgsim config (a dict of its TOML sections, or a `tgsim.train.config.Config`); the
+hook reads [run] seed and on_nonfinite, [workers] n (= the number of ranks), [codec] and
+[exchange]; TgsimOptimizer reads [optimizer], [schedule] and [run] steps.
 
 The step (whole-step)
 ---------------------
@@ -173,15 +185,28 @@ def _config(config) -> Config:
                       f"got {type(config).__name__}")
 
 
+TRANSPORTS = ("mpi", "torch")
+
+
+def torch_exchange(**kwargs):
+    """tgsim's MPI exchange (MPIExchange, keyword arguments passed on) over torch.distributed's
+    default process group: `MPIExchange(comm=TorchDistComm(), **kwargs)`. A collective (every rank
+    calls it, after init_process_group); mpi4py is not needed."""
+    from tgsim.exchange.mpi import MPIExchange
+    from tgsim.torch.dist_comm import TorchDistComm
+
+    return MPIExchange(comm=TorchDistComm(), **kwargs)
+
+
 @dataclass
 class TgsimHookState:
     """The hook's state (module docstring). cfg: the tgsim config; exchange: tgsim's exchange of one
-    worker per rank (MPIExchange over mpi4py's COMM_WORLD); params: {name: parameter} in name order;
-    names: {data_ptr: name}; codec: the registered codec (wrapped in ErrorFeedback where the config
-    asks); codec_state: a stateful codec's state of this rank ({key: (1, ...)}, error feedback's
-    residuals), else None; step: the step the next exchange runs; skipped: whether the last step
-    was skipped (non-finite gradient, on_nonfinite = "skip"); sent / received: this rank's bytes over
-    all steps."""
+    worker per rank (MPIExchange over mpi4py's COMM_WORLD or torch.distributed); params: {name:
+    parameter} in name order; names: {data_ptr: name}; codec: the registered codec (wrapped in
+    ErrorFeedback where the config asks); codec_state: a stateful codec's state of this rank ({key:
+    (1, ...)}, error feedback's residuals), else None; step: the step the next exchange runs;
+    skipped: whether the last step was skipped (non-finite gradient, on_nonfinite = "skip"); sent /
+    received: this rank's bytes over all steps."""
 
     cfg: Config
     exchange: object
@@ -212,17 +237,23 @@ class TgsimHookState:
         return int(self.exchange.n_workers)
 
     @classmethod
-    def create(cls, module, config, exchange=None) -> "TgsimHookState":
+    def create(cls, module, config, exchange=None, transport: str = "mpi") -> "TgsimHookState":
         """The state of the hook for `module` (an nn.Module or the DDP wrapping it) under the tgsim
-        `config`, over `exchange` (default: tgsim.exchange.mpi.MPIExchange on COMM_WORLD; one of a
-        single worker, e.g. InProcessExchange(1), runs the hook in one process). A collective: every
+        `config`, over `exchange` (default, by `transport`: "mpi", tgsim.exchange.mpi.MPIExchange on
+        mpi4py's COMM_WORLD; "torch", `torch_exchange()` over torch.distributed's default process
+        group; one exchange of a single worker, e.g. InProcessExchange(1), runs the hook in one
+        process). A collective: every
         rank calls it; it checks, through the exchange's `comm.allgather`, that every rank has the
         same parameters and config (the same RankConfigMismatchError on every rank otherwise).
         ConfigError for a config the hook cannot run: [workers] n other than the number of ranks,
         local steps, a backend other than NumPy."""
         cfg = _config(config)
         params = named_parameters(module)
-        if exchange is None:
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"tgsim DDP hook: transport must be one of {TRANSPORTS}, got {transport!r}")
+        if exchange is None and transport == "torch":
+            exchange = torch_exchange()
+        elif exchange is None:
             from tgsim.exchange.mpi import MPIExchange
 
             exchange = MPIExchange()
@@ -439,4 +470,5 @@ def digest(module) -> str:
     return h.hexdigest()
 
 
-__all__ = ["TgsimHookState", "TgsimOptimizer", "digest", "named_parameters", "register", "tgsim_hook"]
+__all__ = ["TRANSPORTS", "TgsimHookState", "TgsimOptimizer", "digest", "named_parameters", "register", "tgsim_hook",
+           "torch_exchange"]
