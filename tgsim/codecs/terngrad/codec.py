@@ -369,8 +369,10 @@ class TernGrad:
                 ok = to_numpy(xp.isfinite(flat).all(axis=1)) if flat.shape[1] else np.ones(nw, dtype=bool)
                 scalings.append(None)
             else:
-                ok = moments[i][2]
                 scalings.append(batches.get(i))
+                if i in batches:         # its rows are all finite
+                    continue
+                ok = moments[i][2]
             if not ok.all():
                 for w in np.flatnonzero(~ok):
                     if int(w) not in events:
@@ -404,15 +406,19 @@ class TernGrad:
         """{layer index: ScalingBatch} of the layers in `moments` whose rows are all finite:
         scaling_from_moments_many once over the step's layers (elementwise: the bits of the
         layer-by-layer calls), cut back into layers."""
-        good = [i for i, m in moments.items() if m[2].all()]
-        if len(good) <= 1:
-            return {i: scaling_from_moments_many(moments[i][0], moments[i][1], self.clip, self.clip_factor)
-                    for i in good}
-        lens = [len(moments[i][0]) for i in good]
-        whole = scaling_from_moments_many(np.concatenate([moments[i][0] for i in good]),
-                                          np.concatenate([moments[i][1] for i in good]), self.clip, self.clip_factor)
-        ends = np.cumsum(lens).tolist()
-        return {i: ScalingBatch(*(f[e - k:e] for f in whole)) for i, k, e in zip(good, lens, ends)}
+        if len(moments) <= 1:
+            return {i: scaling_from_moments_many(m[0], m[1], self.clip, self.clip_factor)
+                    for i, m in moments.items() if m[2].all()}
+        idx = list(moments)
+        lens = [len(moments[i][0]) for i in idx]
+        starts = np.cumsum([0] + lens[:-1])
+        finite = np.concatenate([moments[i][2] for i in idx])
+        bad = np.add.reduceat(~finite, starts) if finite.size else np.zeros(len(idx), int)   # per layer
+        sc, cb, am, sg = scaling_from_moments_many(np.concatenate([moments[i][0] for i in idx]),
+                                                   np.concatenate([moments[i][1] for i in idx]), self.clip,
+                                                   self.clip_factor)
+        return {i: ScalingBatch(sc[a:a + k], cb[a:a + k], am[a:a + k], sg[a:a + k])
+                for i, k, a, b in zip(idx, lens, starts.tolist(), (bad > 0).tolist()) if not b}
 
     def prepare_many(self, layers: Mapping) -> list[ScalingBatch | None]:
         """The protocol's pass 1 (tgsim.codecs.base): `scaling_many`."""
