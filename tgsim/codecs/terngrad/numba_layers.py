@@ -62,25 +62,38 @@ def _row_addresses(arrays, nw: int) -> np.ndarray:
 
 # -- moments ---------------------------------------------------------------------------------------
 @njit(cache=True)
-def _moments_row(addrs, sizes, r, need_sigma, sums, mb):
-    """Row r (sizes[r] >= 1 elements at addrs[r]): mb[r] its largest |g| bit pattern, sums[r] its
-    (S1, S2) when need_sigma (numba_moments._sigma_worker, the documented lane order)."""
-    n = sizes[r]
-    g = row(addrs, r, n, _F32)
-    bits = row(addrs, r, n, _U32)
-    if need_sigma:
-        nl = min(n, LANES)
-        s1 = np.empty(nl, dtype=np.float64)
-        s2 = np.empty(nl, dtype=np.float64)
-        mb[r] = _sigma_worker(g, bits, s1, s2, sums, r, _fold_zeros(n))
-    else:
-        mb[r] = _absbits_max(bits)
-
-
-@njit(cache=True)
-def _moments_rows(addrs, sizes, need_sigma, sums, mb):
+def _moments_rows(addrs, sizes, need_sigma, absmax, sigma, finite):
+    """Row r (sizes[r] >= 1 elements at addrs[r]) -> absmax[r], sigma[r], finite[r]: the largest |g|
+    bit pattern and, when need_sigma, the sums (S1, S2) of numba_moments._sigma_worker (the
+    documented lane order), then stats.moments_from_sums' float64 operations m1 = S1 / n, var =
+    S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0 (no fastmath: no FMA contraction); a
+    non-finite row gives (nan, nan, False), σ without need_sigma 0."""
+    sums = np.empty((1, 2), dtype=np.float64)
+    mb = np.empty(1, dtype=np.uint32)
     for r in range(sizes.size):
-        _moments_row(addrs, sizes, r, need_sigma, sums, mb)
+        n = sizes[r]
+        g = row(addrs, r, n, _F32)
+        bits = row(addrs, r, n, _U32)
+        if need_sigma:
+            nl = min(n, LANES)
+            s1 = np.empty(nl, dtype=np.float64)
+            s2 = np.empty(nl, dtype=np.float64)
+            mb[0] = _sigma_worker(g, bits, s1, s2, sums, 0, _fold_zeros(n))
+        else:
+            mb[0] = _absbits_max(bits)
+        if mb[0] >= _INF_BITS:
+            finite[r] = False
+            absmax[r] = np.nan
+            sigma[r] = np.nan
+            continue
+        finite[r] = True
+        absmax[r] = np.float64(mb.view(np.float32)[0])
+        sigma[r] = 0.0
+        if need_sigma:
+            m1 = sums[0, 0] / n
+            var = sums[0, 1] / n - m1 * m1
+            if var > 0.0:
+                sigma[r] = np.sqrt(var)
 
 
 def moments_layers(Gs, need_sigma: bool = True) -> list:
@@ -90,7 +103,7 @@ def moments_layers(Gs, need_sigma: bool = True) -> list:
     call; each other layer through moments_many (its parallel passes split rows over threads).
 
     The σ of row r: m1 = S1 / n, var = S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0
-    (stats.moments_from_sums, elementwise over all rows: the same float64 operations)."""
+    (stats.moments_from_sums: the same float64 operations, in the kernel)."""
     Gs = [_f32_rows(G) for G in Gs]
     out: list = [None] * len(Gs)
     todo = []
@@ -112,21 +125,10 @@ def moments_layers(Gs, need_sigma: bool = True) -> list:
         addrs = _row_addresses([Gs[i] for i in todo], int(nws[0]))
     else:
         addrs = np.concatenate([_row_addresses([Gs[i]], int(Gs[i].shape[0])) for i in todo])
-    rows = sizes.size
-    mb = np.empty(rows, dtype=np.uint32)
-    sums = np.zeros((rows, 2), dtype=np.float64)
-    _moments_rows(addrs, sizes, bool(need_sigma), sums, mb)
-    finite = mb < _INF_BITS
-    absmax = mb.view(np.float32).astype(np.float64)
-    sigma = np.zeros(rows, dtype=np.float64)
-    if need_sigma:
-        nf = sizes.astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            m1 = sums[:, 0] / nf
-            var = sums[:, 1] / nf - m1 * m1
-            sigma = np.sqrt(np.where(var > 0.0, var, 0.0))
-    absmax[~finite] = np.nan
-    sigma[~finite] = np.nan
+    absmax = np.empty(sizes.size, dtype=np.float64)
+    sigma = np.empty(sizes.size, dtype=np.float64)
+    finite = np.empty(sizes.size, dtype=np.bool_)
+    _moments_rows(addrs, sizes, bool(need_sigma), absmax, sigma, finite)
     for k, i in enumerate(todo):
         a, b = starts[k], starts[k + 1]
         out[i] = (absmax[a:b], sigma[a:b], finite[a:b])
