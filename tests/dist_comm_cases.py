@@ -363,3 +363,54 @@ def device_checks(xp) -> dict:
     except Exception as e:  # noqa: BLE001  (reported to the test)
         res["error"] = f"{type(e).__name__}: {e}"
     return res
+
+
+# -- under torchrun, without mpi4py ------------------------------------------------------------------------------
+
+def torchrun_main(case_json: str) -> None:
+    """Every rank of `torchrun --standalone --nproc-per-node N tests/dist_comm_cases.py CASE.json`:
+    mpi4py made unimportable, the Gloo group from torchrun's environment, DDP with the hook over
+    transport "torch" on the simulator's batches of worker `rank` for the case's steps; prints one
+    JSON line {"rank", "digests": the parameters' sha256 after every step}."""
+    import json
+    import os
+    import sys
+
+    sys.modules["mpi4py"] = None                       # any import of mpi4py now fails
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tgsim.data import batch_indices
+    from tgsim.torch import ddp as tgddp
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import build
+
+    case = json.loads(open(case_json).read())
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo")
+    rank, d = dist.get_rank(), case["config"]
+    cfg = from_dict(d)
+    setup = build(cfg)
+    module = setup.model.build(cfg.run.seed)
+    state = tgddp.TgsimHookState.create(module, d, transport="torch")
+    model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"])
+    tgddp.register(model, state)
+    opt = tgddp.TgsimOptimizer(state)
+    b, digests = cfg.workers.per_worker_batch, []
+    for step in range(case["steps"]):
+        idx = batch_indices(setup.shards[rank], b, cfg.run.seed, step, rank)
+        opt.zero_grad()
+        x, y = torch.from_numpy(setup.dataset.x_train[idx]), torch.from_numpy(setup.dataset.y_train[idx])
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        digests.append(tgddp.digest(module))
+    print(json.dumps({"rank": rank, "digests": digests}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    torchrun_main(sys.argv[1])

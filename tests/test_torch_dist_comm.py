@@ -16,6 +16,7 @@ CuPy buffers. Skipped, with the reason, without torch (the mpiexec tests without
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -99,6 +100,30 @@ def test_ddp_hook_over_gloo_ends_with_the_simulators_bits(job, name):
     on both ranks, the simulator's parameters (one bucket at step 0, two from DDP's rebuild on)."""
     assert [r["train"][name]["comm"] for r in job.ranks] == ["tgsim.torch.dist_comm"] * 2
     _check_bits(job, name, 2)
+
+
+@needs_mpi
+@pytest.mark.heavy
+def test_torchrun_without_mpi4py_ends_with_the_simulators_bits(job, tmp_path):
+    """`torchrun --standalone --nproc-per-node 2`, mpi4py unimportable in the ranks: DDP with the hook
+    over transport "torch" (TernGrad, shared scalers) has the simulator's parameters after every step
+    on both ranks."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this interpreter")
+    (tmp_path / "case.json").write_text(json.dumps(TRAIN["terngrad"]))
+    cases = Path(__file__).resolve().parent / "dist_comm_cases.py"
+    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(cases), str(tmp_path / "case.json")],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    assert sorted(x["rank"] for x in lines) == [0, 1]
+    assert all(x["digests"] == job.sim["terngrad"][0] for x in lines), lines
 
 
 # -- without MPI -----------------------------------------------------------------------------------------------
