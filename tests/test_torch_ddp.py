@@ -214,7 +214,7 @@ def test_create_refuses_configs_the_hook_cannot_run():
         tgddp.TgsimHookState.create(module, cfg, exchange=_OneRank(2))
     with pytest.raises(ConfigError, match="local = 'average'"):
         tgddp.TgsimHookState.create(module, {**cfg, "exchange": {"local": "average", "every": 2}}, exchange=_OneRank())
-    with pytest.raises(ConfigError, match="runs on the CPU"):
+    with pytest.raises(ConfigError, match="parameters are on cpu, so \\[run\\] backend must be .numpy., got .cupy."):
         tgddp.TgsimHookState.create(module, {**cfg, "run": {"backend": "cupy"}}, exchange=_OneRank())
     with pytest.raises(ConfigError, match="parameter 'bias' is torch.float64"):
         tgddp.TgsimHookState.create(torch.nn.Linear(3, 2).double(), cfg, exchange=_OneRank())

@@ -9,7 +9,11 @@ Skipped without a CUDA GPU, CuPy and a CUDA build of torch (the reason is in the
   * the deterministic settings are on inside a call and restored after it;
   * `tgsim run torch_digits --set run.backend=cupy` reaches the CPU run's test accuracy within 3
     points (about 11 of the 360 test images: the runs differ in the last bits from step 0 on);
-  * `mpiexec -n 2` on the GPU backend equals the 2-worker GPU simulator bit for bit (TernGrad ps).
+  * `mpiexec -n 2` on the GPU backend equals the 2-worker GPU simulator bit for bit (TernGrad ps);
+  * DDP with tgsim's hook on the GPU (2 ranks on the machine's GPUs, Gloo for DDP's own start-up,
+    the hook's exchange over mpi4py with CuPy buffers) ends with the 2-worker GPU simulator's
+    parameters bit for bit (TernGrad, integer all-reduce); the NCCL transport's own checks are in
+    tests/test_torch_dist_comm.py.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpi_cases import load_params, mpiexec, needs_mpi, params_bits
+import json
+from pathlib import Path
+
+from mpi_cases import load_params, mpiexec, needs_mpi, params_bits, simulate
 from tgsim.backend import gpu_available
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
@@ -128,4 +135,25 @@ def test_mpi_on_the_gpu_equals_the_gpu_simulator(tmp_path):  # pragma: no cover 
     assert res.returncode == 0, res.report()
     sim = run(load("tgsim/configs/torch_digits.toml", over), out=tmp_path / "sim", quiet=True)
     assert params_bits(load_params(tmp_path / "mpi" / "params.npz")) == \
+        params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})
+
+
+@needs_mpi
+def test_ddp_hook_on_the_gpu_equals_the_gpu_simulator(tmp_path):  # pragma: no cover - needs a GPU
+    config = {"run": {"name": "ddp-gpu", "seed": 5, "steps": 5, "eval_every": 0, "log_every": 10,
+                      "checkpoint_every": 0, "backend": "cupy"},
+              "data": {"name": "mnist1d"},
+              "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
+              "workers": {"n": 2, "batch": 32}, "codec": {"name": "terngrad"}, "exchange": {"mode": "allreduce"},
+              "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+    cases = {"train": {"terngrad": {"config": config, "steps": 5, "bucket_cap_mb": 0.002, "bucket_view": False}}}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "out").mkdir()
+    driver = Path(__file__).resolve().parent / "torch_ddp_driver.py"
+    res, _ = mpiexec([(2, [str(driver), str(tmp_path / "cases.json"), str(tmp_path / "out")])], timeout=300)
+    assert res.returncode == 0, res.report()
+    ranks = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert all(r["train"]["terngrad"]["error"] is None for r in ranks), ranks
+    sim = simulate(config, tmp_path / "sim")
+    assert params_bits(load_params(tmp_path / "out" / "terngrad.npz")) == \
         params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})

@@ -18,7 +18,8 @@ keys the layers by (bucket index, position) with the names of the first step's b
 "no_residual" zeroes error feedback's residuals after every step. Then the checks: a hook with a
 misnamed argument (tgsim's register and DDP's own message), ranks whose modules differ (rank 1 one
 hidden unit wider), NaN gradients (the exception each rank's backward pass raises).
-With `--transport torch` the hook's exchange runs over the Gloo process group DDP uses
+A case whose config says [run] backend = "cupy" runs on the GPU: the module on GPU `rank % GPUs`,
+the batches moved there (tests/test_torch_gpu.py). With `--transport torch` the hook's exchange runs over the Gloo process group DDP uses
 (`TgsimHookState.create(..., transport="torch")`, tgsim/torch/dist_comm.py) instead of mpi4py, and
 CASES.json may hold "comm": true: every TorchDistComm call, and MPIExchange over it, against mpi4py's
 on the same inputs, and the GPU test's checks on NumPy buffers (tests/dist_comm_cases.py), results
@@ -79,6 +80,11 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     cfg = from_dict(d)
     setup = build(cfg)                                   # the simulator's data set, shards and TorchModel
     module = setup.model.build(cfg.run.seed)
+    device = torch.device("cpu")
+    if cfg.run.backend == "cupy":                        # the GPU form: the module on this rank's GPU
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        module = module.to(device)
     state = DEFECTS[case.get("defect")].create(module, d, transport=TRANSPORT)
     model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"],
                 static_graph=case.get("static_graph", False))
@@ -95,8 +101,8 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     digests, error, refused = [], None, None
     for step in range(case["steps"]):
         idx = batch_indices(setup.shards[rank], b, cfg.run.seed, step, rank)
-        x = torch.from_numpy(setup.dataset.x_train[idx])
-        y = torch.from_numpy(setup.dataset.y_train[idx])
+        x = torch.from_numpy(setup.dataset.x_train[idx]).to(device)
+        y = torch.from_numpy(setup.dataset.y_train[idx]).to(device)
         opt.zero_grad()
         try:
             if case.get("no_sync"):
@@ -116,7 +122,7 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
             break
         digests.append(tgddp.digest(module))
     if rank == 0:
-        np.savez(out / f"{name}.npz", **{k: p.detach().numpy() for k, p in tgddp.named_parameters(module).items()})
+        np.savez(out / f"{name}.npz", **{k: p.detach().cpu().numpy() for k, p in tgddp.named_parameters(module).items()})
     return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error, "hook_steps": state.step,
             "refused": refused, "comm": type(state.exchange.comm).__module__}
 

@@ -51,6 +51,14 @@ leaves it through the optimizer's place (`_HookModel`, `_capture`): the hook run
 writes the mean into every bucket's buffer and fills every future with that buffer; DDP copies it
 into the parameters' `.grad` (with `gradient_as_bucket_view=True` the buffer is the `.grad`).
 
+On GPUs
+-------
+A module on a CUDA device (one per rank, `torch.cuda.set_device(local_rank)`) with [run] backend =
+"cupy": the hook and TgsimOptimizer see the gradients and parameters as CuPy arrays sharing the
+tensors' memory (DLPack), the codec runs its CUDA kernels, the exchange moves CuPy buffers (MPI:
+CUDA-aware or staged through the host; `transport="torch"`: NCCL), and CuPy's stream is
+synchronized before DDP or torch reads what the hook or the optimizer wrote.
+
 What is bitwise
 ---------------
 With `torch.set_num_threads(1)`, the module the simulator's TorchModel builds from the same factory
@@ -80,6 +88,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, RankConfigMismatchError
 from tgsim.torch.model import import_torch
@@ -102,16 +111,52 @@ def _module_of(module):
 def named_parameters(module) -> dict:
     """{name: parameter} of the module's trainable parameters (tied ones once, under their first
     name), sorted by name: TorchModel's layer order. ConfigError for a parameter that is not a
-    float32 CPU tensor."""
+    float32 tensor, or parameters on more than one device (the CPU, or one CUDA device)."""
     module = _module_of(module)
     params = {k: p for k, p in sorted(module.named_parameters()) if p.requires_grad}
     if not params:
         raise ConfigError("tgsim DDP hook: the module has no trainable parameters")
+    first = next(iter(params.values())).device
     for k, p in params.items():
-        if str(p.dtype) != "torch.float32" or p.device.type != "cpu":
+        if str(p.dtype) != "torch.float32" or p.device.type not in ("cpu", "cuda") or p.device != first:
             raise ConfigError(f"tgsim DDP hook: parameter {k!r} is {p.dtype} on {p.device}; the hook takes "
-                              "float32 parameters on the CPU")
+                              f"float32 parameters, all on the CPU or all on one CUDA device (the first is on {first})")
     return params
+
+
+def _array(tensor):
+    """The tensor's data as an array sharing its memory: a NumPy view of a CPU tensor, a CuPy array of a
+    CUDA tensor (DLPack; the protocol makes CuPy's stream wait for torch's)."""
+    t = tensor.detach()
+    if t.device.type == "cpu":
+        return t.numpy()
+    import cupy
+
+    return cupy.from_dlpack(t)
+
+
+def _host_copy(v):
+    """A NumPy copy of an array (NumPy or CuPy), a dict of arrays, or anything else unchanged."""
+    if isinstance(v, dict):
+        return {n: _host_copy(a) for n, a in v.items()}
+    if isinstance(v, np.ndarray):
+        return np.array(v, copy=True)
+    return to_numpy(v) if hasattr(v, "__cuda_array_interface__") else v
+
+
+def _on(xp, v):
+    """`v` (an array, a dict of arrays, anything else) with its arrays on `xp`'s device, as copies."""
+    if isinstance(v, dict):
+        return {n: _on(xp, a) for n, a in v.items()}
+    if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
+        return xp.array(v, copy=True)
+    return v
+
+
+def _synchronize(xp) -> None:
+    """CuPy's current stream synchronized (its writes seen by torch's stream); nothing on NumPy."""
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
 
 
 def parameter_mismatch(everyone: list[list]) -> str | None:
@@ -171,8 +216,9 @@ def _hook_setup(cfg: Config, shapes: dict, codec, exchange, box: dict) -> Setup:
     gradients), the optimizer `_capture(box)`; no data set: `local_batch` indexes placeholder arrays
     of one batch (the model ignores x, y)."""
     b = cfg.workers.per_worker_batch
-    setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange)
-    setup.__dict__["device_data"] = (np.zeros(b, np.uint8), np.zeros(b, np.uint8), None, None)   # cached_property
+    xp = get_xp(cfg.run.backend)
+    setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange, xp=xp)
+    setup.__dict__["device_data"] = (xp.zeros(b, np.uint8), xp.zeros(b, np.uint8), None, None)   # cached_property
     return setup
 
 
@@ -246,7 +292,8 @@ class TgsimHookState:
         rank calls it; it checks, through the exchange's `comm.allgather`, that every rank has the
         same parameters and config (the same RankConfigMismatchError on every rank otherwise).
         ConfigError for a config the hook cannot run: [workers] n other than the number of ranks,
-        local steps, a backend other than NumPy."""
+        local steps, a [run] backend that is not the parameters' device ("numpy" for CPU parameters,
+        "cupy" for CUDA ones: CuPy's current device is then set to theirs)."""
         cfg = _config(config)
         params = named_parameters(module)
         if transport not in TRANSPORTS:
@@ -264,8 +311,13 @@ class TgsimHookState:
         if cfg.exchange.local != "none":
             raise ConfigError(f"tgsim DDP hook: [exchange] local = {cfg.exchange.local!r}: the hook exchanges "
                               "gradients every step (local steps need tgsim's trainer)")
-        if cfg.run.backend != "numpy":
-            raise ConfigError(f"tgsim DDP hook: run.backend = {cfg.run.backend!r}; the hook runs on the CPU (numpy)")
+        device = next(iter(params.values())).device
+        want = "numpy" if device.type == "cpu" else "cupy"
+        if cfg.run.backend != want:
+            raise ConfigError(f"tgsim DDP hook: the parameters are on {device}, so [run] backend must be {want!r}, "
+                              f"got {cfg.run.backend!r}")
+        if device.type == "cuda":
+            get_xp("cupy").cuda.Device(device.index or 0).use()
         mine = {"params": [[k, list(p.shape), str(p.dtype)] for k, p in params.items()], "config": config_hash(cfg)}
         everyone = exchange.comm.allgather(mine) if exchange.n_workers > 1 else [mine]
         problem = parameter_mismatch([e["params"] for e in everyone])
@@ -291,8 +343,7 @@ class TgsimHookState:
         {key: array (1, ...)} or None (error feedback's residuals, PowerSGD's warm start), "config":
         the config's sha256, "rank"}; arrays are copies. Save it beside the module's parameters and
         TgsimOptimizer.state_dict() (torch.save or numpy), one file per rank."""
-        codec_state = None if self.codec_state is None else {k: np.array(v, copy=True)
-                                                              for k, v in self.codec_state.items()}
+        codec_state = None if self.codec_state is None else {k: _host_copy(v) for k, v in self.codec_state.items()}
         return {"step": int(self.step), "sent": float(self.sent), "received": float(self.received),
                 "codec_state": codec_state, "config": config_hash(self.cfg), "rank": self.rank}
 
@@ -319,7 +370,7 @@ class TgsimHookState:
         if int(saved["step"]) < 0:
             raise ValueError(f"tgsim DDP hook: load_state_dict: step {saved['step']} < 0")
         if mine is not None:
-            self.codec_state = {k: np.array(theirs[k], dtype=mine[k].dtype, copy=True) for k in mine}
+            self.codec_state = {k: _on(self.setup.xp, np.asarray(theirs[k], dtype=mine[k].dtype)) for k in mine}
         self.step = int(saved["step"])
         self.sent, self.received = float(saved.get("sent", 0.0)), float(saved.get("received", 0.0))
 
@@ -347,7 +398,7 @@ class TgsimHookState:
         if missing:
             raise ValueError(f"tgsim DDP hook: step {self.step}: no gradient reached the hook for {missing[:5]}")
         model = self.setup.model
-        model.grads = {k: grads[k].detach().numpy().reshape(1, *model.shapes[k]) for k in self.params}
+        model.grads = {k: _array(grads[k]).reshape(1, *model.shapes[k]) for k in self.params}
         self._box.clear()
         try:
             _, _, info = train_step(self.setup, {}, {}, self.step, False, codec_state=self.codec_state)
@@ -359,11 +410,12 @@ class TgsimHookState:
         self.received += info.received
         mean = self._box.get("mean")
         for k, g in grads.items():
-            out = g.detach().numpy()
+            out = _array(g)
             if mean is None:
                 out[...] = 0
             else:
-                out[...] = np.asarray(mean[k]).reshape(out.shape)
+                out[...] = self.setup.xp.asarray(mean[k]).reshape(out.shape)
+        _synchronize(self.setup.xp)
         return buffers
 
 
@@ -418,21 +470,18 @@ class TgsimOptimizer:
         self.applied = state.step           # the next step whose gradient it may apply
 
     def _arrays(self) -> dict:
-        return {k: p.detach().numpy() for k, p in self.state.params.items()}
+        return {k: _array(p) for k, p in self.state.params.items()}
 
     def state_dict(self) -> dict:
-        """{"applied": the next step it may apply, "opt_state": the optimizer's state (copies)}."""
-        return {"applied": int(self.applied),
-                "opt_state": {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else
-                                  {n: np.array(a, copy=True) for n, a in v.items()} if isinstance(v, dict) else v)
-                              for k, v in self.opt_state.items()}}
+        """{"applied": the next step it may apply, "opt_state": the optimizer's state (NumPy copies)}."""
+        return {"applied": int(self.applied), "opt_state": {k: _host_copy(v) for k, v in self.opt_state.items()}}
 
     def load_state_dict(self, saved: dict) -> None:
         """Continue from `saved` (state_dict() after the same step as the hook state loaded)."""
         if int(saved["applied"]) != self.state.step:
             raise ValueError(f"TgsimOptimizer.load_state_dict: saved after step {int(saved['applied']) - 1}, but the "
                              f"hook's next step is {self.state.step}: load the hook's state from the same checkpoint")
-        self.opt_state = saved["opt_state"]
+        self.opt_state = {k: _on(self.state.setup.xp, v) for k, v in saved["opt_state"].items()}
         self.applied = int(saved["applied"])
 
     def zero_grad(self) -> None:
@@ -455,18 +504,20 @@ class TgsimOptimizer:
         for k, p in st.params.items():
             if p.grad is None:
                 raise ValueError(f"TgsimOptimizer.step: parameter {k!r} has no gradient")
-            grads[k] = p.grad.detach().numpy()
+            grads[k] = _array(p.grad)
         lr = learning_rate(st.cfg.schedule, step, st.cfg.run.steps)
         new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
+        xp = st.setup.xp
         for k, a in params.items():
-            np.copyto(a, new[k])
+            xp.copyto(a, new[k])
+        _synchronize(xp)
 
 
 def digest(module) -> str:
     """sha256 of the module's parameters' bytes in name order (what ranks compare after training)."""
     h = hashlib.sha256()
     for p in named_parameters(module).values():
-        h.update(np.ascontiguousarray(p.detach().numpy()).tobytes())
+        h.update(np.ascontiguousarray(p.detach().cpu().numpy()).tobytes())
     return h.hexdigest()
 
 
