@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import publish_report  # noqa: E402
 from _common import command_line, t_half_width, with_coding  # noqa: E402
 from _theme import claim, plt, save, seeds_note, sns, theme  # noqa: E402
 from tgsim.analysis.verdicts import noninferiority  # noqa: E402
@@ -193,7 +194,7 @@ if HAVE:
     fig.suptitle(f"torch ResNet (digits) and transformer (pychars) through tgsim; {seeds_note(runs.seed)}", y=1.0)
 else:
     for ax in axes:
-        ax.text(0.5, 0.5, "not run: make figures-real", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, publish_report.NOT_RUN, ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
 fig.tight_layout()
 
@@ -202,7 +203,7 @@ SCALE = "torch ResNet, 5,122 parameters, digits; char transformer, 82,665 parame
 SETTING = ("total batch 64, parameter server; rates tuned on a validation split per model and worker count; "
            "loss target 1.25 x fp32's minimum smoothed training loss")
 RULES = {"fp32-lr": "fp32's tuned rate for every method (the paper's rule)", "own-lr": "each method's own tuned rate"}
-NOT_RUN = "not run: make figures-real (TGSIM_FIGURES_REAL=1)"
+NOT_RUN = f"{publish_report.NOT_RUN} (TGSIM_FIGURES_REAL=1)"     # publish_report refuses a report showing it
 ABSENT = "not run in this form" if HAVE else NOT_RUN
 
 

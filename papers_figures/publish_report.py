@@ -16,7 +16,8 @@ dirty: whether tracked files differed from that commit when the run started (`gi
 script); failed: the scripts that exited non-zero; date (UTC) and seconds of the run.
 
 Publish (`publish`) refuses, with one line naming the reason (exit 2), a report that has no stamp,
-is QUICK, ran a subset (--only), ran from a dirty tree or outside git, or has failed scripts. It
+is QUICK, ran a subset (--only), ran from a dirty tree or outside git, has failed scripts, or shows
+a figure whose runs were not made (fig11 without `make figures-real`: `NOT_RUN`). It
 copies REPORT.md into the destination with every image link `out/NAME.png` rewritten to `NAME.png`
 and the lines linking the PDFs and CSVs (left in papers_figures/out/, not published) dropped, and
 copies those PNGs; the files it wrote before (REPORT.md, *.png) are replaced, nothing else.
@@ -43,6 +44,7 @@ ROOT = HERE.parent
 DEST = ROOT / "docs" / "report"
 MAX_BYTES = 5_000_000
 STAMP_RE = re.compile(r"^<!-- tgsim-report (\{.*\}) -->$")
+NOT_RUN = "not run: make figures-real"     # fig11's mark for real-model runs it did not find
 IMAGE_RE = re.compile(r"!\[([^\]]*)\]\((?:out/)?([A-Za-z0-9_.-]+\.png)\)")
 
 
@@ -98,6 +100,12 @@ def stamp_problems(s: dict | None) -> list[str]:
     return out
 
 
+def content_problems(text: str) -> list[str]:
+    """Why a report's text is not complete: a figure marked `NOT_RUN` (fig11's real-model runs, made
+    by `make figures-real` before `make figures`)."""
+    return [f"a figure says {NOT_RUN!r}: run `make figures-real`, then `make figures`"] if NOT_RUN in text else []
+
+
 def published_text(text: str) -> str:
     """REPORT.md as published: image links out/NAME.png -> NAME.png, the PDF / CSV link lines dropped."""
     lines = [ln for ln in text.split("\n") if not ln.startswith("[PDF](")]
@@ -113,7 +121,7 @@ def publish(report: Path, dest: Path, max_bytes: int = MAX_BYTES) -> list[Path]:
     """Copy the stamped full-run `report` (its PNGs beside it in out/) into `dest` (module docstring);
     the paths written. ValueError naming the reason for a report it refuses or a PNG it lacks."""
     text = report.read_text()
-    problems = stamp_problems(read_stamp(text))
+    problems = stamp_problems(read_stamp(text)) + content_problems(text)
     if problems:
         raise ValueError(f"{report}: not published: " + "; ".join(problems))
     out_dir = report.parent / "out" if (report.parent / "out").is_dir() else report.parent
@@ -143,7 +151,7 @@ def check_published(dest: Path, repo: Path = ROOT, max_bytes: int = MAX_BYTES) -
         return [f"{report} does not exist"]
     text = report.read_text()
     s = read_stamp(text)
-    problems = stamp_problems(s)
+    problems = stamp_problems(s) + content_problems(text)
     if s is not None and re.fullmatch(r"[0-9a-f]{40}", str(s.get("commit", ""))):
         if _git(repo, "cat-file", "-e", f"{s['commit']}^{{commit}}").returncode != 0:
             problems.append(f"commit {s['commit']} is not a commit of the repository at {repo}")

@@ -82,6 +82,19 @@ def test_publish_refuses_a_run_that_is_not_clean_and_full(tmp_path, change, reas
     assert not dest.exists()
 
 
+def test_publish_refuses_a_report_whose_real_model_runs_were_not_made(tmp_path):
+    """fig11's table says "not run: make figures-real" when make figures found no real-model runs:
+    refused, and the check names it in a published copy."""
+    report = _run(tmp_path, _full())
+    report.write_text(report.read_text() + "\n| real | n/a | not run: make figures-real (TGSIM_FIGURES_REAL=1) |\n")
+    with pytest.raises(ValueError, match="make figures-real"):
+        pr.publish(report, tmp_path / "d")
+    dest = tmp_path / "ok"
+    pr.publish(_run(tmp_path / "b", _full()), dest)
+    (dest / "REPORT.md").write_text((dest / "REPORT.md").read_text() + "\nnot run: make figures-real\n")
+    assert any("figures-real" in p for p in pr.check_published(dest, ROOT))
+
+
 def test_publish_refuses_missing_pngs_and_too_many_bytes(tmp_path):
     report = _run(tmp_path, _full())
     (report.parent / "out" / "fig02_b.png").unlink()
