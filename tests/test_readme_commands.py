@@ -71,6 +71,8 @@ QUICK = {
     ".venv/bin/tgsim compare time": (None, []),             # tests/test_compare_time.py
     "make figures": (None, []),                             # tests/test_figures_report.py (the quick form)
     "make figures QUICK=1": (None, []),                     # tests/test_figures_report.py
+    "make figures-real": (None, []),                        # fig11's quick form: tests/test_figures_report.py
+    "make figures-publish": (None, []),                     # tests/test_publish_report.py
     ".venv/bin/tgsim bench codec": (lambda t: _tgsim("bench", "codec", "--quick"),
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
