@@ -5,10 +5,10 @@ Problems (`PROBLEMS`): logistic regression (multinomial: data "digits", model "s
 640 weights) and the MNIST-1D convnet of the demo (data "mnist1d", model "convnet1d", 23,882
 parameters). Both: 8 workers, total batch 64 (8 per worker), momentum 0.9, constant learning rate.
 Real models (`REAL_PROBLEMS`, not run unless named): "resnet", the GroupNorm ResNet of
-tgsim.torch.examples (width 8, one block per stage: 5,122 parameters) on digits, momentum 0.9, 300
-steps; "transformer", the causal character transformer (d_model 64, 2 layers: 82,665 parameters) on
-"pychars", Adam with its own grid `ADAM_GRID` (0.00075, 0.0015, 0.003, 0.006: Adam's useful rates lie
-far below SGD's), 400 steps, its validation rows a plain random draw (`held_out`: some next-byte
+tgsim.torch.examples (width 8, one block per stage: 5,122 parameters) on digits, momentum 0.9, its
+own grid `SGD_REAL_GRID` (0.025 to 0.8 by factors of 2), 300 steps; "transformer", the causal character transformer (d_model 64, 2 layers: 82,665 parameters) on
+"pychars", Adam with its own grid `ADAM_GRID` (0.00075 to 0.012 by factors of 2: Adam's useful rates
+lie far below SGD's), 400 steps, its validation rows a plain random draw (`held_out`: some next-byte
 classes occur once, which a stratified split refuses); both 4 workers, total batch 64.
 `at_workers(problem, N)` is the problem at N workers, named NAME-nN (`--workers`).
 Methods (`methods`): labels of registered codecs (tgsim.analysis.common.split_label: NAME[key=value],
@@ -153,15 +153,17 @@ PROBLEMS = {"logistic": Problem("logistic", "digits", "softmax", 600),
             "convnet": Problem("convnet", "mnist1d", "convnet1d", 800)}
 # The real-model problems (not in the default list; `--problems resnet,transformer`):
 #   resnet       the GroupNorm ResNet of tgsim.torch.examples, width 8, 1 block per stage (5,122
-#                parameters), on scikit-learn's digits; momentum 0.9, the default grid LR_GRID
+#                parameters), on scikit-learn's digits; momentum 0.9, its own grid SGD_REAL_GRID (LR_GRID
+#                and two rates above it: fp32 chose LR_GRID's top rate at 8 workers)
 #   transformer  the causal character transformer (d_model 64, 4 heads, 2 layers, 82,665 parameters)
 #                on "pychars" (20,000 windows of 32 bytes); Adam, whose rates live about 30x below
 #                SGD's: its own grid ADAM_GRID
 # both 4 workers (`--workers` replaces it), total batch 64, 300 / 400 steps.
-ADAM_GRID = (0.00075, 0.0015, 0.003, 0.006)
+ADAM_GRID = (0.00075, 0.0015, 0.003, 0.006, 0.012)
+SGD_REAL_GRID = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
 REAL_PROBLEMS = {
     "resnet": torch_problem("resnet", "digits", "tgsim.torch.examples:resnet", 300, {"width": 8, "blocks": 1},
-                            workers=4, lr=0.05),
+                            workers=4, lr=0.05, lr_grid=SGD_REAL_GRID),
     "transformer": torch_problem("transformer", "pychars", "tgsim.torch.examples:char_transformer", 400,
                                  {"d_model": 64, "heads": 4, "layers": 2}, workers=4, lr=0.003, optimizer="adam",
                                  data_options=(("num_samples", 20000), ("context", 32)), lr_grid=ADAM_GRID,
@@ -350,6 +352,18 @@ def tune(problems, methods, lr_grid, jobs: int, bar=None) -> tuple[pd.DataFrame,
     return with_codec_options(grid)[GRID_COLUMNS], own
 
 
+def at_grid_edge(grid: pd.DataFrame) -> pd.DataFrame:
+    """The (problem, method, lr) rows of a bits_lr_grid table whose chosen own rate is the smallest or
+    the largest rate tried for that problem and method: the best rate may lie outside the grid."""
+    rows = []
+    for (prob, method), g in grid.groupby(["problem", "method"], sort=False):
+        chosen = g[g.chosen_own_lr]
+        if len(chosen) and g.lr.nunique() > 1 and float(chosen.lr.iloc[0]) in (g.lr.min(), g.lr.max()):
+            rows.append({"problem": prob, "method": method, "lr": float(chosen.lr.iloc[0]),
+                         "edge": "lowest" if float(chosen.lr.iloc[0]) == g.lr.min() else "highest"})
+    return pd.DataFrame(rows, columns=["problem", "method", "lr", "edge"])
+
+
 def t_interval(x) -> tuple[float, float, float]:
     """(mean, lower, upper) with a 95 % Student-t interval (papers_figures/_common.t_half_width's logic)."""
     from scipy import stats
@@ -481,6 +495,10 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
     out = write_tables(out, res, lambda d: _figure(runs, d / "bits.png", quick))
     if not quiet:
         _print_summary(res, problems, seeds, seconds, out, jobs, cap_factor, lr_grid)
+        edge = at_grid_edge(grid) if len(grid) else pd.DataFrame()
+        for r in edge.itertuples():
+            print(f"warning: {r.problem} {r.method}: the chosen rate {r.lr:g} is the {r.edge} of its grid; "
+                  "the best rate may lie outside it")
     return res
 
 

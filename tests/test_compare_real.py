@@ -41,7 +41,8 @@ def test_real_problem_configs_name_the_torch_model_and_its_optimizer():
 
 def test_grid_and_worker_counts_per_problem():
     t, r = cb.REAL_PROBLEMS["transformer"], cb.REAL_PROBLEMS["resnet"]
-    assert cb.grid_of(t, cb.LR_GRID) == cb.ADAM_GRID and cb.grid_of(r, cb.LR_GRID) == cb.LR_GRID
+    assert cb.grid_of(t, cb.LR_GRID) == cb.ADAM_GRID and cb.grid_of(r, cb.LR_GRID) == cb.SGD_REAL_GRID
+    assert cb.grid_of(cb.PROBLEMS["convnet"], cb.LR_GRID) == cb.LR_GRID      # make figures' problems unchanged
     assert cb.grid_of(t, ()) == ()                      # no tuning at all: every method at Problem.lr
     p = cb.at_workers(r, 8)
     assert (p.name, p.workers, p.batch) == ("resnet-n8", 8, r.batch)
@@ -145,3 +146,17 @@ def test_compare_time_cli_refuses_a_bad_net_file_before_running(tmp_path, capsys
                  "--out", str(tmp_path / "out")]) == 2
     assert "seconds must be" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+def test_a_rate_chosen_at_the_edge_of_its_grid_is_named():
+    """at_grid_edge: a method whose own chosen rate is its grid's smallest or largest is listed with
+    which edge; one chosen inside the grid, or a one-rate grid, is not."""
+    import pandas as pd
+
+    rows = []
+    for method, chosen in (("fp32", 0.2), ("qsgd", 0.05), ("sign", 0.025)):
+        rows += [dict(problem="resnet", method=method, lr=lr, chosen_own_lr=lr == chosen) for lr in (0.025, 0.05, 0.2)]
+    rows.append(dict(problem="resnet", method="one", lr=0.1, chosen_own_lr=True))
+    edge = cb.at_grid_edge(pd.DataFrame(rows))
+    assert edge.to_dict("records") == [{"problem": "resnet", "method": "fp32", "lr": 0.2, "edge": "highest"},
+                                       {"problem": "resnet", "method": "sign", "lr": 0.025, "edge": "lowest"}]
