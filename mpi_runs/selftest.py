@@ -228,11 +228,19 @@ def run_faults(ex, failures: list) -> int:
     # integer all-reduce: one rank contributes code sums of 127 (corrupt); every rank must raise
     import dataclasses
 
+    def corrupt_layers(kern, *a, **k):      # the whole-step form (Numba): every layer's sums into out=
+        out = kern.sum_codes_layers(*a, **k)
+        k["out"][...] = 127
+        return out
+
     class CorruptSums(TernGrad):
         def kernels_for(self, xp):
             kern = super().kernels_for(xp)
-            return type("CorruptKernels", (), {"__getattr__": lambda _, k: getattr(kern, k),
-                                               "sum_codes": lambda _, *a, **k: kern.sum_codes(*a, **k) * 0 + 127})()
+            methods = {"__getattr__": lambda _, k: getattr(kern, k),
+                       "sum_codes": lambda _, *a, **k: kern.sum_codes(*a, **k) * 0 + 127}
+            if hasattr(kern, "sum_codes_layers"):
+                methods["sum_codes_layers"] = lambda _, *a, **k: corrupt_layers(kern, *a, **k)
+            return type("CorruptKernels", (), methods)()
 
     sender = CorruptSums(**{f.name: getattr(codec, f.name) for f in dataclasses.fields(codec) if f.init}) \
         if rank == bad else codec

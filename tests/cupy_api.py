@@ -40,6 +40,8 @@ API: dict[str, tuple[str, ...]] = {
     "full": ("shape", "fill_value", "dtype", "order"),               # cupy.full.html
     "zeros_like": ("a", "dtype", "order", "subok", "shape"),         # cupy.zeros_like.html (v7.8.0+)
     "empty_like": ("prototype", "dtype", "order", "subok", "shape"), # cupy.empty_like.html
+    "from_dlpack": ("array",),                                       # cupy.from_dlpack.html (v12: array only)
+    "copyto": ("dst", "src", "casting", "where"),                    # cupy.copyto.html
     # ---- user kernels (tgsim/bench/codec_gpu.py) ---------------------------------------------------
     "ElementwiseKernel": ("in_params", "out_params", "operation", "name", "reduce_dims", "options",
                           "preamble", "no_return", "return_tuple", "loop_prep", "after_loop"),
@@ -118,6 +120,8 @@ DOC_PAGES = {
     "zeros": DOCS + "cupy.zeros.html",
     "zeros_like": "https://docs.cupy.dev/en/v7.8.0/reference/generated/cupy.zeros_like.html",
     "empty_like": DOCS + "cupy.empty_like.html",
+    "from_dlpack": "https://docs.cupy.dev/en/v12.2.0/reference/generated/cupy.from_dlpack.html",
+    "copyto": "https://docs.cupy.dev/en/stable/reference/generated/cupy.copyto.html",
     "ElementwiseKernel": "https://docs.cupy.dev/en/stable/reference/generated/cupy.ElementwiseKernel.html",
     "pad": DOCS + "cupy.pad.html",
     "ufunc": "https://docs.cupy.dev/en/v11.6.0/reference/generated/cupy.ufunc.html",

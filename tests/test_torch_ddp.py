@@ -16,7 +16,6 @@ torch (the mpiexec tests without MPI).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,36 +25,14 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
 
-from mpi_cases import load_params, mpiexec, needs_mpi, params_bits, simulate  # noqa: E402
+from mpi_cases import mpiexec, needs_mpi, simulate  # noqa: E402
+from torch_ddp_cases import (BUCKET_CAP_MB, CODECS, DRIVER, STEPS, TERNGRAD, TOPK_EF, check_bits,  # noqa: E402
+                             ddp_config, digest)
 
 from tgsim.errors import ConfigError  # noqa: E402
 from tgsim.torch import ddp as tgddp  # noqa: E402
 from tgsim.train import checkpoint  # noqa: E402
 
-STEPS = 5
-DRIVER = Path(__file__).resolve().parent / "torch_ddp_driver.py"
-BUCKET_CAP_MB = 0.002          # 2 KiB: from step 1 on, [2.bias, 2.weight] and [0.bias, 0.weight]
-
-
-def _config(codec: dict, mode: str) -> dict:
-    return {"run": {"name": "ddp", "seed": 5, "steps": STEPS, "eval_every": 0, "log_every": 10,
-                    "checkpoint_every": 1, "keep_checkpoints": STEPS},
-            "data": {"name": "mnist1d"},
-            "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
-            "workers": {"n": 2, "batch": 32},
-            "codec": codec, "exchange": {"mode": mode},
-            "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
-
-
-TERNGRAD = _config({"name": "terngrad"}, "allreduce")
-TOPK_EF = _config({"name": "topk", "error_feedback": True}, "ps")
-CODECS = {     # name -> config: the cases checked bit for bit against the simulator
-    "terngrad": TERNGRAD,
-    "terngrad-own": _config({"name": "terngrad", "sharing": "none"}, "allgather"),
-    "qsgd": _config({"name": "qsgd"}, "ps"),
-    "topk-ef": TOPK_EF,
-    "powersgd": _config({"name": "powersgd", "rank": 2}, "allreduce"),
-}
 CASES = {
     **{name: {"config": cfg, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": name == "topk-ef"}
        for name, cfg in CODECS.items()},
@@ -67,10 +44,6 @@ CASES = {
     "defect-no-residual": {"config": TOPK_EF, "steps": 3, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": True,
                            "defect": "no_residual"},
 }
-
-
-def _digest(params: dict) -> str:
-    return hashlib.sha256(b"".join(np.ascontiguousarray(params[k]).tobytes() for k in sorted(params))).hexdigest()
 
 
 def _run_job(tmp: Path, cases: dict, ranks: int, checks: bool) -> SimpleNamespace:
@@ -90,29 +63,12 @@ def _run_job(tmp: Path, cases: dict, ranks: int, checks: bool) -> SimpleNamespac
         key = json.dumps(case["config"], sort_keys=True)
         if key not in done:
             run = simulate(case["config"], tmp / "sim" / name)
-            steps = [_digest(checkpoint.read(p)["params"])
+            steps = [digest(checkpoint.read(p)["params"])
                      for p in checkpoint.list_checkpoints(tmp / "sim" / name / "checkpoints")]
-            assert len(steps) == STEPS and steps[-1] == _digest(run.params)
+            assert len(steps) == STEPS and steps[-1] == digest(run.params)
             done[key] = (steps, run.params)
         sim[name] = done[key]
     return SimpleNamespace(ranks=results, sim=sim, out=tmp / "out")
-
-
-def _check_bits(job, name: str, ranks: int, rebuilt_at: int = 1) -> None:
-    """After every step, on every rank, DDP's parameters are the simulator's (one bucket before DDP's
-    rebuild at step `rebuilt_at`, two from it on); rank 0's final parameters equal the simulator's
-    array by array."""
-    steps, params = job.sim[name]
-    assert len(job.ranks) == ranks
-    for r in job.ranks:
-        case = r["train"][name]
-        assert case["error"] is None, (r["rank"], case["error"])
-        assert case["buckets"] == [1] * rebuilt_at + [2] * (STEPS - rebuilt_at), case["buckets"]
-        assert case["digests"] == steps, f"rank {r['rank']}: first step that differs: " + \
-            str(next((i for i, (a, b) in enumerate(zip(case["digests"], steps)) if a != b), None))
-        assert case["sent"] > 0
-    assert params_bits(load_params(job.out / f"{name}.npz")) == params_bits(params)
-    assert steps[0] != steps[1]                        # the parameters move
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +83,14 @@ def test_ddp_with_the_hook_ends_with_the_simulators_bits(job, name):
     """After every one of 5 steps, on both ranks, DDP's parameters equal the simulator's bit for bit:
     step 0 with DDP's one bucket, steps 1.. with the two buckets of its rebuild; the final
     parameters (rank 0) equal the simulator's array by array."""
-    _check_bits(job, name, 2)
+    check_bits(job, name, 2)
 
 
 @needs_mpi
 def test_static_graph_rebuilds_at_step_2_with_the_same_bits(job):
     """DDP(static_graph=True) rebuilds its buckets at step 2, not 1: the parameters after every step
     are still the simulator's."""
-    _check_bits(job, "terngrad-static-graph", 2, rebuilt_at=2)
+    check_bits(job, "terngrad-static-graph", 2, rebuilt_at=2)
 
 
 @needs_mpi
@@ -161,7 +117,7 @@ def test_four_ranks_end_with_the_simulators_bits(tmp_path):
         cases[name] = d
     job4 = _run_job(tmp_path, cases, 4, checks=False)
     for name in cases:
-        _check_bits(job4, name, 4)
+        check_bits(job4, name, 4)
 
 
 @needs_mpi
@@ -290,7 +246,7 @@ def _exchange_buckets(state, layout: list[list[str]]) -> list:
 
 
 def _one_worker(codec: dict, mode: str, **run) -> dict:
-    d = json.loads(json.dumps(_config(codec, mode)))
+    d = json.loads(json.dumps(ddp_config(codec, mode)))
     d["workers"] = {"n": 1, "batch": 16}
     d["run"] = {**d["run"], "steps": 3, "keep_checkpoints": 3, **run}
     return d
@@ -310,7 +266,7 @@ def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(
 
     d = _one_worker(codec, mode)
     run = simulate(d, tmp_path / "sim")
-    sim = [_digest(checkpoint.read(p)["params"]) for p in checkpoint.list_checkpoints(tmp_path / "sim" / "checkpoints")]
+    sim = [digest(checkpoint.read(p)["params"]) for p in checkpoint.list_checkpoints(tmp_path / "sim" / "checkpoints")]
     cfg = from_dict(d)
     setup = build(cfg)
     module = setup.model.build(cfg.run.seed)
@@ -332,7 +288,7 @@ def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(
             digests.append(tgddp.digest(module))
     finally:
         torch.set_num_threads(before)
-    assert digests == sim and digests[-1] == _digest(run.params)
+    assert digests == sim and digests[-1] == digest(run.params)
     assert state.step == 3 and (state.codec_state is not None) == bool(codec.get("error_feedback"))
     with pytest.raises(ValueError, match="call step\\(\\) once after each backward pass"):
         opt.step()

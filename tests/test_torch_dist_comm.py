@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 
 from dist_comm_cases import CALLS, ERRORS, EXCHANGES  # noqa: E402
 from mpi_cases import mpiexec, needs_mpi, simulate  # noqa: E402
-from test_torch_ddp import BUCKET_CAP_MB, CODECS, DRIVER, STEPS, _check_bits, _digest  # noqa: E402
+from torch_ddp_cases import BUCKET_CAP_MB, CODECS, DRIVER, STEPS, check_bits, digest  # noqa: E402
 
 from tgsim.errors import ConfigError  # noqa: E402
 from tgsim.torch import ddp as tgddp  # noqa: E402
@@ -50,9 +50,9 @@ def job(tmp_path_factory):
     sim = {}
     for name, case in TRAIN.items():
         run = simulate(case["config"], tmp / "sim" / name)
-        steps = [_digest(checkpoint.read(p)["params"])
+        steps = [digest(checkpoint.read(p)["params"])
                  for p in checkpoint.list_checkpoints(tmp / "sim" / name / "checkpoints")]
-        assert len(steps) == STEPS and steps[-1] == _digest(run.params)
+        assert len(steps) == STEPS and steps[-1] == digest(run.params)
         sim[name] = (steps, run.params)
     return SimpleNamespace(ranks=ranks, sim=sim, out=tmp / "out")
 
@@ -99,7 +99,7 @@ def test_ddp_hook_over_gloo_ends_with_the_simulators_bits(job, name):
     """DDP with the hook whose exchange runs over DDP's own Gloo group: after every one of 5 steps,
     on both ranks, the simulator's parameters (one bucket at step 0, two from DDP's rebuild on)."""
     assert [r["train"][name]["comm"] for r in job.ranks] == ["tgsim.torch.dist_comm"] * 2
-    _check_bits(job, name, 2)
+    check_bits(job, name, 2)
 
 
 @needs_mpi
