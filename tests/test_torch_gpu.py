@@ -10,10 +10,11 @@ Skipped without a CUDA GPU, CuPy and a CUDA build of torch (the reason is in the
   * `tgsim run torch_digits --set run.backend=cupy` reaches the CPU run's test accuracy within 3
     points (about 11 of the 360 test images: the runs differ in the last bits from step 0 on);
   * `mpiexec -n 2` on the GPU backend equals the 2-worker GPU simulator bit for bit (TernGrad ps);
-  * DDP with tgsim's hook on the GPU (2 ranks on the machine's GPUs, Gloo for DDP's own start-up,
-    the hook's exchange over mpi4py with CuPy buffers) ends with the 2-worker GPU simulator's
-    parameters bit for bit (TernGrad, integer all-reduce); the NCCL transport's own checks are in
-    tests/test_torch_dist_comm.py.
+  * DDP with tgsim's hook on the GPU ends with the GPU simulator's parameters bit for bit (TernGrad,
+    integer all-reduce): over NCCL with the hook's exchange on DDP's own process group (transport
+    "torch", one rank: NCCL refuses two ranks on one GPU), and on 2 ranks (Gloo for DDP's start-up,
+    the hook's exchange over mpi4py with CuPy buffers); the NCCL transport's own calls are checked
+    in tests/test_torch_dist_comm.py.
 """
 
 from __future__ import annotations
@@ -157,3 +158,49 @@ def test_ddp_hook_on_the_gpu_equals_the_gpu_simulator(tmp_path):  # pragma: no c
     sim = simulate(config, tmp_path / "sim")
     assert params_bits(load_params(tmp_path / "out" / "terngrad.npz")) == \
         params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})
+
+
+def test_ddp_hook_over_nccl_equals_the_gpu_simulator(tmp_path):  # pragma: no cover - needs a GPU
+    """DDP over NCCL with the hook's exchange on the same process group (transport "torch": NCCL for the
+    CuPy buffers, a Gloo group for host ones), one rank on GPU 0 (NCCL refuses two ranks on one GPU),
+    5 steps of TernGrad: the 1-worker GPU simulator's parameters bit for bit."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tgsim.data import batch_indices
+    from tgsim.torch import ddp as tgddp
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import build
+
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    config = {"run": {"name": "nccl", "seed": 5, "steps": 5, "eval_every": 0, "log_every": 10,
+                      "checkpoint_every": 0, "backend": "cupy"},
+              "data": {"name": "mnist1d"},
+              "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
+              "workers": {"n": 1, "batch": 32}, "codec": {"name": "terngrad"}, "exchange": {"mode": "allreduce"},
+              "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+    cfg = from_dict(config)
+    setup = build(cfg)
+    torch.cuda.set_device(0)
+    module = setup.model.build(cfg.run.seed).to("cuda:0")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        state = tgddp.TgsimHookState.create(module, config, transport="torch")
+        model = DDP(module, device_ids=[0])
+        tgddp.register(model, state)
+        opt = tgddp.TgsimOptimizer(state)
+        b = cfg.workers.per_worker_batch
+        for step in range(5):
+            idx = batch_indices(setup.shards[0], b, cfg.run.seed, step, 0)
+            x = torch.from_numpy(setup.dataset.x_train[idx]).to("cuda:0")
+            y = torch.from_numpy(setup.dataset.y_train[idx]).to("cuda:0")
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        got = {k: p.detach().cpu().numpy() for k, p in tgddp.named_parameters(module).items()}
+    finally:
+        dist.destroy_process_group()
+    sim = simulate(config, tmp_path / "sim")
+    assert state.step == 5
+    assert params_bits(got) == params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})
