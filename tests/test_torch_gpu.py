@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 
 from mpi_cases import load_params, mpiexec, needs_mpi, params_bits, simulate
+from torch_ddp_cases import BUCKET_CAP_MB, STEPS, ddp_config
 from tgsim.backend import gpu_available
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
@@ -139,15 +140,20 @@ def test_mpi_on_the_gpu_equals_the_gpu_simulator(tmp_path):  # pragma: no cover 
         params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})
 
 
+def _gpu_config(n: int) -> dict:
+    """The DDP tests' TernGrad all-reduce config (tests/torch_ddp_cases.py) on the GPU backend, n workers
+    of 16 samples, no checkpoints."""
+    d = ddp_config({"name": "terngrad"}, "allreduce")
+    d["run"] = {**d["run"], "backend": "cupy", "checkpoint_every": 0}
+    d["workers"] = {"n": n, "batch": 16 * n}
+    return d
+
+
 @needs_mpi
 def test_ddp_hook_on_the_gpu_equals_the_gpu_simulator(tmp_path):  # pragma: no cover - needs a GPU
-    config = {"run": {"name": "ddp-gpu", "seed": 5, "steps": 5, "eval_every": 0, "log_every": 10,
-                      "checkpoint_every": 0, "backend": "cupy"},
-              "data": {"name": "mnist1d"},
-              "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
-              "workers": {"n": 2, "batch": 32}, "codec": {"name": "terngrad"}, "exchange": {"mode": "allreduce"},
-              "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
-    cases = {"train": {"terngrad": {"config": config, "steps": 5, "bucket_cap_mb": 0.002, "bucket_view": False}}}
+    config = _gpu_config(2)
+    cases = {"train": {"terngrad": {"config": config, "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB,
+                                    "bucket_view": False}}}
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     (tmp_path / "out").mkdir()
     driver = Path(__file__).resolve().parent / "torch_ddp_driver.py"
@@ -174,12 +180,7 @@ def test_ddp_hook_over_nccl_equals_the_gpu_simulator(tmp_path):  # pragma: no co
 
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
-    config = {"run": {"name": "nccl", "seed": 5, "steps": 5, "eval_every": 0, "log_every": 10,
-                      "checkpoint_every": 0, "backend": "cupy"},
-              "data": {"name": "mnist1d"},
-              "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:mlp", "kwargs": {"hidden": [64]}}},
-              "workers": {"n": 1, "batch": 32}, "codec": {"name": "terngrad"}, "exchange": {"mode": "allreduce"},
-              "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+    config = _gpu_config(1)
     cfg = from_dict(config)
     setup = build(cfg)
     torch.cuda.set_device(0)
@@ -191,7 +192,7 @@ def test_ddp_hook_over_nccl_equals_the_gpu_simulator(tmp_path):  # pragma: no co
         tgddp.register(model, state)
         opt = tgddp.TgsimOptimizer(state)
         b = cfg.workers.per_worker_batch
-        for step in range(5):
+        for step in range(STEPS):
             idx = batch_indices(setup.shards[0], b, cfg.run.seed, step, 0)
             x = torch.from_numpy(setup.dataset.x_train[idx]).to("cuda:0")
             y = torch.from_numpy(setup.dataset.y_train[idx]).to("cuda:0")
@@ -202,5 +203,5 @@ def test_ddp_hook_over_nccl_equals_the_gpu_simulator(tmp_path):  # pragma: no co
     finally:
         dist.destroy_process_group()
     sim = simulate(config, tmp_path / "sim")
-    assert state.step == 5
+    assert state.step == STEPS
     assert params_bits(got) == params_bits({k: np.asarray(v.get()) for k, v in sim.params.items()})
