@@ -38,8 +38,8 @@ Each method takes, at each setting, the fastest pattern it supports.
 
 Hardware (`perfmodel_ddp.HARDWARE`): "p100-fp32" (4 per node, NVLink) and "h100-amp" (8 per node,
 NVLink 4, x12 compute): both by default; "host-cpu" (`HOST`, `hardware_row`): speed 1, one device per
-node, for a net whose compute time was measured on this machine. Links (`LINKS`): 1 and 10 Gb/s Ethernet (50 us per hop),
-100 Gb/s InfiniBand (2 us); 90 % efficiency. Nets: AlexNet, VGG-A, GoogLeNet, ResNet-50; `net_files`
+node, for a net whose compute time was measured on this machine. Links (`LINKS`: each rate's assumed
+latency per message): 1 and 10 Gb/s Ethernet, 100 Gb/s InfiniBand; 90 % efficiency. Nets: AlexNet, VGG-A, GoogLeNet, ResNet-50; `net_files`
 (--net-file) adds nets described by JSON files (`perfmodel_nets.net_from_file`: a model's real
 parameter shapes and its forward + backward seconds measured on this machine), e.g. the torch models
 that compare bits trains as "resnet" and "transformer", with their K (--problem).

@@ -57,9 +57,6 @@ ALLOWED: list[tuple[str, str, str]] = [
      "the model's default per-message latencies (Network constants), stated as assumptions"),
     ("analysis/perfmodel_emulation.py", "max(256 KiB, 1 ms at the rate)",
      "the tbf burst size the code computes (tgsim/bench/netem.sh's rule)"),
-    ("analysis/compare_time.py", "1 and 10 Gb/s Ethernet (50 us per hop),",
-     "the LINKS constants: the model's per-hop latencies"),
-    ("analysis/compare_time.py", "100 Gb/s InfiniBand (2 us); 90 % efficiency.", "the LINKS constants (as above)"),
 ]
 
 
