@@ -34,10 +34,10 @@ def _scaled_code_sums(codec, messages: Sequence, layout) -> dict:
     """{ternary layer index: f32((f64(Σ_w codes_w) * f64(s)) * f64(1/N))} of every ternary layer in
     one call where the host kernel set offers `scaled_code_sum_layers` (Numba; s: the shared scaler,
     message 0's), else {} (the layers are summed one by one). Host parts that are not one
-    encode_many call's rows go by address, not stacked."""
+    encode_many call's rows go by address, not stacked. The caller has checked N (`code_dtype`)."""
     tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
     n = len(messages)
-    if not tern or n > 32767 or any(array_module(messages[0].parts[i]) is not np for i in tern):
+    if not tern or any(array_module(messages[0].parts[i]) is not np for i in tern):
         return {}
     step = getattr(codec.kernels_for(np), "scaled_code_sum_layers", None)
     if step is None:

@@ -333,7 +333,8 @@ class TernGrad:
 
         The layers are converted first, then the ternary layers' statistics computed: in one call
         for the whole step where the kernels offer `moments_layers` (Numba: one call; CUDA: one
-        launch, one copy back), else layer by layer; the scalings of all finite layers at once; then the errors are taken in layer order as before."""
+        launch, one copy back), else layer by layer; the scalings of all finite layers at once; then
+        the errors are taken in layer order as before."""
         events: dict[int, Exception] = {}    # worker -> its error at its first failing layer
 
         def nonfinite(spec, flat, w):
@@ -406,9 +407,8 @@ class TernGrad:
         """{layer index: ScalingBatch} of the layers in `moments` whose rows are all finite:
         scaling_from_moments_many once over the step's layers (elementwise: the bits of the
         layer-by-layer calls), cut back into layers."""
-        if len(moments) <= 1:
-            return {i: scaling_from_moments_many(m[0], m[1], self.clip, self.clip_factor)
-                    for i, m in moments.items() if m[2].all()}
+        if not moments:
+            return {}
         idx = list(moments)
         lens = [len(moments[i][0]) for i in idx]
         starts = np.cumsum([0] + lens[:-1])

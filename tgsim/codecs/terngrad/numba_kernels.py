@@ -45,7 +45,8 @@ Everything compiles lazily on the first call (`cache=True` keeps the machine cod
 The kernels live by job: numba_moments (absmax, σ), numba_encode (Philox -> rule -> bytes),
 numba_decode (decode-and-sum of payloads), tgsim.rng.numba_philox (the words); numba_layers runs
 them over every layer of a step in one call (moments_layers, encode_layers, weighted_sum_layers,
-scaled_code_sum_layers, and for the integer all-reduce sum_codes_layers, decode_code_sums_layers); numba_common holds their input checks and serial/parallel thresholds.
+scaled_code_sum_layers, and for the integer all-reduce sum_codes_layers, decode_code_sums_layers);
+numba_common holds their input checks and serial/parallel thresholds.
 """
 
 from tgsim.codecs.terngrad.numba_decode import WEIGHTED_SUM_INTO_OUT, scaled_code_sum, sum_codes, weighted_sum
@@ -57,4 +58,5 @@ from tgsim.rng.numba_philox import philox4x32_10, philox_block, random_words
 
 __all__ = ["moments", "encode", "encode_range", "moments_many", "encode_many", "weighted_sum", "sum_codes",
            "scaled_code_sum", "moments_layers", "encode_layers", "weighted_sum_layers", "scaled_code_sum_layers",
-           "sum_codes_layers", "decode_code_sums_layers", "WEIGHTED_SUM_INTO_OUT", "philox_block", "philox4x32_10", "random_words"]
+           "sum_codes_layers", "decode_code_sums_layers", "WEIGHTED_SUM_INTO_OUT", "philox_block", "philox4x32_10",
+           "random_words"]
