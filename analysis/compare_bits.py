@@ -8,8 +8,9 @@ Real models (`REAL_PROBLEMS`, not run unless named): "resnet", the GroupNorm Res
 tgsim.torch.examples (width 8, one block per stage: 5,122 parameters) on digits, momentum 0.9, its
 own grid `SGD_REAL_GRID` (0.025 to 0.8 by factors of 2), 300 steps; "transformer", the causal character transformer (d_model 64, 2 layers: 82,665 parameters) on
 "pychars", Adam with its own grid `ADAM_GRID` (0.00075 to 0.012 by factors of 2: Adam's useful rates
-lie far below SGD's), 400 steps, its validation rows a plain random draw (`held_out`: some next-byte
-classes occur once, which a stratified split refuses); both 4 workers, total batch 64.
+lie far below SGD's), 400 steps, its validation rows a plain seeded draw
+(`data.options.validation_stratify = false`: some next-byte classes occur once, which a stratified
+split refuses); both 4 workers, total batch 64.
 `at_workers(problem, N)` is the problem at N workers, named NAME-nN (`--workers`).
 Methods (`methods`): labels of registered codecs (tgsim.analysis.common.split_label: NAME[key=value],
 "+ef", "+pqasgd"); by default every registered codec, plugins included, at its default options,
@@ -18,7 +19,7 @@ float32 codec, common.baseline) is always run.
 
 Learning rates: two rules, side by side (column "rule"), both tuned on a validation split (20 % of
 the training rows held out, stratified: `data.options.validation`; a problem with stratify False: a
-plain random draw, `held_out`; the test set is not seen), from
+plain seeded draw, `data.options.validation_stratify = false`; the test set is not seen), from
 the grid `LR_GRID` (0.025, 0.05, 0.1, 0.2), one tuning seed (`TUNE_SEED` = 100, not one of the
 reported seeds), `steps` steps each, score = the validation loss at the end (a diverged run scores
 +inf):
@@ -81,7 +82,6 @@ FACTOR = 1.25              # threshold = FACTOR x fp32's minimum smoothed traini
 LR_GRID = (0.025, 0.05, 0.1, 0.2)     # learning rates tried on the validation split
 VALIDATION = 0.2           # fraction of the training rows held out for tuning
 TUNE_SEED = 100            # the tuning runs' seed (not one of the reported seeds)
-VALIDATION_TAG = 0x7A11D   # seeds `held_out`'s draw of validation rows
 RULES = ("fp32-lr", "own-lr")
 
 
@@ -120,7 +120,7 @@ class Problem:
     options (a torch model: ("factory", "package.module:function"), ("kwargs", ((key, value), ...)));
     optimizer: "momentum" (with `momentum`) or "adam" (its defaults); lr_grid: this problem's own
     grid of rates, used instead of the run's when not empty; stratify False: the validation split is
-    drawn without stratification (`held_out`; next-byte data has classes seen once)."""
+    drawn without stratification (`validation_stratify = false`; next-byte data has classes seen once)."""
     name: str
     data: str
     model: str
@@ -133,7 +133,7 @@ class Problem:
     model_options: tuple = ()
     data_options: tuple = ()
     lr_grid: tuple = ()
-    stratify: bool = True      # False: the validation rows are a plain random draw (`held_out`)
+    stratify: bool = True      # False: the validation rows are a plain seeded draw (validation_stratify)
 
 
 def _options(pairs) -> dict:
@@ -191,8 +191,8 @@ def config(problem: Problem, method: str, seed: int, steps: int, lr: float | Non
     from tgsim.train.config import from_dict
 
     codec, exchange = method_sections(method)
-    strat = validation > 0 and problem.stratify
-    data_options = {**_options(problem.data_options), **({"validation": validation} if strat else {})}
+    held = {"validation": validation, **({} if problem.stratify else {"validation_stratify": False})}
+    data_options = {**_options(problem.data_options), **(held if validation > 0 else {})}
     optimizer = {"name": "momentum", "momentum": problem.momentum, "weight_decay": 0.0} \
         if problem.optimizer == "momentum" else {"name": problem.optimizer}
     return from_dict({
@@ -206,26 +206,6 @@ def config(problem: Problem, method: str, seed: int, steps: int, lr: float | Non
         "optimizer": optimizer,
         "schedule": {"name": "constant", "lr": problem.lr if lr is None else lr},
     })
-
-
-def held_out(setup, fraction: float, seed: int):
-    """`setup` with `fraction` of its training rows (a uniform random draw, seeded by (VALIDATION_TAG,
-    seed); no stratification) moved into the evaluation set, the test set dropped, the rest re-sharded
-    as the config says: the validation split of a data set whose classes cannot all be stratified."""
-    from tgsim.data import shard
-    from tgsim.data.datasets import Dataset
-
-    ds, cfg = setup.dataset, setup.cfg
-    n_val = int(round(fraction * ds.n_train))
-    if not 0 < n_val < ds.n_train:
-        raise ValueError(f"compare bits: cannot hold out {fraction} of {ds.n_train} training rows")
-    order = np.random.default_rng([VALIDATION_TAG, int(seed)]).permutation(ds.n_train)
-    fit, val = np.sort(order[n_val:]), np.sort(order[:n_val])
-    meta = {**ds.meta, "eval_split": "validation", "validation": fraction, "n_test_not_used": ds.n_test}
-    data = Dataset(ds.name, ds.task, ds.x_train[fit], ds.y_train[fit], ds.x_train[val], ds.y_train[val],
-                   ds.n_classes, ds.feature_shape, meta)
-    shards = shard(data.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha, seed=cfg.run.seed)
-    return dataclasses.replace(setup, dataset=data, shards=shards)
 
 
 def train(cfg, window: int, threshold: float | None, common: int | None = None, setup=None) -> dict:
@@ -308,13 +288,10 @@ def _job(args) -> dict:
     args = (problem, method, seed, window, threshold, cap, lr, validation, common)."""
     from tgsim.analysis.common import single_thread
 
-    from tgsim.train.loop import build
-
     problem, method, seed, window, threshold, cap, lr, validation, common = args
     with single_thread():
         cfg = config(problem, method, seed, cap, lr, validation)
-        setup = held_out(build(cfg), validation, seed) if validation > 0 and not problem.stratify else None
-        r = train(cfg, window, threshold, common, setup)
+        r = train(cfg, window, threshold, common)
     return dict(problem=problem.name, method=method, seed=seed, lr=lr, cap=cap, window=window,
                 threshold=threshold if threshold is not None else float("nan"), **r)
 

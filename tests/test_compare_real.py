@@ -50,24 +50,15 @@ def test_grid_and_worker_counts_per_problem():
         cb.at_workers(r, 3)
 
 
-def test_held_out_draws_validation_rows_from_the_training_split():
-    from tgsim.train.loop import build
-
-    setup = build(cb.config(cb.PROBLEMS["logistic"], "fp32", 0, 5))
-    ds = setup.dataset
-    held = cb.held_out(setup, 0.2, 7)
-    h = held.dataset
-    assert h.eval_split == "validation" and h.n_test == round(0.2 * ds.n_train)
-    assert h.n_train + h.n_test == ds.n_train
-    rows = {r.tobytes() for r in ds.x_train}
-    assert all(r.tobytes() in rows for r in h.x_test)           # from the training split, not the test set
-    fit = {r.tobytes() for r in h.x_train}
-    assert not any(r.tobytes() in fit for r in h.x_test)        # disjoint (digits rows are distinct)
-    assert max(int(s.max()) for s in held.shards) < h.n_train and sum(map(len, held.shards)) == h.n_train
-    again = cb.held_out(setup, 0.2, 7).dataset
-    assert np.array_equal(again.y_test, h.y_test)               # seeded
-    with pytest.raises(ValueError, match="cannot hold out"):
-        cb.held_out(setup, 1e-6, 7)
+def test_an_unstratified_problem_asks_the_data_layer_for_a_plain_validation_draw():
+    """The transformer's validation rows: `data.options.validation_stratify = false` (pychars has
+    next-byte classes seen once, which a stratified split refuses); the ResNet's stay stratified; no
+    option without a validation split."""
+    t = cb.config(cb.REAL_PROBLEMS["transformer"], "fp32", 0, 5, 0.003, cb.VALIDATION)
+    assert t.data.options["validation"] == cb.VALIDATION and t.data.options["validation_stratify"] is False
+    r = cb.config(cb.REAL_PROBLEMS["resnet"], "fp32", 0, 5, 0.05, cb.VALIDATION)
+    assert "validation_stratify" not in r.data.options
+    assert "validation_stratify" not in cb.config(cb.REAL_PROBLEMS["transformer"], "fp32", 0, 5, 0.003).data.options
 
 
 def test_cli_rejects_worker_counts_that_do_not_divide_the_batch(capsys):

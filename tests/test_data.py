@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 import socket
 from pathlib import Path
@@ -356,6 +358,29 @@ def test_validation_is_held_out_of_train_and_replaces_test(name):
     other = load(name, seed=4, validation=0.2)
     assert not np.array_equal(other.y_test if name != "least_squares" else other.x_test,
                               ds.y_test if name != "least_squares" else ds.x_test)
+
+
+def test_an_unstratified_validation_split_takes_labels_seen_once():
+    """digits with one label made unique: the stratified split refuses it (its error names the data
+    set); validation_stratify=False draws the rows plainly, seeded, disjoint from the fit rows; a
+    non-bool is refused."""
+    from tgsim.data import datasets as dsm
+
+    full = load("digits", seed=3)
+    y = full.y_train.copy()
+    y[0] = full.n_classes                          # a label seen once
+    odd = dataclasses.replace(full, y_train=y, n_classes=full.n_classes + 1)
+    with pytest.raises(ValueError, match="cannot hold out"):
+        dsm._hold_out(odd, 0.2, 3)
+    plain = dsm._hold_out(odd, 0.2, 3, stratify=False)
+    assert plain.n_train + plain.n_test == full.n_train and abs(plain.n_test - 0.2 * full.n_train) <= 1
+    fit, val = {r.tobytes() for r in plain.x_train}, {r.tobytes() for r in plain.x_test}
+    assert not fit & val
+    assert np.array_equal(dsm._hold_out(odd, 0.2, 3, stratify=False).x_test, plain.x_test)
+    assert not np.array_equal(load("digits", seed=3, validation=0.2, validation_stratify=False).y_test,
+                              load("digits", seed=3, validation=0.2).y_test)
+    with pytest.raises(ValueError, match="validation_stratify"):
+        load("digits", validation=0.2, validation_stratify="no")
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, float("nan"), "x"])

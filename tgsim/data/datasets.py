@@ -63,7 +63,8 @@ Names and their keyword arguments (defaults in parentheses):
   ``seed`` does not affect it. ``meta``: factory, kwargs, sample_shape, sha256 (of the arrays).
 
 Every name also takes ``validation`` (0.0): a fraction of the training split held out, stratified
-by label for classification and keyed by ``seed``, that replaces the test split for the run
+by label for classification (``validation_stratify = false``: a plain seeded draw, for labels seen
+once, e.g. pychars' rare bytes) and keyed by ``seed``, that replaces the test split for the run
 (``Dataset.eval_split == "validation"``; the test arrays are not returned at all). Tune
 hyper-parameters on it, then report test accuracy from runs with ``validation=0``. The held-out
 rows come from the loader's training arrays as returned (for the scikit-learn sets, after
@@ -432,30 +433,35 @@ def dataset_kwargs(name: str) -> dict[str, Any]:
     return {p.name: p.default for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
-def load(name: str, seed: int = 0, *, validation: float = 0.0, **kwargs) -> Dataset:
+def load(name: str, seed: int = 0, *, validation: float = 0.0, validation_stratify: bool = True,
+         **kwargs) -> Dataset:
     """Load dataset `name`; see the module docstring for the names and their keyword arguments.
 
     Unknown names or keyword arguments raise ValueError listing the valid ones. `validation` > 0
-    holds that fraction of the training split out as the evaluation set (see the module docstring).
+    holds that fraction of the training split out as the evaluation set (see the module docstring);
+    validation_stratify False draws those rows without stratifying by label (for labels seen once).
     """
     valid = dataset_kwargs(name)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise ValueError(f"unknown keyword argument(s) {', '.join(map(repr, unknown))} for dataset "
-                         f"{name!r}; valid: validation=0.0, "
+                         f"{name!r}; valid: validation=0.0, validation_stratify=True, "
                          f"{', '.join(f'{k}={v!r}' for k, v in valid.items())}")
     validation = _check_float("validation", validation, 0.0)
     if validation >= 1.0:
         raise ValueError(f"validation must be in [0, 1), got {validation}")
     ds = _LOADERS[name](_check_seed(seed), **kwargs)
-    return _hold_out(ds, validation, seed) if validation > 0 else ds
+    if not isinstance(validation_stratify, bool):
+        raise ValueError(f"validation_stratify must be true or false, got {validation_stratify!r}")
+    return _hold_out(ds, validation, seed, validation_stratify) if validation > 0 else ds
 
 
-def _hold_out(ds: Dataset, fraction: float, seed: int) -> Dataset:
-    """`ds` with `fraction` of its training rows moved into the evaluation set (the test set dropped)."""
+def _hold_out(ds: Dataset, fraction: float, seed: int, stratify: bool = True) -> Dataset:
+    """`ds` with `fraction` of its training rows moved into the evaluation set (the test set dropped),
+    stratified by label for classification unless `stratify` is False."""
     from sklearn.model_selection import train_test_split
 
-    classification = ds.task == "classification"
+    classification = ds.task == "classification" and stratify
     try:
         idx_fit, idx_val = train_test_split(
             np.arange(ds.n_train), test_size=fraction, stratify=ds.y_train if classification else None,
