@@ -435,3 +435,44 @@ def test_numba_whole_step_equals_the_per_layer_calls(monkeypatch, nw, clip, pack
         codec.scaling_many(bad)
     assert type(err_whole.value) is type(err_layers.value) and str(err_whole.value) == str(err_layers.value)
     assert "'fc'" in str(err_layers.value) and f"worker {nw - 1}" in str(err_layers.value)
+
+
+def _two_scales(nw: int = 3) -> dict:
+    """Two ternary layers an order of magnitude apart and a float layer, (nw, *shape)."""
+    rng = np.random.default_rng(11)
+    return {"w": rng.standard_normal((nw, 50)).astype(np.float32),
+            "u": (6 * rng.standard_normal((nw, 4, 5))).astype(np.float32),
+            "b": rng.standard_normal((nw, 4)).astype(np.float32)}
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("kernels", ["reference", "numba"])
+def test_model_scope_gives_every_ternary_layer_the_whole_models_scaling(kernels):
+    """scope = "model": per worker one max |g| and one σ over the ternary layers concatenated (plain
+    NumPy here), clipped at 2.5σ; float layers left out; the per-worker calls give the same bits.
+    Control: layer by layer the two layers' scalers differ."""
+    g = _two_scales()
+    rows = np.concatenate([g["w"], g["u"].reshape(3, -1)], axis=1).astype(np.float64)
+    bound = 2.5 * rows.std(axis=1)
+    expect = np.minimum(np.abs(rows).max(axis=1), bound)
+    own = TernGrad(kernels=kernels, float_layers=("b",), clip="explicit").scaling_many(g)
+    assert not np.allclose(own[0].scaler, own[1].scaler, rtol=0.1)
+    codec = TernGrad(kernels=kernels, float_layers=("b",), clip="explicit", scope="model")
+    got = codec.scaling_many(g)
+    assert got[2] is None
+    for batch in got[:2]:
+        np.testing.assert_allclose(batch.scaler, expect, rtol=1e-6)
+        np.testing.assert_allclose(batch.clip_bound, bound, rtol=1e-6)
+    msgs = codec.encode_many(g, 4, 9, np.arange(3))
+    for w in range(3):
+        one = {k: v[w] for k, v in g.items()}
+        assert [s.scaler for s in codec.scaling(one)[:2]] == [float(got[0].scaler[w])] * 2
+        assert codec.encode(one, StreamKey(4, 9, w)).to_bytes() == msgs[w].to_bytes()
+        assert msgs[w].scalers.tolist() == [np.float32(expect[w]), np.float32(expect[w]), 0.0]
+
+
+def test_scope_is_checked_and_kept_by_the_downlink_codec():
+    with pytest.raises(ValueError, match="scope must be one of"):
+        TernGrad(scope="bucket")
+    assert TernGrad(scope="model").downlink_codec().scope == "model"
+    assert TernGrad().scope == "layer"

@@ -16,7 +16,10 @@ with StreamKey(seed, step, workers[w])), one kernel call per layer for all W wor
 
 Layer i of a message is drawn from the stream key.with_layer(i) (see tgsim.rng). Layers named in
 `float_layers`, or with fewer than `min_size` elements, travel as float32 (the public code keeps
-small layers in float, `size_to_binarize`).
+small layers in float, `size_to_binarize`). Option `scope = "model"` gives every ternary layer the
+scaling of the whole model (its ternary layers concatenated: one max |g|, one σ, one clip bound per
+worker) instead of the paper's one per layer (Sec. 3.3); the message still carries one scaler per
+layer, all equal.
 
 Input dtypes: float32 as is; float16 widened exactly; float64 rounded to float32 (values beyond
 float32's range are an error). Integer, boolean and complex gradients raise TypeError; NaN/Inf raise
@@ -43,6 +46,7 @@ from tgsim.codecs.terngrad.moments import layer_moments
 from tgsim.codecs.terngrad.quantizer import CLIP_MODES, LayerScaling, scaling_from_moments
 
 SHARING_MODES = ("max", "mean", "none")
+SCOPES = ("layer", "model")
 from tgsim.errors import NonFiniteGradientError
 from tgsim.rng import StreamKey
 
@@ -190,6 +194,7 @@ class TernGrad:
     float_layers: tuple[str, ...] = field(default_factory=tuple)
     kernels: str = "auto"           # "auto" | "reference" | "numba" | "cuda"
     sharing: str = "max"            # shared scaler: "max" over workers (paper) | "mean" | "none"
+    scope: str = "layer"            # one scaler per "layer" (paper, Sec. 3.3) | one for the whole "model"
 
     name = "terngrad"
 
@@ -206,6 +211,8 @@ class TernGrad:
         float_layers: tuple = options.option((), "names of layers that stay float32")
         sharing: str = options.option("max", "shared scaler: max over workers (paper), mean, or none (own)",
                                       choices=SHARING_MODES)
+        scope: str = options.option("layer", "scaler and clip bound per layer (paper, Sec. 3.3) or one for the "
+                                    "whole model (max |g| and σ over all ternary layers)", choices=SCOPES)
 
         def __post_init__(self):
             if not (self.clip_factor > 0 and math.isfinite(self.clip_factor)):
@@ -218,6 +225,8 @@ class TernGrad:
             raise ValueError(f"packing must be one of {FORMATS}, got {self.packing!r}")
         if self.sharing not in SHARING_MODES:
             raise ValueError(f"sharing must be one of {SHARING_MODES}, got {self.sharing!r}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
         if not (self.clip_factor > 0 and math.isfinite(self.clip_factor)):
             raise ValueError(f"clip_factor must be a positive number, got {self.clip_factor}")
         object.__setattr__(self, "float_layers", tuple(self.float_layers))
@@ -228,7 +237,8 @@ class TernGrad:
         """The codec of a [codec] config section: its Options (tgsim.codecs.options.parse) and `kernels`."""
         o = options.parse(cls, cfg)
         return cls(clip=o.clip, clip_factor=o.clip_factor, packing=o.packing, min_size=o.min_size,
-                   float_layers=o.float_layers, kernels=getattr(cfg, "kernels", "auto"), sharing=o.sharing)
+                   float_layers=o.float_layers, kernels=getattr(cfg, "kernels", "auto"), sharing=o.sharing,
+                   scope=o.scope)
 
     @property
     def properties(self) -> CodecProperties:
@@ -319,6 +329,14 @@ class TernGrad:
             if not m.finite:
                 raise NonFiniteGradientError(spec.name, int((~xp.isfinite(flat)).sum()))
             out.append(scaling_from_moments(m.absmax, m.sigma, self.clip, self.clip_factor))
+        if self.scope == "model":
+            tern = [as_float32_layer(spec.name, g) for spec, g, s in zip(self.layout(layers).layers, layers.values(),
+                                                                         out) if s is not None]
+            if tern:
+                xp = array_module(tern[0])
+                m = self.kernels_for(xp).moments(xp.concatenate(tern), self.clip != "none")
+                whole = scaling_from_moments(m.absmax, m.sigma, self.clip, self.clip_factor)
+                out = [None if s is None else whole for s in out]
         return out
 
     @staticmethod
@@ -384,7 +402,22 @@ class TernGrad:
             raise stop
         if events:
             raise events[min(events)]
+        if self.scope == "model":
+            scalings = self._model_scalings(flats, scalings)
         return flats, scalings
+
+    def _model_scalings(self, flats: list, scalings: list) -> list:
+        """scope = "model": every ternary layer gets the scaling of all ternary layers concatenated
+        in layout order (W, Σ n_l): max |g| and σ over the whole model (the moments of one layer,
+        tgsim.codecs.terngrad.moments), then c·σ clipping and the scaler as for one layer."""
+        tern = [i for i, s in enumerate(scalings) if s is not None]
+        if not tern:
+            return scalings
+        xp = array_module(flats[tern[0]])
+        rows = xp.concatenate([flats[i] for i in tern], axis=1)
+        absmax, sigma, _ = self.kernels_for(xp).moments_many(rows, self.clip != "none")
+        whole = scaling_from_moments_many(absmax, sigma, self.clip, self.clip_factor)
+        return [None if s is None else whole for s in scalings]
 
     def _whole_step(self, arrays, name: str):
         """The kernel set's whole-step function `name` (moments_layers, encode_layers,
@@ -432,7 +465,7 @@ class TernGrad:
         """The codec a parameter server re-ternarizes the mean with (reternarize_downlink): no
         clipping (the mean is already clipped), this codec's packing and float layers."""
         return TernGrad(clip="none", packing=self.packing, float_layers=self.float_layers,
-                        min_size=self.min_size, kernels=self.kernels)
+                        min_size=self.min_size, kernels=self.kernels, scope=self.scope)
 
     def scaling_many(self, layers: Mapping) -> list[ScalingBatch | None]:
         """`scaling` for W workers at once: layers (W, *shape) -> one ScalingBatch (arrays over the
