@@ -193,20 +193,28 @@ def mnist1d_convnet_config(seed: int = 0, steps: int = 1000, codec: str = "terng
 
 
 COMPARE_CSV = {"variance": "variance.csv", "speedup": "speedup.csv", "bits": "bits.csv"}
+# methods the full form runs beside the command's defaults (every registered codec): PQASGD for
+# fig08's claims of Jiang & Agrawal (TernGrad averaged every 4 steps)
+EXTRA_METHODS = {"bits": ("terngrad+pqasgd",)}
 
 
 def compare_outputs(what: str, quick: bool) -> Path:
     """The folder of `tgsim compare WHAT` (variance, speedup, bits) under OUT (quick: OUT/quick), running
     it there (its --quick form when `quick`, with compare_cli's parameters) unless its CSV is already
-    there; TGSIM_FIGURES_RERUN=1 runs it again anyway. Several figures read one run."""
+    there; TGSIM_FIGURES_RERUN=1 runs it again anyway. Several figures read one run. The full form
+    runs EXTRA_METHODS[what] beside the default methods."""
     out = (QUICK_OUT if quick else OUT) / f"compare-{what}"
     if not (out / COMPARE_CSV[what]).exists() or os.environ.get("TGSIM_FIGURES_RERUN", "").strip().lower() not in _FALSE:
         # its own process: the full forms use a spawn process pool, which would re-run this script
         import subprocess
 
+        from tgsim.analysis.common import default_methods
+
         code = "import sys; from tgsim.cli import main; sys.exit(main(sys.argv[1:]))"
-        subprocess.run([sys.executable, "-c", code, "compare", what, "--out", str(out), *(["--quick"] if quick else [])],
-                       check=True)
+        extra = [] if quick or what not in EXTRA_METHODS else \
+            ["--methods", ",".join((*default_methods(), *EXTRA_METHODS[what]))]
+        subprocess.run([sys.executable, "-c", code, "compare", what, "--out", str(out),
+                        *(["--quick"] if quick else extra)], check=True)
     return out
 
 
@@ -228,9 +236,11 @@ def coding_of(codec_options) -> str | None:
 
 def with_coding(label: str, codec_options) -> str:
     """`label` followed by " (CODING coding)" when the row's codec_options name a coding (`coding_of`),
-    and by " (SHARING sharing)" when they name a scaler-sharing mode (TernGrad's max / mean / none)."""
+    and by " (SHARING sharing)" when they name a scaler-sharing mode (TernGrad's max / mean / none),
+    with ", whole-model scaler" for TernGrad's scope=model."""
     opts = dict(item.split("=", 1) for item in codec_options.split(";") if "=" in item) \
         if isinstance(codec_options, str) else {}
     coding, sharing = coding_of(codec_options), opts.get("sharing")
-    extra = ([f"{coding} coding"] if coding else []) + ([f"{sharing.upper()} sharing"] if sharing else [])
+    extra = ([f"{coding} coding"] if coding else []) + ([f"{sharing.upper()} sharing"] if sharing else []) + \
+        (["whole-model scaler"] if opts.get("scope") == "model" else [])
     return f"{label} ({', '.join(extra)})" if extra else label

@@ -213,4 +213,24 @@ def test_figures_name_qsgd_coding_from_the_codec_options_column(monkeypatch):
     assert with_coding("qsgd", codec_options("qsgd[coding=elias]")) == "qsgd (elias coding)"
     assert with_coding("terngrad", codec_options("terngrad")) == "terngrad (MAX sharing)"
     assert with_coding("terngrad", codec_options("terngrad[sharing=mean]")) == "terngrad (MEAN sharing)"
+    assert with_coding("terngrad", codec_options("terngrad[scope=model]")) == "terngrad (MAX sharing, whole-model scaler)"
     assert with_coding("fp32", "") == "fp32" and with_coding("fp32", float("nan")) == "fp32"
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_compare_outputs_runs_pqasgd_beside_the_default_methods_in_full(monkeypatch, tmp_path, quick):
+    """The full form of `compare bits` runs every default method and terngrad+pqasgd (fig08's
+    claims of Jiang & Agrawal); the quick form keeps the command's own quick methods."""
+    common = _load_common()
+    from tgsim.analysis.common import default_methods
+
+    calls = []
+    monkeypatch.setattr(common, "OUT", tmp_path)
+    monkeypatch.setattr(common, "QUICK_OUT", tmp_path / "quick")
+    monkeypatch.setattr(subprocess, "run", lambda args, check: calls.append(args))
+    common.compare_outputs("bits", quick)
+    args = calls[0][calls[0].index("compare"):]
+    if quick:
+        assert args == ["compare", "bits", "--out", str(tmp_path / "quick" / "compare-bits"), "--quick"]
+    else:
+        assert args[-2:] == ["--methods", ",".join((*default_methods(), "terngrad+pqasgd"))]
