@@ -67,7 +67,7 @@ test-gpu:
 figures: $(STAMP)
 	$(BIN)/python papers_figures/make_report.py $(if $(QUICK),--quick,)
 
-# fig11 in full: compare bits on the torch ResNet and transformer (13 methods, 3 seeds, rates tuned per
+# fig11 in full: compare bits on the torch ResNet and transformer (14 methods, 3 seeds, rates tuned per
 # worker count: REAL_WORKERS) and compare time on their measured nets, into papers_figures/out/real-models/;
 # `make figures` then reuses that run in REPORT.md (without it, fig11's table says "not run").
 REAL_WORKERS ?= 8
