@@ -43,7 +43,7 @@ def test_ratios_from_raw_rows():
                       bits_per_step=model_bits("ddp_allreduce", 1000, 2)),
                  _raw(rate, "tgsim_terngrad", t_step=0.03, t_backward=0.02, t_backward_min=0.019, t_backward_max=0.021,
                       t_hook=0.0006 * scale, t_hook_min=0.0004 * scale, t_hook_max=0.0007 * scale,
-                      t_step_min=0.029, t_step_max=0.031, bits_per_step=2000.0),
+                      t_hook_codec=0.00015 * scale, t_hook_comm=0.0004 * scale, t_step_min=0.029, t_step_max=0.031, bits_per_step=2000.0),
                  _raw(rate, "tgsim_fp32", t_step=0.04, t_backward=0.03, t_backward_min=0.03, t_backward_max=0.03,
                       t_hook=0.0012, t_hook_min=0.0012, t_hook_max=0.0012, t_step_min=0.04, t_step_max=0.04,
                       bits_per_step=32000.0)]
@@ -52,6 +52,8 @@ def test_ratios_from_raw_rows():
     assert df.loc[("none", "tgsim_terngrad"), "hook_over_backward"] == pytest.approx(0.1)
     assert df.loc[("1gbit", "tgsim_terngrad"), "hook_over_backward"] == pytest.approx(0.1)      # same rate's local
     assert df.loc[("none", "tgsim_terngrad"), "hook_over_backward_best"] == pytest.approx(0.08)
+    assert df.loc[("none", "tgsim_terngrad"), "codec_over_backward"] == pytest.approx(0.025)      # 0.15 / 6 ms
+    assert math.isnan(df.loc[("none", "ddp_allreduce"), "codec_over_backward"])
     assert df.loc[("none", "tgsim_terngrad"), "meets_target"] == "yes"
     assert df.loc[("none", "tgsim_fp32"), "meets_target"] == "NO"                               # 0.2 > 0.1
     assert df.loc[("none", "local"), "meets_target"] == ""
@@ -88,8 +90,10 @@ def _check_rows(df: pd.DataFrame, rates: tuple, quick: bool) -> None:
     assert (df["quick"] == quick).all()
     assert np.isfinite(df[TIMES].to_numpy(float)).all() and (df[TIMES].to_numpy(float) > 0).all()
     tg = df[df["variant"].str.startswith("tgsim_")]
-    for col in ("t_hook", "hook_over_backward", "hook_over_backward_best", "bits_per_step"):
+    for col in ("t_hook", "hook_over_backward", "hook_over_backward_best", "bits_per_step", "t_hook_comm",
+                "codec_over_backward"):
         assert np.isfinite(tg[col]).all() and (tg[col] > 0).all(), col
+    assert (tg["t_hook_comm"] < tg["t_hook_max"]).all()          # the MPI calls are a part of the hook
     assert tg["meets_target"].isin(["yes", "NO"]).all()
     ok = df[df["variant"] != "local"]
     assert np.isfinite(ok["comm_over_backward"]).all()          # a difference of two timings: either sign

@@ -20,6 +20,9 @@ Ratios added to every row (same run, same network setting):
                            the time spent inside tgsim's hook in a step) over the backward pass of the
                            module alone (no DDP, no communication); target <= TARGET (10 %). tgsim rows
   hook_over_backward_best  the same ratio of the fastest rounds (the least disturbed)
+  codec_over_backward      t_hook_codec / t_backward(local): the hook's own computing (t_hook less
+                           its time inside MPI calls, transfers and waits; the busiest rank) over the
+                           backward pass: the part of the target the codec and the hook control
   comm_over_backward       (t_backward - t_backward(local)) / t_backward(local): what DDP's backward
                            pass (with its hook or all-reduce) adds to the module's own, over it; every
                            row but `local` (noise can make it negative)
@@ -56,7 +59,7 @@ QUICK_MARK = "QUICK (tgsim bench torch --quick: a smoke test, numbers not for re
 MPI_OVER_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo",
                 "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-COLUMNS = ["hook_over_backward", "hook_over_backward_best", "comm_over_backward", "step_vs_allreduce", "bits_ratio",
+COLUMNS = ["hook_over_backward", "hook_over_backward_best", "codec_over_backward", "comm_over_backward", "step_vs_allreduce", "bits_ratio",
            "meets_target",
            "load_avg", "spread", "warning", QUICK_COLUMN]
 
@@ -130,6 +133,7 @@ def summarize(raw):
     df["hook_over_backward"] = np.where(tgsim, df["t_hook"] / per_rate(ref, "t_backward"), np.nan)
     df["hook_over_backward_best"] = np.where(tgsim, df["t_hook_min"] / per_rate(ref, "t_backward_min"), np.nan)
     local_bwd = per_rate(ref, "t_backward")
+    df["codec_over_backward"] = np.where(tgsim, df["t_hook_codec"] / local_bwd, np.nan)
     df["comm_over_backward"] = np.where(df["variant"] != REFERENCE, (df["t_backward"] - local_bwd) / local_bwd, np.nan)
     df["step_vs_allreduce"] = df["t_step"] / per_rate(base, "t_step")
     bits = df["bits_per_step"].astype(float)
@@ -211,9 +215,9 @@ def print_table(df, file=None) -> None:
     print(f"ResNet (tgsim.torch.examples:resnet, width {int(r0.width)}) of {int(r0.params):,} parameters, "
           f"{int(r0.batch)} samples per rank, {int(r0.ranks)} ranks, DDP over Gloo on the CPU, "
           f"{int(r0.steps)} timed rounds; medians over rounds (times: the slowest rank; hook: the rank that "
-          "waited least in it)", file=file)
+          "waited least in it; codec: the hook less its MPI calls, over bwd, the busiest rank)", file=file)
     print(f"{'rate':7} {'variant':25} {'step ms':>8} {'fwd ms':>7} {'bwd ms':>7} {'hook ms':>8} "
-          f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'+bwd':>7} {'step/ar':>7} {'kbit/step':>10} {'bits x':>7}  source",
+          f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'codec':>6} {'+bwd':>7} {'step/ar':>7} {'kbit/step':>10} {'bits x':>7}  source",
           file=file)
 
     def pct(v):
@@ -223,7 +227,7 @@ def print_table(df, file=None) -> None:
         hook = "" if r.t_hook != r.t_hook else f"{r.t_hook * 1e3:.2f}"
         print(f"{r.rate:7} {r.variant:25} {r.t_step * 1e3:8.2f} {r.t_forward * 1e3:7.2f} {r.t_backward * 1e3:7.2f} "
               f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {r.meets_target:>3} "
-              f"{pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} {r.bits_per_step / 1e3:10.1f} "
+              f"{pct(r.codec_over_backward):>6} {pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} {r.bits_per_step / 1e3:10.1f} "
               f"{r.bits_ratio:7.2f}  {r.bits_source}",
               file=file)
     warned = [r for r in df.itertuples(index=False) if isinstance(r.warning, str) and r.warning]

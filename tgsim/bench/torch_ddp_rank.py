@@ -20,10 +20,13 @@ each step after an MPI barrier: t_forward (zero_grad, forward, loss), t_backward
 which for DDP includes waiting for its communication), t_optimizer (SGD step), t_step their sum;
 t_hook the seconds spent inside the tgsim hook's calls of the step (collecting every bucket, then at
 the last one the tgsim step: encode, exchange, decode, writing the mean into the buckets), nan for
-the others. Per round every rank's numbers are gathered; a round's t_forward, t_backward and
+the others; t_comm the part of t_hook spent inside the exchange's mpi4py calls (`TimedComm`: the
+transfers and the waits for the other ranks). Per round every rank's numbers are gathered; a round's t_forward, t_backward and
 t_optimizer are the max over ranks (the step ends for all when the slowest rank ends), its t_hook
 the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
-there for the others' backward passes; the last to arrive waits for no one). The row holds the
+there for the others' backward passes; the last to arrive waits for no one), t_hook_codec the max
+over ranks of t_hook - t_comm (the hook's own computing: checks, encode, decode, copies; the
+parameter server's rank does the most), t_hook_comm the min over ranks of t_comm. The row holds the
 median over the timed rounds, the min and max of t_step, t_backward and t_hook (their spread), and
 bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);
 for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce: a rank sends 2 (N - 1) / N of
@@ -54,7 +57,8 @@ TGSIM = {
 }
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
 COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "steps", "t_step", "t_forward", "t_backward",
-           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_backward_min",
+           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_hook_codec", "t_hook_comm",
+           "t_backward_min",
            "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
 
 
@@ -92,12 +96,13 @@ class Variant:
         module = resnet(DIM, CLASSES, width=width)
         self.params = sum(p.numel() for p in module.parameters())
         self.state = None
-        self.hook_seconds = 0.0
+        self.hook_seconds = self.comm_seconds = 0.0
         if name == "local":
             self.model = module
         else:
             if name.startswith("tgsim_"):
                 self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width))
+                self.state.exchange.comm = TimedComm(self.state.exchange.comm, self)
             self.model = DDP(module)
             if name == "ddp_fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -121,10 +126,10 @@ class Variant:
         return hook
 
     def step(self, x, y) -> tuple:
-        """One training step; (t_forward, t_backward, t_optimizer, t_hook, bytes sent by the hook)."""
+        """One training step; (t_forward, t_backward, t_optimizer, t_hook, bytes sent by the hook, t_comm)."""
         torch = self.torch
         sent0 = self.state.sent if self.state is not None else 0.0
-        self.hook_seconds = 0.0
+        self.hook_seconds = self.comm_seconds = 0.0
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(self.model(x), y)
@@ -135,7 +140,30 @@ class Variant:
         t3 = time.perf_counter()
         hook = self.hook_seconds if self.state is not None else float("nan")
         sent = (self.state.sent - sent0) if self.state is not None else float("nan")
-        return t1 - t0, t2 - t1, t3 - t2, hook, sent
+        comm = self.comm_seconds if self.state is not None else float("nan")
+        return t1 - t0, t2 - t1, t3 - t2, hook, sent, comm
+
+
+class TimedComm:
+    """An mpi4py communicator whose method calls add their seconds to `owner.comm_seconds` (every
+    other attribute passes through): what the hook's exchange spends in MPI, waits included."""
+
+    def __init__(self, comm, owner):
+        self._comm, self._owner = comm, owner
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._owner.comm_seconds += time.perf_counter() - t0
+
+        return timed
 
 
 def model_bits(variant: str, params: int, ranks: int) -> float:
@@ -194,9 +222,11 @@ def main(argv=None) -> int:
     if rank == 0:
         rows = []
         for v in runs:
-            t = np.array([e[v.name] for e in everyone], dtype=np.float64)    # (ranks, steps, 5)
+            t = np.array([e[v.name] for e in everyone], dtype=np.float64)    # (ranks, steps, 6)
             fwd, bwd, opt = t[:, :, :3].max(axis=0).T                         # per round: the slowest rank
             hook = t[:, :, 3].min(axis=0)                                     # the rank that waited least
+            codec = (t[:, :, 3] - t[:, :, 5]).max(axis=0)                     # the busiest rank's own work
+            comm = t[:, :, 5].min(axis=0)
             step = fwd + bwd + opt
             sent = t[:, :, 4]
             counted = v.state is not None
@@ -206,7 +236,8 @@ def main(argv=None) -> int:
                          "width": a.width, "steps": a.steps, "t_step": np.median(step),
                          "t_forward": np.median(fwd), "t_backward": np.median(bwd), "t_optimizer": np.median(opt),
                          "t_hook": np.median(hook), "t_step_min": step.min(), "t_step_max": step.max(),
-                         "t_hook_min": np.min(hook), "t_hook_max": np.max(hook), "t_backward_min": bwd.min(),
+                         "t_hook_min": np.min(hook), "t_hook_max": np.max(hook),
+                         "t_hook_codec": np.median(codec), "t_hook_comm": np.median(comm), "t_backward_min": bwd.min(),
                          "t_backward_max": bwd.max(), "bits_per_step": bits, "bits_per_step_max": bits_max,
                          "bits_source": "counted" if counted else "model", "loadavg": load,
                          "cores": timing.core_count()})
