@@ -15,7 +15,8 @@
 # per node). Methods: fp32, fp16, bf16; TernGrad as the paper runs it (MAX sharing, explicit clipping at
 # 2.5 sigma: the registry defaults), tgsim's recommended MEAN sharing, and the paper's recipe with one
 # scaler for the whole model instead of one per layer (`scope=model`: max |g| and sigma over all
-# layers; reviewer 1 of TernGrad asks for the trade-offs of layer-wise ternarizing); QSGD with the paper's Elias
+# layers; reviewer 1 of TernGrad asks for the trade-offs of layer-wise ternarizing); QSGD with the
+# paper's Elias
 # coding at 2, 4 and 8 bits, a "b-bit" QSGD being the one whose sign + level word is b bits in the
 # fixed coding: s = 2^(b-1) - 1 levels (1, 7, 127; its real bits with the paper's coding are measured);
 # scaled sign and top-k (density 1 %) with error feedback; PowerSGD at ranks 1, 2, 4. 3 seeds.
@@ -45,7 +46,8 @@ from tgsim.analysis.verdicts import noninferiority  # noqa: E402
 
 QUICK, OUT = command_line("The papers' claims on a torch ResNet and a transformer: compare bits + compare time.")
 REAL = OUT / "real-models"      # not compare-*: make_report --rerun-compare keeps it
-FULL_METHODS = ("fp32", "fp16", "bf16", "terngrad", "terngrad[sharing=mean]", "terngrad[scope=model]", "qsgd[levels=1]", "qsgd[levels=7]",
+FULL_METHODS = ("fp32", "fp16", "bf16", "terngrad", "terngrad[sharing=mean]", "terngrad[scope=model]", "qsgd[levels=1]",
+                "qsgd[levels=7]",
                 "qsgd[levels=127]", "scaled_sign+ef", "topk+ef", "powersgd[rank=1]", "powersgd[rank=2]",
                 "powersgd[rank=4]")
 METHODS = FULL_METHODS[:4] + ("terngrad[scope=model]",) if QUICK else FULL_METHODS

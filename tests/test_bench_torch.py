@@ -43,7 +43,8 @@ def test_ratios_from_raw_rows():
                       bits_per_step=model_bits("ddp_allreduce", 1000, 2)),
                  _raw(rate, "tgsim_terngrad", t_step=0.03, t_backward=0.02, t_backward_min=0.019, t_backward_max=0.021,
                       t_hook=0.0006 * scale, t_hook_min=0.0004 * scale, t_hook_max=0.0007 * scale,
-                      t_hook_codec=0.00015 * scale, t_hook_comm=0.0004 * scale, t_step_min=0.029, t_step_max=0.031, bits_per_step=2000.0),
+                      t_hook_codec=0.00015 * scale, t_hook_comm=0.0004 * scale,
+                      t_step_min=0.029, t_step_max=0.031, bits_per_step=2000.0),
                  _raw(rate, "tgsim_fp32", t_step=0.04, t_backward=0.03, t_backward_min=0.03, t_backward_max=0.03,
                       t_hook=0.0012, t_hook_min=0.0012, t_hook_max=0.0012, t_step_min=0.04, t_step_max=0.04,
                       bits_per_step=32000.0)]

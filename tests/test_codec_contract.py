@@ -191,7 +191,8 @@ from tgsim.codecs import registry  # noqa: E402
 from tgsim.testing import CodecContract as PublicContract  # noqa: E402
 from tgsim.train.config import CodecConfig  # noqa: E402
 
-REGISTERED = [(name, {}) for name in registry.names()] + [("terngrad", {"clip": "none"}), ("terngrad", {"scope": "model"}),
+REGISTERED = [(name, {}) for name in registry.names()] + [("terngrad", {"clip": "none"}),
+                                                          ("terngrad", {"scope": "model"}),
                                                           ("terngrad", {"clip": "implicit", "packing": "base3"})]
 
 

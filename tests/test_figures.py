@@ -213,7 +213,8 @@ def test_figures_name_qsgd_coding_from_the_codec_options_column(monkeypatch):
     assert with_coding("qsgd", codec_options("qsgd[coding=elias]")) == "qsgd (elias coding)"
     assert with_coding("terngrad", codec_options("terngrad")) == "terngrad (MAX sharing)"
     assert with_coding("terngrad", codec_options("terngrad[sharing=mean]")) == "terngrad (MEAN sharing)"
-    assert with_coding("terngrad", codec_options("terngrad[scope=model]")) == "terngrad (MAX sharing, whole-model scaler)"
+    assert with_coding("terngrad", codec_options("terngrad[scope=model]")) == \
+        "terngrad (MAX sharing, whole-model scaler)"
     assert with_coding("fp32", "") == "fp32" and with_coding("fp32", float("nan")) == "fp32"
 
 

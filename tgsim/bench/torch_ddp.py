@@ -59,7 +59,8 @@ QUICK_MARK = "QUICK (tgsim bench torch --quick: a smoke test, numbers not for re
 MPI_OVER_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo",
                 "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-COLUMNS = ["hook_over_backward", "hook_over_backward_best", "codec_over_backward", "comm_over_backward", "step_vs_allreduce", "bits_ratio",
+COLUMNS = ["hook_over_backward", "hook_over_backward_best", "codec_over_backward", "comm_over_backward",
+           "step_vs_allreduce", "bits_ratio",
            "meets_target",
            "load_avg", "spread", "warning", QUICK_COLUMN]
 
@@ -217,7 +218,8 @@ def print_table(df, file=None) -> None:
           f"{int(r0.steps)} timed rounds; medians over rounds (times: the slowest rank; hook: the rank that "
           "waited least in it; codec: the hook less its MPI calls, over bwd, the busiest rank)", file=file)
     print(f"{'rate':7} {'variant':25} {'step ms':>8} {'fwd ms':>7} {'bwd ms':>7} {'hook ms':>8} "
-          f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'codec':>6} {'+bwd':>7} {'step/ar':>7} {'kbit/step':>10} {'bits x':>7}  source",
+          f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'codec':>6} {'+bwd':>7} {'step/ar':>7} {'kbit/step':>10} "
+          f"{'bits x':>7}  source",
           file=file)
 
     def pct(v):
@@ -227,7 +229,8 @@ def print_table(df, file=None) -> None:
         hook = "" if r.t_hook != r.t_hook else f"{r.t_hook * 1e3:.2f}"
         print(f"{r.rate:7} {r.variant:25} {r.t_step * 1e3:8.2f} {r.t_forward * 1e3:7.2f} {r.t_backward * 1e3:7.2f} "
               f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {r.meets_target:>3} "
-              f"{pct(r.codec_over_backward):>6} {pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} {r.bits_per_step / 1e3:10.1f} "
+              f"{pct(r.codec_over_backward):>6} {pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} "
+              f"{r.bits_per_step / 1e3:10.1f} "
               f"{r.bits_ratio:7.2f}  {r.bits_source}",
               file=file)
     warned = [r for r in df.itertuples(index=False) if isinstance(r.warning, str) and r.warning]

@@ -21,9 +21,9 @@ which for DDP includes waiting for its communication), t_optimizer (SGD step), t
 t_hook the seconds spent inside the tgsim hook's calls of the step (collecting every bucket, then at
 the last one the tgsim step: encode, exchange, decode, writing the mean into the buckets), nan for
 the others; t_comm the part of t_hook spent inside the exchange's mpi4py calls (`TimedComm`: the
-transfers and the waits for the other ranks). Per round every rank's numbers are gathered; a round's t_forward, t_backward and
-t_optimizer are the max over ranks (the step ends for all when the slowest rank ends), its t_hook
-the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
+transfers and the waits for the other ranks). Per round every rank's numbers are gathered; a
+round's t_forward, t_backward and t_optimizer are the max over ranks (the step ends for all when
+the slowest rank ends), its t_hook the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
 there for the others' backward passes; the last to arrive waits for no one), t_hook_codec the max
 over ranks of t_hook - t_comm (the hook's own computing: checks, encode, decode, copies; the
 parameter server's rank does the most), t_hook_comm the min over ranks of t_comm. The row holds the
@@ -57,8 +57,8 @@ TGSIM = {
 }
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
 COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "steps", "t_step", "t_forward", "t_backward",
-           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_hook_codec", "t_hook_comm",
-           "t_backward_min",
+           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_hook_codec",
+           "t_hook_comm", "t_backward_min",
            "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
 
 
