@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from tgsim.errors import ConfigError
 
 DEFAULT_OUT = "results/analysis"   # = tgsim.analysis.common.DEFAULT_OUT (not imported: keeps --help light)
 
@@ -91,7 +94,8 @@ CHECKS = (
           lambda a: dict(n=a.n, R=a.R, alpha=a.alpha, seed=a.seed, codec=a.codec, **network(a)),
           (Opt("--n", int, 3000, 300, "synthetic vector size"), Opt("--R", int, 2000, 200, "codec draws per vector"),
            Opt("--alpha", float, 1e-3, 1e-3, "family-wise level"), _seed(),
-           Opt("--codec", str, "", "", "a registered codec (NAME+ef: with error feedback), or 'all' (every codec, "
+           Opt("--codec", str, "", "", "a registered codec, NAME[key=value] with options, NAME+ef with error "
+               "feedback, or 'all' (every codec, "
                "with and without error feedback): the test of each codec's declared unbiasedness (instead of "
                "the TernGrad shape study)"), *NETWORK_OPTIONS),
           quick_run=dict(recorded_steps=5, Rs=(100, 1000))),
@@ -149,7 +153,11 @@ def _runner(check: Check):
         kwargs = run_kwargs(check, args)
         mod = importlib.import_module(f"tgsim.analysis.{check.module}")
         t0 = time.perf_counter()
-        frames = mod.run(args.out, **kwargs)
+        try:
+            frames = mod.run(args.out, **kwargs)
+        except ConfigError as e:     # bad input named before any work: one line, exit 2
+            print(f"tgsim analyze {check.name}: {e}", file=sys.stderr)
+            return 2
         print(f"\nwrote {', '.join(f'{k}.csv' for k in frames)} to {args.out}/ "
               f"({time.perf_counter() - t0:.1f} s{', --quick' if args.quick else ''})")
         return 0

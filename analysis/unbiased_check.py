@@ -297,6 +297,22 @@ def error_feedback_names(names) -> tuple[str, ...]:
     return tuple(out)
 
 
+def check_codec_label(label: str) -> None:
+    """ConfigError (one line, naming the registered codecs or the codec's keys) unless `label` reads
+    NAME[key=value;...][+ef] (tgsim.analysis.common.split_label) for a codec whose Options accept them."""
+    from tgsim.analysis.common import split_label
+    from tgsim.codecs import options, registry
+    from tgsim.errors import ConfigError
+
+    try:
+        name, opts, _, local = split_label(label)
+        if local:
+            raise ValueError(f"+{local} is a way of training, not a codec")
+        options.parse(registry.codec_class(name), registry.default_config(name, **opts))
+    except ValueError as e:
+        raise ConfigError(f"--codec {label!r}: {e}") from e
+
+
 def codec_table(names, n: int = 20_000, seed: int = 0) -> pd.DataFrame:
     """One row per registered codec (its default config): declared unbiasedness against the test.
 
@@ -306,10 +322,12 @@ def codec_table(names, n: int = 20_000, seed: int = 0) -> pd.DataFrame:
     not reject is tested again on its first 400 values as a 20 x 20 matrix (a codec that compresses
     matrices only, as PowerSGD, sends a vector exactly), by the contract's z-test
     (tgsim.testing.unbiasedness_rejects, 400 draws, alpha 1e-3). `consistent`: the test's verdict is the
-    declaration (unbiased and accepted, or biased and rejected). A name "NAME+ef" is that codec with
-    error feedback, tested at one reachable worker state (`_error_feedback_row`)."""
+    declaration (unbiased and accepted, or biased and rejected). A name "NAME[key=value]" is that codec
+    with those options; "NAME+ef" with error feedback, tested at one reachable worker state
+    (`_error_feedback_row`)."""
     import dataclasses
 
+    from tgsim.analysis.common import split_label
     from tgsim.analysis.pooled_bias import deterministic_draw
     from tgsim.codecs import error_feedback, registry
     from tgsim.testing import POOLED_MAX_DRAWS, pooled_controls, pooled_draws_needed
@@ -318,8 +336,8 @@ def codec_table(names, n: int = 20_000, seed: int = 0) -> pd.DataFrame:
     g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     rows = []
     for name in names:
-        base, ef = error_feedback.split_name(name)
-        codec = registry.make_codec(dataclasses.replace(CodecConfig(), name=base))
+        base, opts, ef, _ = split_label(name)
+        codec = registry.make_codec(dataclasses.replace(CodecConfig(), name=base, options=opts))
         row = dict(codec=name, declared_unbiased=codec.properties.unbiased, n=n)
         if ef:
             codec = error_feedback.ErrorFeedback(codec)     # ConfigError for a codec it cannot wrap
@@ -358,16 +376,17 @@ def run(out=None, *, n: int = 3000, R: int = 2000, alpha: float = 1e-3, seed: in
     from tgsim.analysis.common import single_thread, write_csv
 
     if codec:
-        from tgsim.codecs import error_feedback, registry
+        from tgsim.codecs import registry
 
         names = registry.names() + error_feedback_names(registry.names()) if codec == "all" else (codec,)
         for name in names:
-            registry.codec_class(error_feedback.split_name(name)[0])     # ValueError naming the known ones
+            check_codec_label(name)
         with single_thread():
             table = codec_table(names, seed=seed)
         write_csv(table, out, "unbiasedness_codecs")
         if not quiet:
-            print("declared unbiasedness of each codec (default config) against the test, Gaussian layer of "
+            print("declared unbiasedness of each codec (default config, or the options named) against the test, "
+                  "Gaussian layer of "
                   f"{table['n'].iloc[0]:,}, alpha = 1e-3:")
             print(table.drop(columns="n").to_string(index=False, float_format=lambda x: f"{x:.3g}"))
             if table["codec"].str.endswith("+ef").any():

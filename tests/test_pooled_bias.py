@@ -139,3 +139,24 @@ def test_the_codec_table_catches_a_false_declaration(monkeypatch):
     monkeypatch.setitem(registry.CODECS, "biased_qsgd", "test_pooled_bias:BiasedQSGD")
     table = codec_table(["qsgd", "biased_qsgd"])
     assert table.set_index("codec")["consistent"].to_dict() == {"qsgd": True, "biased_qsgd": False}
+
+
+def test_the_codec_table_reads_options_and_bad_labels_exit_2(tmp_path, capsys):
+    """`--codec NAME[key=value]` tests the codec with those options (TernGrad without clipping and one
+    scaler for the model declares itself unbiased and is not rejected; with the paper's clipping it is
+    declared biased and rejected); an unknown codec, a bad option value or a training variant is one
+    line on stderr, exit 2, nothing written."""
+    from tgsim.analysis.unbiased_check import codec_table
+    from tgsim.cli import main
+
+    table = codec_table(["terngrad[clip=none;scope=model]", "terngrad[scope=model]"]).set_index("codec")
+    assert table["declared_unbiased"].to_dict() == {"terngrad[clip=none;scope=model]": True,
+                                                    "terngrad[scope=model]": False}
+    assert table["consistent"].all(), table.to_string()
+    for label, why in (("nosuch", "unknown codec 'nosuch'"), ("terngrad[scope=modle]", "must be one of"),
+                       ("terngrad+pqasgd", "not a codec")):
+        out = tmp_path / label.replace("[", "_").replace("]", "_").replace("+", "_")
+        assert main(["analyze", "unbiasedness", "--quick", "--codec", label, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tgsim analyze unbiasedness: --codec {label!r}: ") and why in err, err
+        assert not out.exists()
