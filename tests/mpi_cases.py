@@ -95,6 +95,7 @@ MODES = {
     "ps-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "ps"}},
     "allreduce-mean": {"codec": {"sharing": "mean"}, "exchange": {"mode": "allreduce"}},
     "allgather-none": {"codec": {"sharing": "none"}, "exchange": {"mode": "allgather"}},
+    "ps-model": {"codec": {"scope": "model"}, "exchange": {"mode": "ps"}},
 }
 # every registered codec with its own wire format, in both modes that carry whole messages
 OWN_WIRE = [name for name in registry.names()

@@ -160,10 +160,11 @@ def test_each_own_wire_codec_over_mpi_equals_the_simulator(tmp_path, codec):
 
 
 @needs_mpi
-@pytest.mark.parametrize("mode", ["ps-mean", "allreduce-mean", "allgather-none"])
+@pytest.mark.parametrize("mode", ["ps-mean", "allreduce-mean", "allgather-none", "ps-model"])
 def test_sharing_modes_at_two_ranks_equal_the_simulator(tmp_path, mode):
     """mpiexec -n 2 (`python -m tgsim.mpi_runs.train`) vs 2 virtual workers, least squares: the same
-    parameters, bit for bit, for each scaler-sharing mode (-n 4: the test above)."""
+    parameters, bit for bit, for each scaler-sharing mode (-n 4: the test above), and for one scaler
+    for the whole model (scope = "model")."""
     d = config_dict("ls", mode, workers={"n": 2, "batch": 16})
     cfg = write_toml(d, tmp_path / "c.toml")
     res, _ = mpiexec([(2, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi"), "--quiet"])], timeout=60)
