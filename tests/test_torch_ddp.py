@@ -178,6 +178,28 @@ def test_create_refuses_configs_the_hook_cannot_run():
         tgddp.TgsimHookState.create(module, "demo.toml", exchange=_OneRank())
 
 
+def test_the_hooks_own_exchange_skips_pipelining_for_a_one_piece_message(monkeypatch):
+    """A model of at most CHUNK parameters (one piece) gets the whole-message path (chunk -1), a larger
+    one the pipelined default; through create() for both transports when no exchange is given."""
+    from tgsim.exchange import mpi
+
+    assert tgddp.one_piece_chunk(mpi.CHUNK) == -1 and tgddp.one_piece_chunk(mpi.CHUNK + 1) == mpi.CHUNK
+    made = []
+
+    def fake(**kw):
+        made.append(kw["chunk"])
+        return _OneRank(2)          # refused right after (n = 1 config): only the chunk is checked
+
+    monkeypatch.setattr(mpi, "MPIExchange", fake)
+    monkeypatch.setattr(tgddp, "torch_exchange", fake)
+    cfg = {"workers": {"n": 1, "batch": 4}}
+    for module in (torch.nn.Linear(3, 2), torch.nn.Linear(600, 500)):      # 8 and 300,500 parameters
+        for transport in tgddp.TRANSPORTS:
+            with pytest.raises(ConfigError, match="2 ranks run"):
+                tgddp.TgsimHookState.create(module, cfg, transport=transport)
+    assert made == [-1, -1, mpi.CHUNK, mpi.CHUNK]
+
+
 def test_parameter_mismatch_names_the_first_difference():
     a = [["0.bias", [4], "torch.float32"], ["0.weight", [4, 3], "torch.float32"]]
     assert tgddp.parameter_mismatch([a, a]) is None

@@ -234,6 +234,16 @@ def _config(config) -> Config:
 TRANSPORTS = ("mpi", "torch")
 
 
+def one_piece_chunk(elements: int) -> int:
+    """The `chunk` of the hook's exchange for a model of `elements` parameters: the exchange's
+    default (tgsim.exchange.mpi.CHUNK elements per piece) when the message has more than one piece,
+    else -1, the whole-message path: with one piece there is nothing to overlap, and that path
+    encodes and decodes every layer in one kernel call. The bits are the same either way."""
+    from tgsim.exchange.mpi import CHUNK
+
+    return CHUNK if elements > CHUNK else -1
+
+
 def torch_exchange(**kwargs):
     """tgsim's MPI exchange (MPIExchange, keyword arguments passed on) over torch.distributed's
     default process group: `MPIExchange(comm=TorchDistComm(), **kwargs)`. A collective (every rank
@@ -298,12 +308,14 @@ class TgsimHookState:
         params = named_parameters(module)
         if transport not in TRANSPORTS:
             raise ConfigError(f"tgsim DDP hook: transport must be one of {TRANSPORTS}, got {transport!r}")
+        if exchange is None:
+            chunk = one_piece_chunk(sum(int(p.numel()) for p in params.values()))
         if exchange is None and transport == "torch":
-            exchange = torch_exchange()
+            exchange = torch_exchange(chunk=chunk)
         elif exchange is None:
             from tgsim.exchange.mpi import MPIExchange
 
-            exchange = MPIExchange()
+            exchange = MPIExchange(chunk=chunk)
         if len(exchange.local_workers) != 1:
             raise ConfigError("tgsim DDP hook: the exchange must hold one worker per process (MPIExchange)")
         if cfg.workers.n != exchange.n_workers:
