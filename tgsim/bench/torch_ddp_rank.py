@@ -23,9 +23,9 @@ the last one the tgsim step: encode, exchange, decode, writing the mean into the
 the others; t_comm the part of t_hook spent inside the exchange's mpi4py calls (`TimedComm`: the
 transfers and the waits for the other ranks). Per round every rank's numbers are gathered; a
 round's t_forward, t_backward and t_optimizer are the max over ranks (the step ends for all when
-the slowest rank ends), its t_hook the min over ranks (the hook's exchange is a collective: a rank that reaches it first also waits
-there for the others' backward passes; the last to arrive waits for no one), t_hook_codec the max
-over ranks of t_hook - t_comm (the hook's own computing: checks, encode, decode, copies; the
+the slowest rank ends), its t_hook the min over ranks (the hook's exchange is a collective: a rank
+that reaches it first also waits there for the others' backward passes; the last to arrive waits
+for no one), t_hook_codec the max over ranks of t_hook - t_comm (the hook's own computing: checks, encode, decode, copies; the
 parameter server's rank does the most), t_hook_comm the min over ranks of t_comm. The row holds the
 median over the timed rounds, the min and max of t_step, t_backward and t_hook (their spread), and
 bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);

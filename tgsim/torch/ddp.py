@@ -120,7 +120,8 @@ def named_parameters(module) -> dict:
     for k, p in params.items():
         if str(p.dtype) != "torch.float32" or p.device.type not in ("cpu", "cuda") or p.device != first:
             raise ConfigError(f"tgsim DDP hook: parameter {k!r} is {p.dtype} on {p.device}; the hook takes "
-                              f"float32 parameters, all on the CPU or all on one CUDA device (the first is on {first})")
+                              "float32 parameters, all on the CPU or all on one CUDA device "
+                              f"(the first is on {first})")
     return params
 
 
@@ -309,13 +310,10 @@ class TgsimHookState:
         if transport not in TRANSPORTS:
             raise ConfigError(f"tgsim DDP hook: transport must be one of {TRANSPORTS}, got {transport!r}")
         if exchange is None:
-            chunk = one_piece_chunk(sum(int(p.numel()) for p in params.values()))
-        if exchange is None and transport == "torch":
-            exchange = torch_exchange(chunk=chunk)
-        elif exchange is None:
             from tgsim.exchange.mpi import MPIExchange
 
-            exchange = MPIExchange(chunk=chunk)
+            chunk = one_piece_chunk(sum(int(p.numel()) for p in params.values()))
+            exchange = torch_exchange(chunk=chunk) if transport == "torch" else MPIExchange(chunk=chunk)
         if len(exchange.local_workers) != 1:
             raise ConfigError("tgsim DDP hook: the exchange must hold one worker per process (MPIExchange)")
         if cfg.workers.n != exchange.n_workers:

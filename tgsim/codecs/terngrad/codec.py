@@ -269,9 +269,10 @@ class TernGrad:
 
     def scaling(self, layers: Mapping) -> list[LayerScaling | None]:
         """Pass 1 per ternary layer: finiteness, moments, local scaler and clip bound (None for float layers)."""
-        out = []
+        out, flats = [], []
         for spec, g in zip(self.layout(layers).layers, layers.values()):
             flat = as_float32_layer(spec.name, g)
+            flats.append(flat)
             xp = array_module(flat)
             if spec.kind == KIND_FLOAT:
                 if not bool(xp.isfinite(flat).all()):
@@ -282,14 +283,9 @@ class TernGrad:
             if not m.finite:
                 raise NonFiniteGradientError(spec.name, int((~xp.isfinite(flat)).sum()))
             out.append(scaling_from_moments(m.absmax, m.sigma, self.clip, self.clip_factor))
-        if self.scope == "model":
-            tern = [as_float32_layer(spec.name, g) for spec, g, s in zip(self.layout(layers).layers, layers.values(),
-                                                                         out) if s is not None]
-            if tern:
-                xp = array_module(tern[0])
-                m = self.kernels_for(xp).moments(xp.concatenate(tern), self.clip != "none")
-                whole = scaling_from_moments(m.absmax, m.sigma, self.clip, self.clip_factor)
-                out = [None if s is None else whole for s in out]
+        if self.scope == "model":       # the batched rule on this worker's one row
+            whole = self._model_scalings([f.reshape(1, -1) for f in flats], out)
+            out = [None if s is None else s.worker(0) for s in whole]
         return out
 
     @staticmethod
