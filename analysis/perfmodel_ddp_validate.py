@@ -35,7 +35,8 @@ are `OUT_OF_SCOPE`.
 DDP over Gloo (`validate_ddp`, rows of `tgsim bench torch` of `DDP_MODES`, the `local` row of the same
 rate as reference): measured = t_backward - t_backward(local), what DDP adds to the module's own
 backward pass. Predicted = the exposed communication of the bench's ResNet (`bench_resnet_tensors`
-of the row's width: its parameter tensors, checked against the row's params) with
+of the row's width and input shape, its dim and channels columns, digits' 64 and 1 where a row
+has none: its parameter tensors, checked against the row's params) with
   buckets   DDP's rebuilt buckets (`ddp_buckets`): the tensors in reverse forward order (the order
             their gradients become ready), a bucket closed as soon as it holds >= its cap of bytes:
             FIRST_BUCKET_MB (1 MiB, DDP's first-bucket cap) for the first, bucket_mb (DDP's
@@ -228,10 +229,11 @@ def validate_ddp(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float =
         if r.rate not in local.index:
             raise ValueError(f"rate {r.rate!r}: no {DDP_REFERENCE!r} row to measure the backward pass against "
                              f"(run tgsim bench torch with --variants {DDP_REFERENCE},{r.variant})")
-        tensors = bench_resnet_tensors(int(r.width))
+        dim, channels = (int(getattr(r, "dim", 64)), int(getattr(r, "channels", 1)))
+        tensors = bench_resnet_tensors(int(r.width), dim=dim, channels=channels)
         if sum(e for e, _ in tensors) != int(r.params):
             raise ValueError(f"row {r.rate} {r.variant}: params {int(r.params)} are not the bench ResNet's of width "
-                             f"{int(r.width)} ({sum(e for e, _ in tensors)})")
+                             f"{int(r.width)} on {channels} x {dim // channels} pixels ({sum(e for e, _ in tensors)})")
         bwd, ranks = float(local[r.rate]), int(r.ranks)
         bks = ddp_buckets(tensors, bucket_mb)
         row = dict(rate=r.rate, variant=r.variant, ranks=ranks, params=int(r.params), buckets=len(bks),

@@ -16,7 +16,7 @@ pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim
 
 from tgsim.bench import exchange as be  # noqa: E402
 from tgsim.bench import torch_ddp as bt  # noqa: E402
-from tgsim.bench.torch_ddp_rank import COLUMNS as RAW_COLUMNS, VARIANTS, model_bits  # noqa: E402
+from tgsim.bench.torch_ddp_rank import COLUMNS as RAW_COLUMNS, INPUTS, VARIANTS, hook_config, model_bits  # noqa: E402
 
 OK, WHY = bt.check_launch()
 needs_launch = pytest.mark.skipif(not OK, reason=f"cannot launch the DDP ranks here: {WHY}")
@@ -110,18 +110,52 @@ def _check_rows(df: pd.DataFrame, rates: tuple, quick: bool) -> None:
         assert bits["tgsim_terngrad"] < bits["tgsim_fp32"] / 4
 
 
+def test_input_reaches_the_rank_program_and_its_config(capsys):
+    """`--input cifar10` passes --input to every rank (default digits); the hook's config builds the
+    ResNet on the input's channels; an unknown input is refused by the parser (exit 2)."""
+    from tgsim.analysis.perfmodel_ddp_validate import bench_resnet_tensors
+    from tgsim.torch.examples import resnet
+
+    job = bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1, image="cifar10")
+    assert job[job.index("--input") + 1] == "cifar10"
+    job = bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)
+    assert job[job.index("--input") + 1] == "digits"
+    for image, (dim, channels) in INPUTS.items():
+        kwargs = hook_config("tgsim_terngrad", 2, 32, 8, image)["model"]["options"]["kwargs"]
+        assert kwargs == {"width": 8, "dim": dim, "channels": channels}
+        params = sum(p.numel() for p in resnet(dim, 10, **{k: v for k, v in kwargs.items() if k != "dim"})
+                     .parameters())
+        assert params == sum(e for e, _ in bench_resnet_tensors(8, dim=dim, channels=channels))
+    assert INPUTS["cifar10"] == (3 * 32 * 32, 3) and INPUTS["digits"] == (64, 1)
+    parser = bt.argparse.ArgumentParser()
+    bt.add_arguments(parser)
+    assert parser.parse_args([]).input == "digits"
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["--input", "imagenet"])
+    assert e.value.code == 2 and "invalid choice: 'imagenet'" in capsys.readouterr().err
+
+
 @needs_launch
-def test_quick_run_unshaped(tmp_path, capsys):
-    """One quick run at 2 ranks on the unshaped loopback; the table names every variant."""
+@pytest.mark.parametrize("image", ["digits", "cifar10"])
+def test_quick_run_unshaped(tmp_path, capsys, image):
+    """One quick run at 2 ranks on the unshaped loopback, per input; the table names every variant
+    and the images; the rows hold the input's ResNet (its parameter count) and shape."""
+    from tgsim.analysis.perfmodel_ddp_validate import bench_resnet_tensors
+
     out = tmp_path / "bench_torch.csv"
-    df = bt.sweep(out=out, quick=True, **bt.QUICK)
+    df = bt.sweep(out=out, quick=True, image=image, **bt.QUICK)
     assert not df.attrs["failures"]
     back = pd.read_csv(out, keep_default_na=False, na_values=["nan", ""])
     _check_rows(back, ("none",), quick=True)
+    dim, channels = INPUTS[image]
+    assert (back["input"] == image).all() and (back["dim"] == dim).all() and (back["channels"] == channels).all()
+    assert (back["params"] == sum(e for e, _ in bench_resnet_tensors(16, dim=dim, channels=channels))).all()
     capsys.readouterr()
     bt.print_table(df)
     text = capsys.readouterr().out
+    side = 8 if image == "digits" else 32
     assert text.startswith(bt.QUICK_MARK) and all(v in text for v in VARIANTS)
+    assert f"32 {image} images of {channels} x {side}^2 per rank" in text
 
 
 @pytest.mark.heavy

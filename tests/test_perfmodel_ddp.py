@@ -305,6 +305,32 @@ def test_ddp_token_bucket_refills_only_while_the_link_idles():
     assert pv.validate_ddp(rows, lat).set_index(["rate", "variant"]).loc[("1gbit", "ddp_allreduce"), "scope"] == "link"
 
 
+def test_validate_ddp_models_the_rows_input_shape():
+    """Rows of `--input cifar10` (dim 3072, 3 channels: a 3-channel stem, 16x the MACs per example)
+    are modelled with that ResNet: its parameters match and the first bucket is ready at the share of
+    the backward MACs of that shape; without the dim and channels columns the rows are taken for
+    digits and refused (params differ)."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+
+    cifar = pv.bench_resnet_tensors(80, dim=3072, channels=3)
+    P = sum(e for e, _ in cifar)
+    assert P != sum(e for e, _ in pv.bench_resnet_tensors(80))
+    assert sum(m for _, m in cifar) > 15 * sum(m for _, m in pv.bench_resnet_tensors(80))
+    rows = pd.DataFrame([dict(rate="1gbit", variant=v, ranks=2, params=P, width=80, dim=3072, channels=3,
+                              t_backward=0.2 + a) for v, a in (("local", 0.0), ("ddp_allreduce", 0.05))])
+    v = pv.validate_ddp(rows, tbf=False)
+    (e1, r1), (e2, _) = pv.ddp_buckets(cifar)
+    lat = 50e-6
+
+    def ring(nbytes):
+        return 8 * (2 * (2 - 1) / 2 * nbytes) / (0.9 * 1e9 / 2) + 2 * lat
+
+    expect = max(r1 * 0.2 + ring(4 * e1), 0.2) + ring(4 * e2) - 0.2
+    np.testing.assert_allclose(v["pred"].iloc[0], expect, rtol=1e-12)
+    with pytest.raises(ValueError, match="not the bench ResNet"):
+        pv.validate_ddp(rows.drop(columns=["dim", "channels"]))
+
+
 def test_validate_ddp_refuses_rows_it_cannot_model(tmp_path, monkeypatch):
     """No local row at a rate, params not the bench ResNet's, missing columns: ValueError naming the
     problem; `tgsim analyze perfmodel-validate --torch-csv` prints and writes the table (no bench

@@ -316,6 +316,29 @@ def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(
         opt.step()
 
 
+def test_the_hooks_step_draws_no_batch(monkeypatch):
+    """The hook's trainer step has no data set: `local_batch` gives (None, None) without drawing the
+    workers' batch indices (the simulator's draw, which the hook's model would ignore)."""
+    from tgsim.data import batching
+    from tgsim.exchange import InProcessExchange
+    from tgsim.train.config import from_dict
+    from tgsim.train.loop import build, local_batch
+
+    d = _one_worker({"name": "terngrad"}, "ps")
+    module = build(from_dict(d)).model.build(0)
+    state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+    assert local_batch(state.setup, 0) == (None, None)
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("the hook drew a batch")
+
+    monkeypatch.setattr(batching, "batch_indices_many", no_draw)
+    x = torch.zeros(4, module[0].in_features)                  # the example MLP's input
+    torch.nn.functional.cross_entropy(module(x), torch.zeros(4, dtype=torch.int64)).backward()
+    _exchange_buckets(state, [list(state.params)])
+    assert state.step == 1 and all(torch.isfinite(p.grad).all() for p in state.params.values())
+
+
 def test_nan_gradients_raise_or_skip_the_step():
     """NaN in one layer's gradient at step 0: on_nonfinite = 'raise' gives NonFiniteGradientError naming
     the layer, worker 0 and step 0. 'skip', at step 1 after a good step (momentum nonzero): the

@@ -1,7 +1,8 @@
 """`tgsim bench torch`: tgsim's DDP comm hook against the backward pass and against DDP's own
 all-reduce and fp16 hooks, on the CPU over Gloo, as ratios measured in one run.
 
-    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [--width 16] [...]
+    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [--width 16]
+                      [--input digits|cifar10] [...]
     python -m tgsim.bench.torch_ddp [...]
 
 Per network setting (`--rates`: "none" is the loopback unshaped; a tc rate shapes it) one mpiexec
@@ -13,6 +14,10 @@ netem.sh (`--module tgsim.bench.torch_ddp_rank`) in its shared topology: a priva
 namespace whose loopback carries `tc tbf rate RATE`, as `tgsim bench exchange` shapes it. Shaping needs root or CAP_SYS_ADMIN +
 CAP_NET_ADMIN (`tgsim.bench.exchange.check_environment`); without it the shaped settings are skipped
 with the reason printed and only the unshaped one runs.
+
+The ResNet's width (`--width`) sets the parameters the hook moves, the images (`--input`: digits,
+1 x 8 x 8, or cifar10, tensors of CIFAR-10's 3 x 32 x 32 shape) the backward work per parameter:
+hook_over_backward falls as the images grow, since the hook's work depends on the parameters only.
 
 Ratios added to every row (same run, same network setting):
 
@@ -39,6 +44,7 @@ Ratios added to every row (same run, same network setting):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -46,12 +52,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tgsim.bench.torch_ddp_rank import VARIANTS
+from tgsim.bench.torch_ddp_rank import INPUTS, VARIANTS
 
 FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
 QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
 TARGET = 0.10
 WIDTH = 16
+INPUT = "digits"
 BASELINE = "ddp_allreduce"
 REFERENCE = "local"
 QUICK_COLUMN = "quick"
@@ -81,13 +88,14 @@ def check_launch() -> tuple[bool, str]:
 
 
 def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmup: int,
-            variants=None, width: int = WIDTH) -> list[str]:
+            variants=None, width: int = WIDTH, image: str = INPUT) -> list[str]:
     """The command line of one setting: mpiexec of the rank program, or for a shaped rate netem.sh's
     shared topology running it (`tgsim.bench.exchange.NETEM --module tgsim.bench.torch_ddp_rank`)."""
     from tgsim.bench.exchange import NETEM, _mpiexec, rate_bits
 
     args = ["--store", str(store), "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup),
-            "--rate", rate, "--width", str(width)] + (["--variants", ",".join(variants)] if variants else [])
+            "--rate", rate, "--width", str(width), "--input", image]
+    args += ["--variants", ",".join(variants)] if variants else []
     if rate == "none":
         return [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", *args]
     rate_bits(rate)                                   # ValueError for a rate tc would not take
@@ -96,10 +104,10 @@ def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmu
 
 
 def run_setting(rate: str, ranks: int, raw_csv: Path, steps: int, warmup: int, variants=None,
-                timeout: float = 600.0, width: int = WIDTH) -> int:
+                timeout: float = 600.0, width: int = WIDTH, image: str = INPUT) -> int:
     """One mpiexec job (one network setting); its exit status (the output printed when it fails)."""
     with tempfile.TemporaryDirectory(prefix="tgsim-bench-torch-") as store:
-        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants, width)
+        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants, width, image)
         env = {**os.environ, **MPI_OVER_TCP}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -157,7 +165,8 @@ def summarize(raw):
     return df
 
 
-def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None, width=WIDTH):
+def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None, width=WIDTH,
+          image=INPUT):
     """Run every network setting (`rates`; shaped ones only where `check_environment()` allows, else
     skipped with the reason in df.attrs["skipped"]); returns the summarized rows (also written to
     `out`), QUICK_COLUMN = `quick` in every row. RuntimeError when nothing could run."""
@@ -180,7 +189,7 @@ def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=Fal
                 print(f"[bench torch] {rate}: skipped, cannot shape the loopback here: {shaping[1]}", flush=True)
                 continue
             t1 = time.monotonic()
-            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants, width=width)
+            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants, width=width, image=image)
             print(f"[bench torch] {rate} N={ranks}: exit {rc} in {time.monotonic() - t1:.0f} s "
                   f"(total {time.monotonic() - t0:.0f} s)", flush=True)
             if rc:
@@ -213,8 +222,9 @@ def print_table(df, file=None) -> None:
     cores = int(df["cores"].iloc[0]) if len(df) else timing.core_count()
     print(timing.machine_line(load, cores, timing.clock_resolution()), file=file)
     r0 = df.iloc[0]
+    image = f"{r0.input} images of {int(r0.channels)} x {math.isqrt(int(r0.dim) // int(r0.channels))}^2"
     print(f"ResNet (tgsim.torch.examples:resnet, width {int(r0.width)}) of {int(r0.params):,} parameters, "
-          f"{int(r0.batch)} samples per rank, {int(r0.ranks)} ranks, DDP over Gloo on the CPU, "
+          f"{int(r0.batch)} {image} per rank, {int(r0.ranks)} ranks, DDP over Gloo on the CPU, "
           f"{int(r0.steps)} timed rounds; medians over rounds (times: the slowest rank; hook: the rank that "
           "waited least in it; codec: the hook less its MPI calls, over bwd, the busiest rank)", file=file)
     print(f"{'rate':7} {'variant':25} {'step ms':>8} {'fwd ms':>7} {'bwd ms':>7} {'hook ms':>8} "
@@ -254,6 +264,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{REFERENCE} and {BASELINE} are the ratios' references")
     p.add_argument("--width", type=int, default=WIDTH, help="the example ResNet's width (default %(default)s: "
                    "about 43k parameters; 80: about 1.05M; 1 to 4 or a multiple of 4)")
+    p.add_argument("--input", default=INPUT, choices=sorted(INPUTS), help="the images: digits (1 x 8 x 8, "
+                   "scikit-learn's) or cifar10 (3 x 32 x 32, CIFAR-10's shape, N(0, 1) pixels: 16x the backward "
+                   "work for the same parameters); default %(default)s")
     p.add_argument("--out", default="results/bench_torch.csv", help="CSV of every row")
 
 
@@ -294,7 +307,8 @@ def cmd(args) -> int:
     if not ok:
         print(f"tgsim bench torch: {why}", file=sys.stderr)
         return 3
-    df = sweep(variants=variants, out=args.out, quick=bool(args.quick), width=width, **cfg)
+    df = sweep(variants=variants, out=args.out, quick=bool(args.quick), width=width,
+               image=getattr(args, "input", INPUT), **cfg)
     print()
     print_table(df)
     print(f"\nrows: {args.out}" + (" (quick = True: a smoke test)" if args.quick else ""))

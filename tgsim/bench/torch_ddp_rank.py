@@ -2,12 +2,16 @@
 interleaved rounds, the medians written by rank 0 as one CSV row per variant.
 
     mpiexec -n N python -m tgsim.bench.torch_ddp_rank --store DIR --out RAW.csv [--variants ...]
-        [--steps S] [--warmup W] [--batch B] [--width C] [--rate none|1gbit|...]
+        [--steps S] [--warmup W] [--batch B] [--width C] [--input digits|cifar10] [--rate none|1gbit|...]
 
-Every variant trains its own copy of the example ResNet (`tgsim.torch.examples.resnet`, 64 input
-features as scikit-learn's digits, 10 classes; the same initial parameters on every rank) with
-torch.optim.SGD (lr 0.05, the same optimizer arithmetic for every variant), each rank on its own
-B digits per step (a NumPy generator keyed by (seed, step, rank)). Variants (`VARIANTS`):
+Every variant trains its own copy of the example ResNet (`tgsim.torch.examples.resnet`, 10 classes;
+the same initial parameters on every rank) with torch.optim.SGD (lr 0.05, the same optimizer
+arithmetic for every variant), each rank on its own B images per step (a NumPy generator keyed by
+(seed, step, rank)). The images (`INPUTS`): "digits", scikit-learn's digits (one 8 x 8 channel);
+"cifar10", tensors of CIFAR-10's shape (three 32 x 32 channels) drawn from N(0, 1) by the same
+generator (nothing downloaded: the arithmetic of a convolutional network does not depend on the
+pixel values), so the same parameters do 16 times the backward work of the 8 x 8 digits.
+Variants (`VARIANTS`):
 
   local          the module alone, no DDP (no communication): the backward pass's own time
   ddp_allreduce  DDP's default: Gloo all-reduce of each float32 bucket (no hook)
@@ -46,7 +50,8 @@ import numpy as np
 
 SEED = 0
 CLASSES = 10
-DIM = 64
+# input name -> (features, channels) of the ResNet's flat images
+INPUTS = {"digits": (64, 1), "cifar10": (3 * 32 * 32, 3)}
 LR = 0.05
 # name -> ([codec], [exchange]) of the tgsim hook's config: the default TernGrad config (parameter
 # server), TernGrad's integer all-reduce of the codes, and float32 through the hook as a control
@@ -56,19 +61,20 @@ TGSIM = {
     "tgsim_fp32": ({"name": "fp32"}, {}),
 }
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
-COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "steps", "t_step", "t_forward", "t_backward",
-           "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max", "t_hook_codec",
-           "t_hook_comm", "t_backward_min",
-           "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
+COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "input", "dim", "channels", "steps", "t_step",
+           "t_forward", "t_backward", "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max",
+           "t_hook_codec", "t_hook_comm", "t_backward_min", "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
 
 
-def hook_config(variant: str, ranks: int, batch: int, width: int) -> dict:
+def hook_config(variant: str, ranks: int, batch: int, width: int, image: str = "digits") -> dict:
     """The tgsim config of a tgsim_* variant (the hook reads [run], [workers], [codec], [exchange])."""
     codec, exchange = TGSIM[variant]
+    dim, channels = INPUTS[image]
     return {"run": {"name": "bench-torch", "seed": SEED, "steps": 1_000_000},
             "data": {"name": "digits"},
             "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:resnet",
-                                                    "kwargs": {"width": width}}},
+                                                    "kwargs": {"width": width, "dim": dim,
+                                                                          "channels": channels}}},
             "workers": {"n": ranks, "batch": batch, "batch_mode": "per_worker"},
             "codec": dict(codec), "exchange": dict(exchange),
             "optimizer": {"name": "sgd"}, "schedule": {"name": "constant", "lr": LR}}
@@ -85,7 +91,7 @@ def digits():
 class Variant:
     """One variant's module, DDP wrapper, optimizer and per-step timings of this rank."""
 
-    def __init__(self, name: str, torch, ranks: int, batch: int, width: int):
+    def __init__(self, name: str, torch, ranks: int, batch: int, width: int, image: str = "digits"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from tgsim.torch import ddp as tgddp
@@ -93,7 +99,8 @@ class Variant:
 
         self.name, self.torch = name, torch
         torch.manual_seed(SEED)
-        module = resnet(DIM, CLASSES, width=width)
+        dim, channels = INPUTS[image]
+        module = resnet(dim, CLASSES, width=width, channels=channels)
         self.params = sum(p.numel() for p in module.parameters())
         self.state = None
         self.hook_seconds = self.comm_seconds = 0.0
@@ -101,7 +108,7 @@ class Variant:
             self.model = module
         else:
             if name.startswith("tgsim_"):
-                self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width))
+                self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width, image))
                 self.state.exchange.comm = TimedComm(self.state.exchange.comm, self)
             self.model = DDP(module)
             if name == "ddp_fp16":
@@ -184,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (DDP rebuilds its buckets at step 1)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--width", type=int, default=16, help="the ResNet's width")
+    p.add_argument("--input", default="digits", choices=sorted(INPUTS), help="the images (module docstring)")
     p.add_argument("--rate", default="none", help="the shaping of the loopback (a label for the rows)")
     a = p.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
@@ -205,12 +213,17 @@ def main(argv=None) -> int:
     store = Path(a.store) / "store"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     x_all, y_all = digits()
-    runs = [Variant(v, torch, size, a.batch, a.width) for v in variants]
+    dim, channels = INPUTS[a.input]
+    runs = [Variant(v, torch, size, a.batch, a.width, a.input) for v in variants]
     times = {v.name: [] for v in runs}
     for r in range(a.warmup + a.steps):
         rng = np.random.default_rng([SEED, r, rank])
-        idx = rng.choice(len(x_all), a.batch, replace=False)
-        x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
+        if a.input == "digits":
+            idx = rng.choice(len(x_all), a.batch, replace=False)
+            x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
+        else:
+            x = torch.from_numpy(rng.standard_normal((a.batch, dim), dtype=np.float32))
+            y = torch.from_numpy(rng.integers(0, CLASSES, a.batch))
         k = r % len(runs)
         for v in runs[k:] + runs[:k]:
             comm.Barrier()
@@ -233,7 +246,8 @@ def main(argv=None) -> int:
             bits = 8 * sent.mean() if counted else model_bits(v.name, v.params, size)
             bits_max = 8 * sent.mean(axis=1).max() if counted else bits
             rows.append({"rate": a.rate, "variant": v.name, "ranks": size, "params": v.params, "batch": a.batch,
-                         "width": a.width, "steps": a.steps, "t_step": np.median(step),
+                         "width": a.width, "input": a.input, "dim": dim, "channels": channels, "steps": a.steps,
+                         "t_step": np.median(step),
                          "t_forward": np.median(fwd), "t_backward": np.median(bwd), "t_optimizer": np.median(opt),
                          "t_hook": np.median(hook), "t_step_min": step.min(), "t_step_max": step.max(),
                          "t_hook_min": np.min(hook), "t_hook_max": np.max(hook),

@@ -214,13 +214,10 @@ def _capture(box: dict) -> Optimizer:
 
 def _hook_setup(cfg: Config, shapes: dict, codec, exchange, box: dict) -> Setup:
     """The trainer's Setup for `train_step` inside the hook: the model is `_HookModel` (DDP's
-    gradients), the optimizer `_capture(box)`; no data set: `local_batch` indexes placeholder arrays
-    of one batch (the model ignores x, y)."""
-    b = cfg.workers.per_worker_batch
+    gradients), the optimizer `_capture(box)`; no data set, so `local_batch` draws no batch (the
+    model ignores x, y)."""
     xp = get_xp(cfg.run.backend)
-    setup = Setup(cfg, None, [np.arange(b)] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange, xp=xp)
-    setup.__dict__["device_data"] = (xp.zeros(b, np.uint8), xp.zeros(b, np.uint8), None, None)   # cached_property
-    return setup
+    return Setup(cfg, None, [None] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange, xp=xp)
 
 
 def _config(config) -> Config:

@@ -119,9 +119,12 @@ def to_device(tree, xp):
 
 
 def local_batch(setup: Setup, step: int):
-    """(x, y) of this process's workers of `setup` at `step`: shapes (n_local, B, *features), (n_local, B)."""
+    """(x, y) of this process's workers of `setup` at `step`: shapes (n_local, B, *features), (n_local, B);
+    (None, None) for a Setup without a data set (a model that brings its own gradients: the DDP hook's)."""
     from tgsim.data.batching import batch_indices_many
 
+    if setup.dataset is None:
+        return None, None
     cfg = setup.cfg
     local = setup.exchange.local_workers
     idx = batch_indices_many([setup.shards[w] for w in local], cfg.workers.per_worker_batch, cfg.run.seed,
