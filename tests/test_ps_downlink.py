@@ -134,3 +134,56 @@ def test_downlink_of_a_model_without_layers_is_empty():
         down = ps_downlink(codec, msgs, shared)
         assert down.dtype == np.uint8 and down.size == 0 == ps_downlink_size(layout, 2, shared, False)
         assert ps_decode_base(layout, down, 2, shared) == {}
+
+
+@pytest.mark.mutation
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 20, 127])
+def test_downlink_of_many_layers_in_one_pass_has_each_layers_bytes(monkeypatch, n):
+    """Seven ternary layers of 8 to 100 elements (tails of 0, 1, 2, 7, 0, 1 and 4 values after the
+    groups of eight) around two float layers, N workers with shared scalers: the downlink is, layer
+    by layer, [f32 scaler | pack_uint_reference(sum of the codes + N, w bits)] or the float layer's
+    mean, with the codes read from the messages and packed by the reference; it decodes to the
+    in-process parameter server's mean, bit for bit; the packing and the decode are one call each
+    over all layers (w <= 8); an all-ones byte in layer t3's sums is named ("layer 't3': ...")."""
+    from tgsim.codecs import TernGrad, packing
+    from tgsim.codecs.message import KIND_TERNARY
+    from tgsim.errors import PayloadError
+    from tgsim.exchange import InProcessExchange
+    from tgsim.exchange.ps_downlink import ps_decode_base, ps_downlink
+    from tgsim.rng import StreamKey
+
+    sizes = {"f0": 3, "t1": 8, "t2": 9, "t3": 10, "f4": 5, "t5": 15, "t6": 16, "t7": 17, "t8": 100}
+    codec = TernGrad(clip="none", min_size=8)
+    rng = np.random.default_rng(n)
+    layers = [{k: rng.standard_normal(s).astype(np.float32) for k, s in sizes.items()} for _ in range(n)]
+    ex = InProcessExchange(n)
+    sc = [codec.scaling(g) for g in layers]
+    shared = ex.max_scalers(np.stack([codec.local_scalers(s) for s in sc]))
+    msgs = [codec.encode(g, StreamKey(3, 0, w), shared, sc[w]) for w, g in enumerate(layers)]
+    calls = []
+    for name in ("pack_code_sums_segments", "unpack_code_sums_segments"):
+        real = getattr(packing, name)
+        monkeypatch.setattr(packing, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
+    down = ps_downlink(codec, msgs, True)
+    want, _ = ex.aggregate(codec, msgs, "ps", True)
+    width = packing.uint_width(n)
+    off, at = 0, {}
+    for i, spec in enumerate(msgs[0].layout.layers):
+        if spec.kind == KIND_TERNARY:
+            total = sum(m.codes(spec.name).astype(np.int64) for m in msgs) + n
+            body = packing.pack_uint_reference(total.astype(np.uint32), width)
+            expect = np.float32(msgs[0].scalers[i]).tobytes() + body.tobytes()
+            at[spec.name] = off + 4
+        else:
+            expect = want[spec.name].astype(np.float32).tobytes()
+        assert down[off:off + len(expect)].tobytes() == expect, spec.name
+        off += len(expect)
+    assert off == down.size and [s.kind == KIND_TERNARY for s in msgs[0].layout.layers] == [
+        k.startswith("t") for k in sizes]
+    mean = ps_decode_base(msgs[0].layout, down, n, True)
+    assert list(mean) == list(sizes) and same_bits(mean, want)
+    assert calls == ["pack_code_sums_segments", "unpack_code_sums_segments"]
+    bad = down.copy()
+    bad[at["t3"]] = 0xFF
+    with pytest.raises(PayloadError, match=r"^layer 't3': downlink code sum \d+ exceeds N = " + str(n) + "$"):
+        ps_decode_base(msgs[0].layout, bad, n, True)

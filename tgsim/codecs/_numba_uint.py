@@ -228,3 +228,99 @@ def decode_codes(codes: np.ndarray, n: int, scaler: float) -> tuple[np.ndarray, 
     out = np.empty(codes.size, dtype=np.float32)
     bad = _decode_codes(codes, np.int64(n), np.float64(scaler), np.float64(1.0 / n), out)
     return out, int(bad)
+
+
+@functools.lru_cache(maxsize=None)
+def _segment_kernels(width: int):
+    """(pack_segments, decode_segments): pack and decode_scaled of many layers ("segments") in one
+    call, compiled for one `width` (1..8). Segment s is values[starts[s] : starts[s] + sizes[s]],
+    packed at byte out_starts[s] of one buffer, exactly as pack_offset / decode_scaled lay out one
+    layer: its full groups of eight values in `width` bytes each, then the short tail in
+    ceil(rest * width / 8) bytes, the pad bits 0. The same bits as one call per segment."""
+    limit = (1 << width) - 1
+    mask = np.uint64(limit)
+
+    @njit(cache=True)
+    def pack_segments(values, starts, sizes, offset, out, out_starts):
+        """out[out_starts[s]:] <- pack(values of segment s + offset) for every s; returns the number of
+        values outside [0, 2^width) (the caller raises)."""
+        bad = 0
+        for s in range(starts.size):
+            src, n, dst = starts[s], sizes[s], out_starts[s]
+            full = n // 8
+            for g in range(full):
+                acc = np.uint64(0)
+                for j in range(8):
+                    v = np.int64(values[src + g * 8 + j]) + offset
+                    bad += (v < 0) | (v > limit)
+                    acc |= np.uint64(v & limit) << np.uint64(j * width)
+                base = dst + g * width
+                for m in range(width):
+                    out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
+            rest = n - 8 * full
+            if rest:
+                acc = np.uint64(0)
+                for j in range(rest):
+                    v = np.int64(values[src + 8 * full + j]) + offset
+                    bad += (v < 0) | (v > limit)
+                    acc |= np.uint64(v & limit) << np.uint64(j * width)
+                base = dst + full * width
+                for m in range((rest * width + 7) // 8):
+                    out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
+        return bad
+
+    @njit(cache=True)
+    def decode_segments(payload, starts, sizes, offset, scalers, inv, out, out_starts, tops):
+        """out[out_starts[s]:] <- _scaled(v_i, offset, scalers[s], inv) of segment s's packed values
+        (bytes from starts[s]); tops[s] <- its max packed value."""
+        for s in range(starts.size):
+            src, n, dst = starts[s], sizes[s], out_starts[s]
+            scaler = scalers[s]
+            top = np.uint64(0)
+            full = n // 8
+            for g in range(full):
+                acc = np.uint64(0)
+                base = src + g * width
+                for m in range(width):
+                    acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+                for j in range(8):
+                    v = (acc >> np.uint64(j * width)) & mask
+                    top = max(top, v)
+                    out[dst + g * 8 + j] = _scaled(v, offset, scaler, inv)
+            rest = n - 8 * full
+            if rest:
+                acc = np.uint64(0)
+                base = src + full * width
+                for m in range((rest * width + 7) // 8):
+                    acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
+                for j in range(rest):
+                    v = (acc >> np.uint64(j * width)) & mask
+                    top = max(top, v)
+                    out[dst + 8 * full + j] = _scaled(v, offset, scaler, inv)
+            tops[s] = top
+
+    return pack_segments, decode_segments
+
+
+def pack_offset_segments(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, offset: int, width: int,
+                         out: np.ndarray, out_starts: np.ndarray) -> None:
+    """pack_offset(values[starts[s]:starts[s] + sizes[s]], offset, width) written at out[out_starts[s]:]
+    for every segment s, in one call (int8 or int16 values; width <= 8); ValueError if a value does
+    not fit, as pack_offset."""
+    if values.dtype.itemsize > 2:
+        raise ValueError(f"pack_offset_segments takes int8 or int16 values, got {values.dtype}")
+    pack, _ = _segment_kernels(int(width))
+    if pack(values, starts, sizes, np.int64(offset), out, out_starts):
+        raise ValueError(f"integer sums + {offset} do not fit in {width} bits")
+
+
+def decode_scaled_segments(payload: np.ndarray, starts: np.ndarray, sizes: np.ndarray, width: int, offset: int,
+                           scalers: np.ndarray, divide_by: int, out: np.ndarray, out_starts: np.ndarray) -> np.ndarray:
+    """decode_scaled of every segment s (sizes[s] values packed from payload[starts[s]:], scaler
+    scalers[s]) into out[out_starts[s]:], in one call; returns the max packed value per segment
+    (uint64), for the caller's range check."""
+    _, decode = _segment_kernels(int(width))
+    tops = np.empty(starts.size, dtype=np.uint64)
+    decode(payload, starts, sizes, np.int64(offset), np.asarray(scalers, dtype=np.float64),
+           np.float64(1.0 / divide_by), out, out_starts, tops)
+    return tops

@@ -69,7 +69,29 @@ class Layout:
         return tuple(s.name for s in self.layers)
 
     def body_bytes(self) -> int:
+        return self._body_bytes
+
+    @functools.cached_property
+    def _body_bytes(self) -> int:
         return sum(s.body_bytes(self.packing) for s in self.layers)
+
+    @functools.cached_property
+    def _body_plan(self) -> tuple:
+        """(ternary layer indices, their scalers' byte offsets in the body as (T, 4) byte indices,
+        [(offset, bytes) of each layer's part]): where `from_bytes` finds each layer."""
+        tern, scaler_at, parts, pos = [], [], [], 0
+        for i, spec in enumerate(self.layers):
+            if spec.kind == KIND_TERNARY:
+                tern.append(i)
+                scaler_at.append(pos)
+                pos += 4
+                nb = packed_size(spec.size, self.packing)
+            else:
+                nb = 4 * spec.size
+            parts.append((pos, nb))
+            pos += nb
+        at = np.asarray(scaler_at, dtype=np.int64).reshape(-1, 1) + np.arange(4)
+        return np.asarray(tern, dtype=np.int64), at, tuple(parts)
 
     def header_bytes(self) -> bytes:
         return self._header
@@ -195,7 +217,14 @@ def parse_header(buf: bytes | memoryview) -> tuple[Layout | None, tuple, int]:
 
 def check_header(buf: bytes | memoryview, layout: Layout, body: int | None = None) -> int:
     """Check a message's header against the receiver's layout (ValueError on mismatch) and return its
-    length; `body` is the number of bytes after the header (None: the rest of `buf`)."""
+    length; `body` is the number of bytes after the header (None: the rest of `buf`). A header equal,
+    byte for byte, to the layout's own is that layout's (its checksum included): only the body's
+    length is checked then; any other is parsed and compared field by field."""
+    mine_head = layout.header_bytes()
+    if len(buf) >= len(mine_head) and memoryview(buf)[:len(mine_head)] == mine_head:
+        body_len = len(buf) - len(mine_head) if body is None else body
+        if body_len == layout.body_bytes():
+            return len(mine_head)
     fields, specs, off = parse_header(buf)
     if fields["packing"] != layout.packing:
         raise PayloadError(f"message packed as {fields['packing']}, receiver expects {layout.packing}")
@@ -214,18 +243,15 @@ def from_bytes(buf: bytes | memoryview, layout: Layout) -> Message:
     a mismatch or a malformed payload)."""
     off = check_header(buf, layout)
     data = np.frombuffer(buf, dtype=np.uint8, offset=off)
+    tern, scaler_at, where = layout._body_plan
     scalers = np.zeros(len(layout.layers), dtype=np.float32)
-    parts, pos = [], 0
-    for i, spec in enumerate(layout.layers):
-        if spec.kind == KIND_TERNARY:
-            scalers[i] = data[pos:pos + 4].view(np.float32)[0]
-            if not (np.isfinite(scalers[i]) and scalers[i] >= 0):
-                raise PayloadError(f"layer {spec.name!r}: invalid scaler {scalers[i]}")
-            pos += 4
-            nb = packed_size(spec.size, layout.packing)
-            parts.append(data[pos:pos + nb])
-            pos += nb
-        else:
-            parts.append(data[pos:pos + 4 * spec.size].view(np.float32).reshape(spec.shape))
-            pos += 4 * spec.size
+    scalers[tern] = data[scaler_at].view(np.float32).reshape(-1)
+    ok = np.isfinite(scalers) & (scalers >= 0)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise PayloadError(f"layer {layout.layers[i].name!r}: invalid scaler {scalers[i]}")
+    parts = []
+    for spec, (pos, nb) in zip(layout.layers, where):
+        part = data[pos:pos + nb]
+        parts.append(part if spec.kind == KIND_TERNARY else part.view(np.float32).reshape(spec.shape))
     return Message(layout, scalers, parts)

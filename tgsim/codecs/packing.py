@@ -208,6 +208,27 @@ def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out
     return flat
 
 
+def pack_code_sums_segments(sums: list, n: int, width: int, out: np.ndarray, elem_at: np.ndarray, sizes: np.ndarray,
+                            out_at: np.ndarray) -> None:
+    """pack_code_sums of many layers in one Numba pass (NumPy, width <= 8): layer s's code sums
+    sums[s] (sizes[s] values, int8 or int16; at elem_at[s] of them concatenated) packed into
+    out[out_at[s]:], the bytes of pack_code_sums(sums[s], n, width). ValueError if a value does not fit."""
+    from tgsim.codecs import _numba_uint
+
+    _numba_uint.pack_offset_segments(np.concatenate(sums) if sums else np.zeros(0, np.int8), elem_at, sizes, n,
+                                     width, out, out_at)
+
+
+def unpack_code_sums_segments(payload: np.ndarray, at: np.ndarray, sizes: np.ndarray, width: int, n: int,
+                              scalers: np.ndarray, out: np.ndarray, out_at: np.ndarray) -> np.ndarray:
+    """unpack_code_sums of many layers in one Numba pass (NumPy, width <= 8): layer s's sizes[s]
+    values packed at payload[at[s]:], scaled by scalers[s], into out[out_at[s]:]; returns each
+    layer's largest packed value (uint64): one beyond 2n is a code sum beyond N (the caller raises)."""
+    from tgsim.codecs import _numba_uint
+
+    return _numba_uint.decode_scaled_segments(payload, at, sizes, width, n, scalers, n, out, out_at)
+
+
 def decode_code_sums(intsum, n: int, scaler: float):
     """float32 scale_integer_sum(intsum, scaler, n) of N = n workers' integer code sums, after checking
     |Σ codes| <= n (PayloadError otherwise). NumPy: one Numba pass; other arrays: the array form."""

@@ -5,6 +5,11 @@
     [per layer: f32 mean]                                own scalers (the server decodes each message)
     [the serialized Message of the mean ternarized again] reternarize_key (codec.downlink_codec())
 
+With shared scalers on NumPy (w <= 8 bits, up to 127 workers) every ternary layer's sums are packed,
+and decoded, in one Numba call over all layers (packing.pack_code_sums_segments,
+unpack_code_sums_segments), at offsets worked out once per layout; the bytes are those of one
+pack_code_sums per layer. A malformed downlink is decoded layer by layer, which names the layer.
+
 Pure functions shared by the server and the workers (tgsim/exchange/mpi.py), the pipelined
 exchange (tgsim/exchange/pieces.py cuts the same bytes into pieces) and the in-process exchange's
 byte count (`ps_downlink_size`). Over MPI each downlink is preceded by a u64 status word
@@ -13,6 +18,7 @@ byte count (`ps_downlink_size`). Over MPI each downlink is preceded by a u64 sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -50,6 +56,58 @@ def ps_downlink_size(layout: Layout, n: int, shared: bool, reternarize: bool) ->
     return sum(4 + -(-s.size * width // 8) if s.kind == KIND_TERNARY else 4 * s.size for s in layout.layers)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where each layer lies in a shared-scaler base downlink of N workers (width bits per code sum):
+    the ternary layers' indices `tern`, their scalers' byte offsets (`scaler_at`: (T, 4) byte indices),
+    their packed sums' offsets `payload_at` and element counts `sizes`, the offsets `elem_at` of
+    their elements in the ternary layers concatenated; the float layers as (index, byte offset);
+    `total` bytes."""
+
+    tern: np.ndarray
+    scaler_at: np.ndarray
+    payload_at: np.ndarray
+    sizes: np.ndarray
+    elem_at: np.ndarray
+    floats: tuple
+    total: int
+
+
+_PLANS: dict = {}
+
+
+def _plan(layout: Layout, width: int) -> _Plan:
+    """The layout's _Plan at `width`, built once per (layout, width) (a few are kept)."""
+    key = (id(layout), width)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    tern, scaler_at, payload_at, sizes, floats, off = [], [], [], [], [], 0
+    for i, spec in enumerate(layout.layers):
+        if spec.kind == KIND_TERNARY:
+            tern.append(i)
+            scaler_at.append(off)
+            payload_at.append(off + 4)
+            sizes.append(spec.size)
+            off += 4 + -(-spec.size * width // 8)
+        else:
+            floats.append((i, off))
+            off += 4 * spec.size
+    sizes_a = np.asarray(sizes, dtype=np.int64)
+    plan = _Plan(np.asarray(tern, dtype=np.int64), np.asarray(scaler_at, dtype=np.int64)[:, None] + np.arange(4),
+                 np.asarray(payload_at, dtype=np.int64), sizes_a,
+                 np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64), tuple(floats), off)
+    if len(_PLANS) >= 64:
+        _PLANS.clear()
+    _PLANS[key] = (layout, plan)
+    return plan
+
+
+def _one_pass(xp, n: int) -> bool:
+    """Whether the shared-scaler downlink of n workers packs and decodes every layer in one Numba call."""
+    return xp is np and packing.uint_width(n) <= 8
+
+
 def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.ndarray:
     """The server's downlink bytes before any re-ternarization."""
     n = len(messages)
@@ -67,6 +125,8 @@ def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.nda
             sums = dict(zip(tern, kern.sum_codes_layers([[m.parts[i] for m in messages] for i in tern],
                                                         [layout.layers[i].size for i in tern], codec.packing,
                                                         code_dtype(n))))
+            if _one_pass(xp, n):
+                return _pack_base(layout, messages, [sums[i] for i in tern], n, width)
         chunks = []
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
@@ -80,11 +140,54 @@ def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.nda
     return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
 
 
+def _pack_base(layout: Layout, messages: Sequence[Message], sums: list, n: int, width: int) -> np.ndarray:
+    """The shared-scaler base downlink with every ternary layer's code sums (`sums`, in layer order)
+    packed in one Numba call (packing.pack_code_sums' bits per layer) and the scalers placed by index."""
+    plan = _plan(layout, width)
+    buf = np.empty(plan.total, dtype=np.uint8)
+    packing.pack_code_sums_segments(sums, n, width, buf, plan.elem_at, plan.sizes, plan.payload_at)
+    scalers = np.asarray(messages[0].scalers)[plan.tern].astype(np.float32)
+    buf[plan.scaler_at] = scalers.view(np.uint8).reshape(-1, 4)
+    for i, off in plan.floats:
+        mean = _f32_bytes(ordered_mean_flat([m.parts[i] for m in messages], n))
+        buf[off:off + mean.size] = mean
+    return buf
+
+
+def _decode_base_one_pass(layout: Layout, buf: np.ndarray, n: int, width: int) -> dict | None:
+    """ps_decode_base of a NumPy downlink of the plan's size with every ternary layer decoded in one
+    Numba call; None when a layer is malformed (the caller's per-layer pass names it)."""
+    plan = _plan(layout, width)
+    scalers = buf[plan.scaler_at].view(np.float32).reshape(-1)
+    if not bool(np.all(np.isfinite(scalers) & (scalers >= 0))):
+        return None
+    flat = np.empty(int(plan.sizes.sum()), dtype=np.float32)
+    tops = packing.unpack_code_sums_segments(buf, plan.payload_at, plan.sizes, width, n, scalers, flat, plan.elem_at)
+    if tops.size and int(tops.max()) > 2 * n:
+        return None
+    mean = {}
+    floats = dict(plan.floats)
+    t = 0
+    for i, spec in enumerate(layout.layers):
+        if i in floats:
+            off = floats[i]
+            mean[spec.name] = buf[off:off + 4 * spec.size].copy().view(np.float32).reshape(spec.shape)
+        else:
+            at = int(plan.elem_at[t])
+            mean[spec.name] = flat[at:at + spec.size].reshape(spec.shape)
+            t += 1
+    return mean
+
+
 def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np) -> dict:
     """Mean per layer from a base downlink (PayloadError if it is malformed)."""
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
-    mean, off = {}, 0
     width = packing.uint_width(n)
+    if shared and _one_pass(xp, n) and buf.size == _plan(layout, width).total:
+        mean = _decode_base_one_pass(layout, buf, n, width)
+        if mean is not None:
+            return mean
+    mean, off = {}, 0
     for spec in layout.layers:
         if spec.kind != KIND_TERNARY or not shared:
             nb = 4 * spec.size
