@@ -316,9 +316,10 @@ def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(
         opt.step()
 
 
-def test_the_hooks_step_draws_no_batch(monkeypatch):
+def test_the_hooks_step_draws_no_batch_and_averages_no_loss(monkeypatch):
     """The hook's trainer step has no data set: `local_batch` gives (None, None) without drawing the
-    workers' batch indices (the simulator's draw, which the hook's model would ignore)."""
+    workers' batch indices (the simulator's draw, which the hook's model would ignore); its model
+    sees no loss, so the step runs no loss-averaging collective (`mean_scalar`)."""
     from tgsim.data import batching
     from tgsim.exchange import InProcessExchange
     from tgsim.train.config import from_dict
@@ -332,7 +333,11 @@ def test_the_hooks_step_draws_no_batch(monkeypatch):
     def no_draw(*args, **kwargs):
         raise AssertionError("the hook drew a batch")
 
+    def no_mean(*args, **kwargs):
+        raise AssertionError("the hook averaged a loss")
+
     monkeypatch.setattr(batching, "batch_indices_many", no_draw)
+    monkeypatch.setattr(state.exchange, "mean_scalar", no_mean)
     x = torch.zeros(4, module[0].in_features)                  # the example MLP's input
     torch.nn.functional.cross_entropy(module(x), torch.zeros(4, dtype=torch.int64)).backward()
     _exchange_buckets(state, [list(state.params)])

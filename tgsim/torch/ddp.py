@@ -129,7 +129,7 @@ def _array(tensor):
     """The tensor's data as an array sharing its memory: a NumPy view of a CPU tensor, a CuPy array of a
     CUDA tensor (DLPack; the protocol makes CuPy's stream wait for torch's)."""
     t = tensor.detach()
-    if t.device.type == "cpu":
+    if not t.is_cuda:
         return t.numpy()
     import cupy
 
@@ -189,7 +189,7 @@ def parameter_mismatch(everyone: list[list]) -> str | None:
 
 class _HookModel:
     """The model of the hook's Setup: its gradients are the ones DDP handed over ({name: (1, *shape)}),
-    its loss 0 (the hook does not see the loss)."""
+    its losses None (the hook does not see the loss, so the step averages none)."""
 
     def __init__(self, shapes: dict):
         self.shapes = dict(shapes)
@@ -199,7 +199,7 @@ class _HookModel:
         return dict(self.shapes)
 
     def loss_and_grad(self, params, x, y):
-        return np.zeros(1, np.float64), self.grads
+        return None, self.grads
 
 
 def _capture(box: dict) -> Optimizer:
@@ -405,7 +405,8 @@ class TgsimHookState:
         if missing:
             raise ValueError(f"tgsim DDP hook: step {self.step}: no gradient reached the hook for {missing[:5]}")
         model = self.setup.model
-        model.grads = {k: _array(grads[k]).reshape(1, *model.shapes[k]) for k in self.params}
+        arrays = {k: _array(grads[k]) for k in self.params}          # views of the buckets' buffers
+        model.grads = {k: a.reshape((1,) + model.shapes[k]) for k, a in arrays.items()}
         self._box.clear()
         try:
             _, _, info = train_step(self.setup, {}, {}, self.step, False, codec_state=self.codec_state)
@@ -416,8 +417,7 @@ class TgsimHookState:
         self.sent += info.sent
         self.received += info.received
         mean = self._box.get("mean")
-        for k, g in grads.items():
-            out = _array(g)
+        for k, out in arrays.items():
             if mean is None:
                 out[...] = 0
             else:

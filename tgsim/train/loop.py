@@ -254,7 +254,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
         _replace(codec_state, new_state)
         params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
         layer_rows = _layer_stats(grads, None, None) if with_stats else []
-        loss = ex.mean_scalar(float(np.sum(to_numpy(losses))))
+        loss = _mean_loss(ex, losses)
         return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
 
     share, shared = shared_scalers(setup, stats)
@@ -276,8 +276,16 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     del msgs                        # the payloads, before the optimizer's temporaries
     params, opt_state = setup.optimizer.update(mean, opt_state, params, lr)
     layer_rows = _layer_stats(inputs, shared, stats, decoded, mean, ex) if with_stats else []
-    loss = ex.mean_scalar(float(np.sum(to_numpy(losses))))
+    loss = _mean_loss(ex, losses)
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
+
+
+def _mean_loss(ex, losses) -> float:
+    """The mean of every worker's loss over the exchange (a collective); nan, with nothing exchanged,
+    where the model gives no losses (None: a model that does not see its loss, the DDP hook's)."""
+    if losses is None:
+        return float("nan")
+    return ex.mean_scalar(float(np.sum(to_numpy(losses))))
 
 
 def _replace(state: dict, new: dict) -> None:

@@ -252,7 +252,7 @@ class TernGrad:
         """(layout of one worker's layers, W) of layers with a leading worker axis (W, *shape)."""
         shapes, nw = {}, None
         for name, g in layers.items():
-            shape = tuple(int(d) for d in np.shape(g))
+            shape = tuple(map(int, g.shape if hasattr(g, "shape") else np.shape(g)))
             if not shape:
                 raise ValueError(f"layer {name!r}: expected a leading worker axis, got a scalar")
             if nw is None:
