@@ -195,3 +195,11 @@ def test_integer_code_sums_equal_the_per_layer_calls(nw, fmt):
         sum_codes(pay[5], SIZES[5], fmt)
     with pytest.raises(ValueError, match=f"^{re.escape(str(ref.value))}$"):
         nl.sum_codes_layers(pay, SIZES, fmt)
+    rows = [list(p) for p in pay]                                # listed rows: each must be nb uint8 bytes
+    rows[2][nw - 1] = rows[2][nw - 1].view(np.int8)
+    with pytest.raises(ValueError, match=f"^payload of worker {nw - 1}: expected .* uint8 bytes .* got int8"):
+        nl.sum_codes_layers(rows, SIZES, fmt)
+    nb = pay[2][0].size
+    rows[2][nw - 1] = np.zeros(nb + 1, np.uint8)
+    with pytest.raises(ValueError, match=f"^payload of worker {nw - 1}: expected {nb} uint8"):
+        nl.sum_codes_layers(rows, SIZES, fmt)

@@ -38,6 +38,9 @@ def as_float32_rows(name: str, g, workers: int | None = None):
     TypeError for a non-float dtype; ValueError (naming the first worker) for float64 values beyond
     float32's range; ValueError when the leading axis is missing or is not `workers` long.
     """
+    if (type(g) is np.ndarray and g.dtype == np.float32 and g.ndim and g.flags.c_contiguous
+            and (workers is None or g.shape[0] == workers)):
+        return g.reshape(g.shape[0], math.prod(g.shape[1:]))     # already what the rest would return
     xp = array_module(g)
     g = xp.asarray(g)
     if g.ndim == 0:

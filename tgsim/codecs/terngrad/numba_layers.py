@@ -354,13 +354,16 @@ def _layer_rows(payloads, sizes, fmt: str):
             bases.append(address(p))
             nws.append(p.shape[0])
         else:
-            rows = [np.ascontiguousarray(q) for q in p]
-            for w, q in enumerate(rows):
-                if q.dtype != np.uint8 or q.ndim != 1 or q.size != nb:
-                    raise ValueError(f"payload of worker {w}: expected {nb} uint8 bytes for {n} elements in {fmt}, "
-                                     f"got {q.dtype} {q.shape}")
+            rows = list(p)
+            if not all(type(q) is np.ndarray and q.dtype == np.uint8 and q.ndim == 1 and q.size == nb
+                       and q.flags.c_contiguous for q in rows):
+                rows = [np.ascontiguousarray(q) for q in rows]
+                for w, q in enumerate(rows):
+                    if q.dtype != np.uint8 or q.ndim != 1 or q.size != nb:
+                        raise ValueError(f"payload of worker {w}: expected {nb} uint8 bytes for {n} elements in "
+                                         f"{fmt}, got {q.dtype} {q.shape}")
             kept.append(rows)
-            listed[i] = np.array([address(q) for q in rows], np.int64)
+            listed[i] = [address(q) for q in rows]
             bases.append(0)
             nws.append(len(rows))
         strides.append(nb)
@@ -370,8 +373,8 @@ def _layer_rows(payloads, sizes, fmt: str):
         raise ValueError("every layer needs the same number of payloads")
     addrs = (np.array(bases, np.int64)[:, None]
              + np.array(strides, np.int64)[:, None] * np.arange(nw, dtype=np.int64)[None, :])
-    for i, a in listed.items():
-        addrs[i] = a
+    if listed:
+        addrs[list(listed)] = np.array(list(listed.values()), np.int64).reshape(len(listed), nw)
     return kept, addrs.reshape(-1), nw, np.array(nbs, np.int64)
 
 
