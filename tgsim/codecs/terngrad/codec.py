@@ -371,6 +371,8 @@ class TernGrad:
     def _whole_step(self, arrays, name: str):
         """The kernel set's whole-step function `name` (moments_layers, encode_layers,
         weighted_sum_layers) when every array runs on one kernel set that offers it (Numba, CUDA), else None."""
+        if all(type(a) is np.ndarray for a in arrays):
+            return getattr(self.kernels_for(np), name, None)
         kerns = {id(k): k for k in (self.kernels_for(array_module(a)) for a in arrays)}
         return getattr(next(iter(kerns.values())), name, None) if len(kerns) == 1 else None
 
