@@ -156,6 +156,9 @@ def test_quick_run_unshaped(tmp_path, capsys, image):
     side = 8 if image == "digits" else 32
     assert text.startswith(bt.QUICK_MARK) and all(v in text for v in VARIANTS)
     assert f"32 {image} images of {channels} x {side}^2 per rank" in text
+    bt.print_table(back)                        # read back: DDP's rows have no target verdict, not "nan"
+    ddp = [line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["ddp_allreduce"]]
+    assert len(ddp) == 1 and "nan" not in ddp[0]
 
 
 @pytest.mark.heavy

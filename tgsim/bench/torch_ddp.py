@@ -237,8 +237,9 @@ def print_table(df, file=None) -> None:
 
     for r in df.itertuples(index=False):
         hook = "" if r.t_hook != r.t_hook else f"{r.t_hook * 1e3:.2f}"
+        ok = r.meets_target if isinstance(r.meets_target, str) else ""     # empty (NaN once read back) off tgsim rows
         print(f"{r.rate:7} {r.variant:25} {r.t_step * 1e3:8.2f} {r.t_forward * 1e3:7.2f} {r.t_backward * 1e3:7.2f} "
-              f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {r.meets_target:>3} "
+              f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {ok:>3} "
               f"{pct(r.codec_over_backward):>6} {pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} "
               f"{r.bits_per_step / 1e3:10.1f} "
               f"{r.bits_ratio:7.2f}  {r.bits_source}",
