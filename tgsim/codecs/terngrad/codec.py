@@ -371,7 +371,7 @@ class TernGrad:
     def _whole_step(self, arrays, name: str):
         """The kernel set's whole-step function `name` (moments_layers, encode_layers,
         weighted_sum_layers) when every array runs on one kernel set that offers it (Numba, CUDA), else None."""
-        if all(type(a) is np.ndarray for a in arrays):
+        if arrays and all(type(a) is np.ndarray for a in arrays):
             return getattr(self.kernels_for(np), name, None)
         kerns = {id(k): k for k in (self.kernels_for(array_module(a)) for a in arrays)}
         return getattr(next(iter(kerns.values())), name, None) if len(kerns) == 1 else None
@@ -510,7 +510,7 @@ class TernGrad:
                 kern = self.kernels_for(array_module(flats[i]))
                 parts[i] = kern.encode_many(flats[i], scalers[:, i], bounds[i], seed, step, workers, i,
                                             self.packing)
-        rows = [tuple(p[w] for w in range(nw)) for p in parts]
+        rows = [tuple(p) for p in parts]         # row w of each layer (iterating the first axis)
         batch = PayloadBatch([p if spec.kind == KIND_TERNARY else None for spec, p in zip(layout.layers, parts)],
                              rows)
         return [Message(layout, msg_scalers[w], [r[w] for r in rows], batch) for w in range(nw)]
