@@ -432,9 +432,9 @@ class TernGrad:
         if workers is None:
             workers = next((len(s.scaler) for s in scalings if s is not None), 0)
         out = np.zeros((workers, len(scalings)), dtype=np.float32)
-        for i, s in enumerate(scalings):
-            if s is not None:
-                out[:, i] = s.scaler
+        tern = [i for i, s in enumerate(scalings) if s is not None]
+        if tern:                            # one cast of every ternary layer's (W,) scalers
+            out[:, tern] = np.array([scalings[i].scaler for i in tern], dtype=np.float64).T
         return out
 
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None,
