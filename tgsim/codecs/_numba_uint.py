@@ -232,13 +232,12 @@ def decode_codes(codes: np.ndarray, n: int, scaler: float) -> tuple[np.ndarray, 
 
 @functools.lru_cache(maxsize=None)
 def _segment_kernels(width: int):
-    """(pack_segments, decode_segments): pack and decode_scaled of many layers ("segments") in one
-    call, compiled for one `width` (1..8). Segment s is values[starts[s] : starts[s] + sizes[s]],
-    packed at byte out_starts[s] of one buffer, exactly as pack_offset / decode_scaled lay out one
-    layer: its full groups of eight values in `width` bytes each, then the short tail in
-    ceil(rest * width / 8) bytes, the pad bits 0. The same bits as one call per segment."""
-    limit = (1 << width) - 1
-    mask = np.uint64(limit)
+    """(pack_segments, decode_segments): pack_offset and decode_scaled of many layers ("segments") in
+    one call, compiled for one `width` (1..8). Segment s is values[starts[s] : starts[s] + sizes[s]],
+    packed at byte out_starts[s] of one buffer; each segment goes through the one-layer kernels (the
+    full groups of `_full_group_kernels`, then the short tail), so the bits are those of one call
+    per segment."""
+    pack, decode = _full_group_kernels(int(width))
 
     @njit(cache=True)
     def pack_segments(values, starts, sizes, offset, out, out_starts):
@@ -246,27 +245,10 @@ def _segment_kernels(width: int):
         values outside [0, 2^width) (the caller raises)."""
         bad = 0
         for s in range(starts.size):
-            src, n, dst = starts[s], sizes[s], out_starts[s]
-            full = n // 8
-            for g in range(full):
-                acc = np.uint64(0)
-                for j in range(8):
-                    v = np.int64(values[src + g * 8 + j]) + offset
-                    bad += (v < 0) | (v > limit)
-                    acc |= np.uint64(v & limit) << np.uint64(j * width)
-                base = dst + g * width
-                for m in range(width):
-                    out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
-            rest = n - 8 * full
-            if rest:
-                acc = np.uint64(0)
-                for j in range(rest):
-                    v = np.int64(values[src + 8 * full + j]) + offset
-                    bad += (v < 0) | (v > limit)
-                    acc |= np.uint64(v & limit) << np.uint64(j * width)
-                base = dst + full * width
-                for m in range((rest * width + 7) // 8):
-                    out[base + m] = np.uint8((acc >> np.uint64(8 * m)) & np.uint64(0xFF))
+            v = values[starts[s]:starts[s] + sizes[s]]
+            o = out[out_starts[s]:out_starts[s] + (sizes[s] * width + 7) // 8]
+            full = sizes[s] // 8
+            bad += pack(v, np.int32(offset), o, full) + _pack_tail(v, offset, width, o, full)
         return bad
 
     @njit(cache=True)
@@ -274,30 +256,11 @@ def _segment_kernels(width: int):
         """out[out_starts[s]:] <- _scaled(v_i, offset, scalers[s], inv) of segment s's packed values
         (bytes from starts[s]); tops[s] <- its max packed value."""
         for s in range(starts.size):
-            src, n, dst = starts[s], sizes[s], out_starts[s]
-            scaler = scalers[s]
-            top = np.uint64(0)
-            full = n // 8
-            for g in range(full):
-                acc = np.uint64(0)
-                base = src + g * width
-                for m in range(width):
-                    acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
-                for j in range(8):
-                    v = (acc >> np.uint64(j * width)) & mask
-                    top = max(top, v)
-                    out[dst + g * 8 + j] = _scaled(v, offset, scaler, inv)
-            rest = n - 8 * full
-            if rest:
-                acc = np.uint64(0)
-                base = src + full * width
-                for m in range((rest * width + 7) // 8):
-                    acc |= np.uint64(payload[base + m]) << np.uint64(8 * m)
-                for j in range(rest):
-                    v = (acc >> np.uint64(j * width)) & mask
-                    top = max(top, v)
-                    out[dst + 8 * full + j] = _scaled(v, offset, scaler, inv)
-            tops[s] = top
+            p = payload[starts[s]:starts[s] + (sizes[s] * width + 7) // 8]
+            o = out[out_starts[s]:out_starts[s] + sizes[s]]
+            full = sizes[s] // 8
+            tops[s] = max(decode(p, offset, scalers[s], inv, o, full),
+                          _decode_tail(p, sizes[s], width, offset, scalers[s], inv, o, full))
 
     return pack_segments, decode_segments
 
