@@ -208,15 +208,14 @@ def unpack_code_sums(payload, count: int, width: int, n: int, scaler: float, out
     return flat
 
 
-def pack_code_sums_segments(sums: list, n: int, width: int, out: np.ndarray, elem_at: np.ndarray, sizes: np.ndarray,
-                            out_at: np.ndarray) -> None:
+def pack_code_sums_segments(sums: np.ndarray, n: int, width: int, out: np.ndarray, elem_at: np.ndarray,
+                            sizes: np.ndarray, out_at: np.ndarray) -> None:
     """pack_code_sums of many layers in one Numba pass (NumPy, width <= 8): layer s's code sums
-    sums[s] (sizes[s] values, int8 or int16; at elem_at[s] of them concatenated) packed into
-    out[out_at[s]:], the bytes of pack_code_sums(sums[s], n, width). ValueError if a value does not fit."""
+    sums[elem_at[s]:elem_at[s] + sizes[s]] (int8 or int16) packed into out[out_at[s]:], the bytes of
+    pack_code_sums of that slice. ValueError if a value does not fit."""
     from tgsim.codecs import _numba_uint
 
-    _numba_uint.pack_offset_segments(np.concatenate(sums) if sums else np.zeros(0, np.int8), elem_at, sizes, n,
-                                     width, out, out_at)
+    _numba_uint.pack_offset_segments(sums, elem_at, sizes, n, width, out, out_at)
 
 
 def unpack_code_sums_segments(payload: np.ndarray, at: np.ndarray, sizes: np.ndarray, width: int, n: int,

@@ -18,6 +18,7 @@ byte count (`ps_downlink_size`). Over MPI each downlink is preceded by a u64 sta
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -73,15 +74,9 @@ class _Plan:
     total: int
 
 
-_PLANS: dict = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _plan(layout: Layout, width: int) -> _Plan:
-    """The layout's _Plan at `width`, built once per (layout, width) (a few are kept)."""
-    key = (id(layout), width)
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0] is layout:
-        return hit[1]
+    """The layout's _Plan at `width` (built once per layout and width)."""
     tern, scaler_at, payload_at, sizes, floats, off = [], [], [], [], [], 0
     for i, spec in enumerate(layout.layers):
         if spec.kind == KIND_TERNARY:
@@ -94,13 +89,9 @@ def _plan(layout: Layout, width: int) -> _Plan:
             floats.append((i, off))
             off += 4 * spec.size
     sizes_a = np.asarray(sizes, dtype=np.int64)
-    plan = _Plan(np.asarray(tern, dtype=np.int64), np.asarray(scaler_at, dtype=np.int64)[:, None] + np.arange(4),
+    return _Plan(np.asarray(tern, dtype=np.int64), np.asarray(scaler_at, dtype=np.int64)[:, None] + np.arange(4),
                  np.asarray(payload_at, dtype=np.int64), sizes_a,
                  np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64), tuple(floats), off)
-    if len(_PLANS) >= 64:
-        _PLANS.clear()
-    _PLANS[key] = (layout, plan)
-    return plan
 
 
 def _one_pass(xp, n: int) -> bool:
@@ -122,11 +113,13 @@ def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.nda
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
         sums = {}
         if xp is np and tern and hasattr(kern, "sum_codes_layers"):     # every layer in one call, parts by address
-            sums = dict(zip(tern, kern.sum_codes_layers([[m.parts[i] for m in messages] for i in tern],
-                                                        [layout.layers[i].size for i in tern], codec.packing,
-                                                        code_dtype(n))))
-            if _one_pass(xp, n):
-                return _pack_base(layout, messages, [sums[i] for i in tern], n, width)
+            payloads = [[m.parts[i] for m in messages] for i in tern]
+            sizes = [layout.layers[i].size for i in tern]
+            if _one_pass(xp, n):      # the sums one after another in one array, then packed in one call
+                flat = np.empty(sum(sizes), dtype=code_dtype(n))
+                kern.sum_codes_layers(payloads, sizes, codec.packing, code_dtype(n), out=flat)
+                return _pack_base(layout, messages, flat, n, width)
+            sums = dict(zip(tern, kern.sum_codes_layers(payloads, sizes, codec.packing, code_dtype(n))))
         chunks = []
         for i, spec in enumerate(layout.layers):
             parts = [m.parts[i] for m in messages]
@@ -140,9 +133,10 @@ def ps_base_downlink(codec, messages: Sequence[Message], shared: bool) -> np.nda
     return np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
 
 
-def _pack_base(layout: Layout, messages: Sequence[Message], sums: list, n: int, width: int) -> np.ndarray:
-    """The shared-scaler base downlink with every ternary layer's code sums (`sums`, in layer order)
-    packed in one Numba call (packing.pack_code_sums' bits per layer) and the scalers placed by index."""
+def _pack_base(layout: Layout, messages: Sequence[Message], sums, n: int, width: int) -> np.ndarray:
+    """The shared-scaler base downlink with every ternary layer's code sums (`sums`: all of them, one
+    layer after another in layer order) packed in one Numba call (packing.pack_code_sums' bits per
+    layer) and the scalers placed by index."""
     plan = _plan(layout, width)
     buf = np.empty(plan.total, dtype=np.uint8)
     packing.pack_code_sums_segments(sums, n, width, buf, plan.elem_at, plan.sizes, plan.payload_at)
@@ -154,10 +148,9 @@ def _pack_base(layout: Layout, messages: Sequence[Message], sums: list, n: int, 
     return buf
 
 
-def _decode_base_one_pass(layout: Layout, buf: np.ndarray, n: int, width: int) -> dict | None:
+def _decode_base_one_pass(layout: Layout, plan: _Plan, buf: np.ndarray, n: int, width: int) -> dict | None:
     """ps_decode_base of a NumPy downlink of the plan's size with every ternary layer decoded in one
     Numba call; None when a layer is malformed (the caller's per-layer pass names it)."""
-    plan = _plan(layout, width)
     scalers = buf[plan.scaler_at].view(np.float32).reshape(-1)
     if not bool(np.all(np.isfinite(scalers) & (scalers >= 0))):
         return None
@@ -183,8 +176,9 @@ def ps_decode_base(layout: Layout, buf: np.ndarray, n: int, shared: bool, xp=np)
     """Mean per layer from a base downlink (PayloadError if it is malformed)."""
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
     width = packing.uint_width(n)
-    if shared and _one_pass(xp, n) and buf.size == _plan(layout, width).total:
-        mean = _decode_base_one_pass(layout, buf, n, width)
+    if shared and _one_pass(xp, n):
+        plan = _plan(layout, width)
+        mean = _decode_base_one_pass(layout, plan, buf, n, width) if buf.size == plan.total else None
         if mean is not None:
             return mean
     mean, off = {}, 0
