@@ -52,13 +52,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tgsim.bench.torch_ddp_rank import INPUTS, VARIANTS
+from tgsim.bench.torch_ddp_rank import DIGITS, INPUTS, VARIANTS
 
 FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
 QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
 TARGET = 0.10
 WIDTH = 16
-INPUT = "digits"
+INPUT = DIGITS
 BASELINE = "ddp_allreduce"
 REFERENCE = "local"
 QUICK_COLUMN = "quick"
@@ -266,8 +266,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=WIDTH, help="the example ResNet's width (default %(default)s: "
                    "about 43k parameters; 80: about 1.05M; 1 to 4 or a multiple of 4)")
     p.add_argument("--input", default=INPUT, choices=sorted(INPUTS), help="the images: digits (1 x 8 x 8, "
-                   "scikit-learn's) or cifar10 (3 x 32 x 32, CIFAR-10's shape, N(0, 1) pixels: 16x the backward "
-                   "work for the same parameters); default %(default)s")
+                   "scikit-learn's) or cifar10 (3 x 32 x 32, CIFAR-10's shape, N(0, 1) pixels: about 16x the "
+                   "backward work for nearly the same parameters); default %(default)s")
     p.add_argument("--out", default="results/bench_torch.csv", help="CSV of every row")
 
 

@@ -10,7 +10,8 @@ arithmetic for every variant), each rank on its own B images per step (a NumPy g
 (seed, step, rank)). The images (`INPUTS`): "digits", scikit-learn's digits (one 8 x 8 channel);
 "cifar10", tensors of CIFAR-10's shape (three 32 x 32 channels) drawn from N(0, 1) by the same
 generator (nothing downloaded: the arithmetic of a convolutional network does not depend on the
-pixel values), so the same parameters do 16 times the backward work of the 8 x 8 digits.
+pixel values): 16 times the digits' pixels, so about 16 times the backward work for nearly the same
+parameters (only the stem takes three channels).
 Variants (`VARIANTS`):
 
   local          the module alone, no DDP (no communication): the backward pass's own time
@@ -29,10 +30,10 @@ transfers and the waits for the other ranks). Per round every rank's numbers are
 round's t_forward, t_backward and t_optimizer are the max over ranks (the step ends for all when
 the slowest rank ends), its t_hook the min over ranks (the hook's exchange is a collective: a rank
 that reaches it first also waits there for the others' backward passes; the last to arrive waits
-for no one), t_hook_codec the max over ranks of t_hook - t_comm (the hook's own computing: checks, encode, decode, copies; the
-parameter server's rank does the most), t_hook_comm the min over ranks of t_comm. The row holds the
-median over the timed rounds, the min and max of t_step, t_backward and t_hook (their spread), and
-bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);
+for no one), t_hook_codec the max over ranks of t_hook - t_comm (the hook's own computing: checks,
+encode, decode, copies; the parameter server's rank does the most), t_hook_comm the min over ranks
+of t_comm. The row holds the median over the timed rounds, the min and max of t_step, t_backward
+and t_hook (their spread), and bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);
 for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce: a rank sends 2 (N - 1) / N of
 the buffer; bits 32 for float32, 16 for fp16), marked bits_source.
 """
@@ -50,8 +51,9 @@ import numpy as np
 
 SEED = 0
 CLASSES = 10
-# input name -> (features, channels) of the ResNet's flat images
+# input name -> (features, channels) of the ResNet's flat images; DIGITS the default
 INPUTS = {"digits": (64, 1), "cifar10": (3 * 32 * 32, 3)}
+DIGITS = "digits"
 LR = 0.05
 # name -> ([codec], [exchange]) of the tgsim hook's config: the default TernGrad config (parameter
 # server), TernGrad's integer all-reduce of the codes, and float32 through the hook as a control
@@ -63,18 +65,18 @@ TGSIM = {
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
 COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "input", "dim", "channels", "steps", "t_step",
            "t_forward", "t_backward", "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max",
-           "t_hook_codec", "t_hook_comm", "t_backward_min", "t_backward_max", "bits_per_step", "bits_per_step_max", "bits_source", "loadavg", "cores"]
+           "t_hook_codec", "t_hook_comm", "t_backward_min", "t_backward_max", "bits_per_step", "bits_per_step_max",
+           "bits_source", "loadavg", "cores"]
 
 
-def hook_config(variant: str, ranks: int, batch: int, width: int, image: str = "digits") -> dict:
+def hook_config(variant: str, ranks: int, batch: int, width: int, image: str = DIGITS) -> dict:
     """The tgsim config of a tgsim_* variant (the hook reads [run], [workers], [codec], [exchange])."""
     codec, exchange = TGSIM[variant]
     dim, channels = INPUTS[image]
     return {"run": {"name": "bench-torch", "seed": SEED, "steps": 1_000_000},
             "data": {"name": "digits"},
             "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:resnet",
-                                                    "kwargs": {"width": width, "dim": dim,
-                                                                          "channels": channels}}},
+                                                    "kwargs": {"width": width, "dim": dim, "channels": channels}}},
             "workers": {"n": ranks, "batch": batch, "batch_mode": "per_worker"},
             "codec": dict(codec), "exchange": dict(exchange),
             "optimizer": {"name": "sgd"}, "schedule": {"name": "constant", "lr": LR}}
@@ -91,7 +93,7 @@ def digits():
 class Variant:
     """One variant's module, DDP wrapper, optimizer and per-step timings of this rank."""
 
-    def __init__(self, name: str, torch, ranks: int, batch: int, width: int, image: str = "digits"):
+    def __init__(self, name: str, torch, ranks: int, batch: int, width: int, image: str = DIGITS):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from tgsim.torch import ddp as tgddp
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (DDP rebuilds its buckets at step 1)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--width", type=int, default=16, help="the ResNet's width")
-    p.add_argument("--input", default="digits", choices=sorted(INPUTS), help="the images (module docstring)")
+    p.add_argument("--input", default=DIGITS, choices=sorted(INPUTS), help="the images (module docstring)")
     p.add_argument("--rate", default="none", help="the shaping of the loopback (a label for the rows)")
     a = p.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
     times = {v.name: [] for v in runs}
     for r in range(a.warmup + a.steps):
         rng = np.random.default_rng([SEED, r, rank])
-        if a.input == "digits":
+        if a.input == DIGITS:
             idx = rng.choice(len(x_all), a.batch, replace=False)
             x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
         else:
