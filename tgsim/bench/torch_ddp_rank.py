@@ -33,9 +33,10 @@ that reaches it first also waits there for the others' backward passes; the last
 for no one), t_hook_codec the max over ranks of t_hook - t_comm (the hook's own computing: checks,
 encode, decode, copies; the parameter server's rank does the most), t_hook_comm the min over ranks
 of t_comm. The row holds the median over the timed rounds, the min and max of t_step, t_backward
-and t_hook (their spread), and bits per step per rank: for tgsim counted (8 x the hook's sent bytes, mean and max over ranks);
-for DDP's own a model, bits x P x 2 (N - 1) / N (ring all-reduce: a rank sends 2 (N - 1) / N of
-the buffer; bits 32 for float32, 16 for fp16), marked bits_source.
+and t_hook (their spread), and bits per step per rank: for tgsim counted (8 x the hook's sent
+bytes, mean and max over ranks); for DDP's own a model, bits x P x 2 (N - 1) / N (ring
+all-reduce: a rank sends 2 (N - 1) / N of the buffer; bits 32 for float32, 16 for fp16), marked
+bits_source.
 """
 
 from __future__ import annotations
