@@ -95,7 +95,8 @@ _TAG_PYCHARS = 0x50594331
 class Dataset:
     """A train/test pair of arrays and what they are.
 
-    x arrays are float32 of shape (n, *feature_shape); y arrays are int64 labels in
+    x arrays are float32 (or int64 token ids, from a torch data factory: tgsim/torch/data.py) of shape
+    (n, *feature_shape); y arrays are int64 labels in
     [0, n_classes) for task "classification" and float32 targets for task "regression"
     (n_classes == 0).
     """
@@ -116,8 +117,8 @@ class Dataset:
         self.feature_shape = tuple(int(d) for d in self.feature_shape)
         for part in ("train", "test"):
             x, y = getattr(self, f"x_{part}"), getattr(self, f"y_{part}")
-            if x.dtype != np.float32:
-                raise ValueError(f"x_{part} must be float32, got {x.dtype}")
+            if x.dtype not in (np.float32, np.int64):
+                raise ValueError(f"x_{part} must be float32 (or int64 token ids), got {x.dtype}")
             if x.shape[1:] != self.feature_shape:
                 raise ValueError(f"x_{part} has shape {x.shape}, features {self.feature_shape}")
             if y.shape != (x.shape[0],):

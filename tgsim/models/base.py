@@ -102,7 +102,8 @@ def check_params(model, params: Mapping) -> None:
 
 
 def prepare_batch(model, params: Mapping, x, y):
-    """Validate (N, B, *feature) inputs and (N, B) labels; return (xp, dtype, x, y) in compute dtype."""
+    """Validate (N, B, *feature) inputs and (N, B) labels; return (xp, dtype, x, y) in compute dtype
+    (integer x kept as it is for a model whose class sets INTEGER_INPUTS = True: token ids)."""
     check_params(model, params)
     dtype = compute_dtype(params)
     xp = array_module(x)
@@ -115,7 +116,8 @@ def prepare_batch(model, params: Mapping, x, y):
         raise ValueError(f"{model.name}: y must have shape (N, B) = {tuple(x.shape[:2])}, got {tuple(y.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"{model.name}: empty batch (B = 0)")
-    x = x.astype(dtype, copy=False)
+    if x.dtype.kind == "f" or not getattr(model, "INTEGER_INPUTS", False):
+        x = x.astype(dtype, copy=False)          # a model with INTEGER_INPUTS keeps integer ids (tokens)
     if model.task == "classification":
         if y.dtype.kind not in "iu":
             raise ValueError(f"{model.name}: classification labels must be integers, got {y.dtype}")

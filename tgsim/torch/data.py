@@ -9,7 +9,8 @@ training and test sets, either as a pair `(train, test)` of torch Datasets (map-
 `ds[i] -> (x, y)`, e.g. torchvision's CIFAR10 with `transform=ToTensor()`) or as a dict of four
 tensors or arrays `{"x_train", "y_train", "x_test", "y_test"}`. The samples are read once, in index
 order (a Dataset's transform runs then, once per sample: random augmentations would be frozen, so
-give a deterministic transform), into float32 arrays x (n, *sample_shape) and int64 labels y (n,)
+give a deterministic transform), into arrays x (n, *sample_shape), int64 where the factory's x are
+integers (token ids, kept for an nn.Embedding) and float32 otherwise, and int64 labels y (n,)
 (`task = "classification"`, classes = max label + 1 over both splits unless `classes` is given) or
 float32 targets (`task = "regression"`). `max_train` / `max_test` (0: all) keep the first rows of
 each split. From then on the data is tgsim's: counter-based mini-batches per (seed, step, worker),
@@ -90,7 +91,7 @@ def arrays(factory: str, kwargs: dict | None = None, max_train: int = 0, max_tes
 
 def load_torch(factory: str, kwargs: dict | None = None, task: str = "classification", classes: int = 0,
                max_train: int = 0, max_test: int = 0) -> dict:
-    """The Dataset fields (name aside) of the factory's data: x float32, y int64 labels (or float32
+    """The Dataset fields (name aside) of the factory's data: x int64 (integer data) or float32, y int64 labels (or float32
     targets), n_classes, feature_shape, meta. ValueError for data that cannot be one."""
     if task not in ("classification", "regression"):
         raise ValueError(f"data 'torch': task must be 'classification' or 'regression', got {task!r}")
@@ -104,7 +105,7 @@ def load_torch(factory: str, kwargs: dict | None = None, task: str = "classifica
             raise ValueError(f"data 'torch': x_{part} has {len(x)} rows, y_{part} {len(y)}")
         if x.dtype.kind not in "fiub":
             raise ValueError(f"data 'torch': x_{part} must be numeric, got {x.dtype}")
-        a[f"x_{part}"] = x.astype(np.float32)
+        a[f"x_{part}"] = x.astype(np.int64 if x.dtype.kind in "iu" else np.float32)   # token ids stay integers
         if not np.isfinite(a[f"x_{part}"]).all():
             raise ValueError(f"data 'torch': x_{part} holds NaN or Inf")
         if task == "classification":

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,7 +92,8 @@ import numpy as np
 from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, RankConfigMismatchError
-from tgsim.torch.model import import_torch
+from tgsim.torch.model import (THREADS, ForwardWatch, _check_stateless, import_torch, start_numba_threads,
+                               torch_threads_kept)
 from tgsim.train.config import Config, config_hash, from_dict
 from tgsim.train.loop import Setup, start_codec_state, train_step
 from tgsim.train.optim import Optimizer, make_optimizer
@@ -273,6 +275,8 @@ class TgsimHookState:
     sent: float = 0.0
     received: float = 0.0
     setup: Setup | None = field(default=None, repr=False)
+    watch: ForwardWatch | None = field(default=None, repr=False)
+    mean: dict = field(default_factory=dict, repr=False)
     _grads: dict = field(default_factory=dict, repr=False)
     _pending: list = field(default_factory=list, repr=False)
     _futures: list = field(default_factory=list, repr=False)
@@ -302,6 +306,13 @@ class TgsimHookState:
         ConfigError for a config the hook cannot run: [workers] n other than the number of ranks,
         local steps, a [run] backend that is not the parameters' device ("numpy" for CPU parameters,
         "cupy" for CUDA ones: CuPy's current device is then set to theirs)."""
+        torch = import_torch()
+        with torch_threads_kept(torch):
+            return cls._create(module, config, exchange, transport)
+
+    @classmethod
+    def _create(cls, module, config, exchange, transport):
+        torch = import_torch()
         cfg = _config(config)
         params = named_parameters(module)
         if transport not in TRANSPORTS:
@@ -334,6 +345,11 @@ class TgsimHookState:
                        "Give every rank the same config.")
         if problem is not None:
             raise RankConfigMismatchError(problem)
+        inner = _module_of(module)
+        try:
+            _check_stateless(torch, inner, type(inner).__name__)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("model 'torch': factory", "tgsim DDP hook: module", 1)) from None
         codec = registry.make_codec(cfg.codec)
         if cfg.codec.error_feedback:
             codec = error_feedback.ErrorFeedback(codec)
@@ -342,6 +358,17 @@ class TgsimHookState:
         state = cls(cfg, exchange, params, {p.data_ptr(): k for k, p in params.items()}, codec, setup=setup,
                     _box=box)
         state.codec_state = start_codec_state(setup, {})
+        state.watch = ForwardWatch(torch, dict(inner.named_buffers()), f"module {type(inner).__name__}")
+        inner.register_forward_pre_hook(lambda mod, args: state.watch.start())
+        inner.register_forward_hook(lambda mod, args, out: state.watch.check())
+        if device.type == "cpu":
+            start_numba_threads(torch)       # its OpenMP layer's thread reset happens here, undone at once
+            if torch.get_num_threads() != THREADS:
+                warnings.warn(f"tgsim DDP hook: torch runs at {torch.get_num_threads()} intra-op threads; the "
+                              "simulator's TorchModel computes each worker's gradient at 1, and torch's CPU "
+                              "kernels reduce in another order at other counts, so the parameters will not be "
+                              "the simulator's bits: call torch.set_num_threads(1) before training",
+                              RuntimeWarning, stacklevel=3)
         return state
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -416,6 +443,7 @@ class TgsimHookState:
         self.skipped = bool(info.skipped)
         self.sent += info.sent
         self.received += info.received
+        self.mean = arrays
         mean = self._box.get("mean")
         for k, out in arrays.items():
             if mean is None:
@@ -436,7 +464,8 @@ def tgsim_hook(state: TgsimHookState, bucket):
     if bucket.is_last():
         futures, state._futures = state._futures, []
         try:
-            buffers = state.finish()
+            with torch_threads_kept(torch):
+                buffers = state.finish()
         except BaseException as e:
             for f in futures[:-1]:
                 f.set_exception(e)
@@ -501,6 +530,12 @@ class TgsimOptimizer:
         ValueError when the hook has run no step since the last call."""
         st = self.state
         if st.step != self.applied + 1:
+            unused = [k for k, p in st.params.items() if p.grad is None]
+            if st.step == self.applied and unused and len(unused) < len(st.params):
+                raise ValueError(f"TgsimOptimizer.step: parameter {unused[0]!r} got no gradient, so DDP never handed "
+                                 "its bucket to the hook: build DDP(..., find_unused_parameters=True) for a module "
+                                 "with parameters the forward pass does not use (the simulator gives them a zero "
+                                 "gradient)")
             raise ValueError(f"TgsimOptimizer.step: the hook has exchanged steps {self.applied}..{st.step - 1} since "
                              "the last update; call step() once after each backward pass that ran the hook")
         step, self.applied = self.applied, st.step
@@ -509,11 +544,15 @@ class TgsimOptimizer:
         params = self._arrays()
         grads = {}
         for k, p in st.params.items():
-            if p.grad is None:
+            if p.grad is not None:
+                grads[k] = _array(p.grad)
+            elif k in st.mean:           # unused in forward: DDP leaves .grad None, the hook's mean holds it
+                grads[k] = st.mean[k]
+            else:
                 raise ValueError(f"TgsimOptimizer.step: parameter {k!r} has no gradient")
-            grads[k] = _array(p.grad)
         lr = learning_rate(st.cfg.schedule, step, st.cfg.run.steps)
-        new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
+        with torch_threads_kept(import_torch()):
+            new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
         xp = st.setup.xp
         for k, a in params.items():
             xp.copyto(a, new[k])

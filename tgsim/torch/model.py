@@ -9,15 +9,31 @@ The module
 ----------
 `factory` names a callable as "package.module:function"; it is called with `kwargs`, plus `dim`,
 `classes` and `feature_shape` (one sample's shape, a tuple) where its signature names them and
-`kwargs` does not (the trainer fills them from the data set), and must return a torch.nn.Module. Its parameters are the model's parameters, keyed by their
-`named_parameters()` names (tied parameters once, under their first name) and ordered by name, so
-every codec, checkpoint and MPI rank sees the same layers in the same order. The module is built
-once (seed 0) as a skeleton; the parameters of a call are put into it with
+`kwargs` does not (the trainer fills them from the data set), and must return a torch.nn.Module.
+
+What a module may hold (the same rule in the simulator, on MPI ranks and in the DDP hook,
+tgsim/torch/ddp.py):
+- trainable parameters (`requires_grad=True`) are the model's parameters, keyed by their
+  `named_parameters()` names and ordered by name, so every codec, checkpoint and MPI rank sees the
+  same layers in the same order; tied parameters count once, under their first name;
+- frozen parameters (`requires_grad=False`) are constants: not trained, not sent, not counted in
+  bits, at the values the factory builds under the run's seed (`seed`, filled by the trainer from
+  [run] seed);
+- a parameter the forward pass does not use gets a zero gradient (the hook: DDP needs
+  `find_unused_parameters=True` for it);
+- buffers are constants (the factory's values under `seed`): a buffer the forward pass changes in
+  place (BatchNorm's running statistics, a counter) is refused, since it would not be in what the
+  trainer checkpoints and exchanges; BatchNorm with `track_running_stats=False`, GroupNorm and
+  LayerNorm normalise without such state;
+- randomness in the forward pass (nn.Dropout, F.dropout, torch.rand*, torch.randn_like, ...) is
+  refused: the check compares torch's random state before and after each worker's forward and
+  backward pass (`ForwardStateError`); its draws would not be keyed by (seed, step, worker), so
+  runs would not repeat bit for bit;
+- inputs: integer data (token ids, from a torch data factory) reach the module as int64, floating
+  data in the parameters' dtype; masks the module builds (a causal attention mask) are its own.
+The module is built once (under `seed`) as a skeleton; the parameters of a call are put into it with
 `torch.func.functional_call`, as tensors sharing memory with the NumPy arrays (`torch.from_numpy`,
-no copy). Its buffers are constants: a module whose buffers change in training (BatchNorm's running
-statistics) or whose forward draws random numbers (Dropout with p > 0) is refused, since its state
-would not be in the parameters the trainer checkpoints and exchanges; GroupNorm or LayerNorm
-normalise without such state.
+no copy).
 
 The loss
 --------
@@ -127,16 +143,62 @@ def one_thread(torch):
         torch.set_num_threads(prev)
 
 
+@contextlib.contextmanager
+def torch_threads_kept(torch):
+    """torch's intra-op thread count after the block as it was before it, whatever the block did.
+
+    Numba's OpenMP threading layer, started by tgsim's first parallel kernel in a process, sets the
+    OpenMP runtime's thread count to NUMBA_NUM_THREADS (the core count by default); torch's CPU
+    build shares that runtime and reads its intra-op count from it, so without this a user's
+    `torch.set_num_threads(1)` would silently become the core count, and torch's backward would
+    reduce in another order than the simulator's (and oversubscribe the cores). The DDP hook and
+    TgsimOptimizer run their tgsim work inside this block."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def start_numba_threads(torch) -> int:
+    """Start Numba's thread pool now (it starts once per process, on the first parallel kernel),
+    keeping torch's intra-op thread count (`torch_threads_kept`); returns Numba's thread count."""
+    import numba
+
+    with torch_threads_kept(torch):
+        return int(numba.get_num_threads())
+
+
 def resolve_factory(spec: str):
     """The callable named by `spec` = "package.module:function" (dotted attributes allowed after the
-    colon); ValueError saying what did not resolve."""
+    colon); ValueError saying what did not resolve.
+
+    A module that is not on sys.path is looked for in the working directory, as `python -m` and
+    `python script.py` users expect: where its top-level package is not found, the working directory is
+    put first on sys.path (and stays there) and the import is tried again, so `factory = "mynets:cnn"`
+    with ./mynets.py works under `tgsim run` and `mpiexec ... python -m tgsim.mpi_runs.train` alike."""
+    import sys
+
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"model 'torch': factory must look like 'package.module:function', got {spec!r}")
     module_name, attr = spec.split(":")
+    top = module_name.split(".")[0]
     try:
-        obj = importlib.import_module(module_name)
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            cwd = os.getcwd()
+            on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
+            if err.name != top or cwd in on_path:
+                raise
+            sys.path.insert(0, cwd)                  # as `python -m` does
+            importlib.invalidate_caches()
+            obj = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"model 'torch': factory {spec!r}: cannot import module {module_name!r} ({err})") from err
+        raise ValueError(f"model 'torch': factory {spec!r}: cannot import module {module_name!r} ({err}; looked "
+                         f"on sys.path and in the working directory {os.getcwd()}: put the module there or add "
+                         "its folder to PYTHONPATH)") from err
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"model 'torch': factory {spec!r}: {obj.__name__!r} has no attribute {part!r}")
@@ -181,7 +243,8 @@ class TorchModel:
     factory: "package.module:function" returning the nn.Module; task: "classification"
     (cross-entropy) or "regression" (mean squared error); dim: the length of a flat feature vector;
     classes: the number of classes (0 for regression); feature_shape: the shape of one sample the
-    module takes (default (dim,)); kwargs: keyword arguments of the factory.
+    module takes (default (dim,)); kwargs: keyword arguments of the factory; seed: the run's seed,
+    under which the factory builds the module's constants (frozen parameters, buffers).
     """
 
     factory: str
@@ -190,8 +253,10 @@ class TorchModel:
     classes: int = 0
     feature_shape: tuple = ()
     kwargs: dict = field(default_factory=dict, hash=False)
+    seed: int = 0
     name: str = field(default="torch", init=False)
-    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("name",)     # task is an argument (tgsim.models.model_kwargs)
+    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("name",)
+    INTEGER_INPUTS: ClassVar[bool] = True     # integer data reaches the module as int64 (module docstring)     # task is an argument (tgsim.models.model_kwargs)
 
     def __post_init__(self):
         import_torch()                           # without torch: the extra to install, before anything else
@@ -236,14 +301,15 @@ class TorchModel:
 
     @functools.cached_property
     def _skeleton(self):
-        """The module built once (seed 0), into which every call puts its parameters, and its buffers."""
-        module = self.build(0)
+        """The module built once (under `seed`), into which every call puts its parameters, and its
+        buffers; its frozen parameters stay in it as constants."""
+        module = self.build(self.seed)
         return module, dict(module.named_buffers())
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
-        """{parameter name: shape}, sorted by name."""
+        """{trainable parameter name: shape}, sorted by name (frozen parameters are constants)."""
         module, _ = self._skeleton
-        return {k: tuple(p.shape) for k, p in sorted(module.named_parameters())}
+        return {k: tuple(p.shape) for k, p in sorted(module.named_parameters()) if p.requires_grad}
 
     @property
     def num_params(self) -> int:
@@ -254,10 +320,11 @@ class TorchModel:
         return self.classes if self.task == "classification" else None
 
     def init(self, seed: int) -> dict[str, np.ndarray]:
-        """float32 parameters of the module the factory builds under torch seed `seed`, sorted by name."""
+        """float32 trainable parameters of the module the factory builds under torch seed `seed`,
+        sorted by name."""
         module = self.build(seed)
         return {k: p.detach().to(dtype=import_torch().float32).numpy().copy()
-                for k, p in sorted(module.named_parameters())}
+                for k, p in sorted(module.named_parameters()) if p.requires_grad}
 
     # -- the protocol ----------------------------------------------------------------------------
     def _module_on(self, torch, xp):
@@ -306,6 +373,7 @@ class TorchModel:
         *feature_shape), y (N, B) at `params`: one forward and backward pass per worker."""
         xp, dtype, x, y = prepare_batch(self, params, x, y)
         torch = import_torch()
+        watch = ForwardWatch(torch, self._module_on(torch, xp)[1], f"factory {self.factory!r}")
         if self.task == "classification":
             y = y.astype(xp.int64, copy=False)
         shapes = self.layer_shapes()
@@ -319,11 +387,13 @@ class TorchModel:
             tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])).requires_grad_(True) for k in names}
             leaves = [tensors[k] for k in names]
             for i in range(n):
-                out = self._call(torch, tensors, _tensor(torch, xp.ascontiguousarray(x[i])), xp)
+                watch.start()
+                out = self._call(torch, tensors, _tensor(torch, _input(xp, x[i], dtype)), xp)
                 if i == 0:
                     self._check_labels(xp, y, out)
                 li = self._loss(torch, out, _tensor(torch, xp.ascontiguousarray(y[i])))
                 gs = torch.autograd.grad(li, leaves, allow_unused=True)
+                watch.check()
                 loss[i] = float(li.detach())
                 for k, g in zip(names, gs):
                     if g is None:                      # a parameter the forward pass does not use
@@ -342,7 +412,7 @@ class TorchModel:
         dtype = next(iter(params.values())).dtype
         with _on_device(torch, xp), torch.no_grad():
             tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])) for k in self.layer_shapes()}
-            out = self._call(torch, tensors, _tensor(torch, xp.ascontiguousarray(xp.asarray(x), dtype=dtype)), xp)
+            out = self._call(torch, tensors, _tensor(torch, _input(xp, xp.asarray(x), dtype)), xp)
         return out.numpy() if xp is np else xp.from_dlpack(out.detach())
 
     def evaluate(self, params: Mapping, x, y, batch_size: int = 4096) -> tuple[float, float]:
@@ -369,7 +439,7 @@ class TorchModel:
         with _on_device(torch, xp), torch.no_grad():
             tensors = {k: _tensor(torch, xp.ascontiguousarray(params[k])) for k in self.layer_shapes()}
             for s in range(0, m, int(batch_size)):
-                xb = xp.ascontiguousarray(x[s:s + int(batch_size)], dtype=dtype)
+                xb = _input(xp, x[s:s + int(batch_size)], dtype)
                 yb = y[s:s + int(batch_size)]
                 yb = xp.ascontiguousarray(yb.astype(dtype) if self.task == "regression" else yb.astype(xp.int64))
                 out = self._call(torch, tensors, _tensor(torch, xb), xp)
@@ -381,6 +451,51 @@ class TorchModel:
                     correct += int((out.argmax(dim=-1) == yt).sum())
         acc = float("nan") if self.task == "regression" else correct / m
         return total / m, acc
+
+
+def _input(xp, x, dtype):
+    """The module's input array: integer data (token ids) as int64, anything else in `dtype`; C order."""
+    return xp.ascontiguousarray(x, dtype=xp.int64 if x.dtype.kind in "iu" else dtype)
+
+
+class ForwardStateError(ValueError):
+    """A module's forward (or backward) pass drew random numbers or changed a buffer in place."""
+
+
+class ForwardWatch:
+    """Sees what a forward and backward pass changed outside the parameters: torch's CPU random
+    state (and each CUDA device's that torch has initialised) and the buffers' in-place version
+    counters (`Tensor._version`). `start()` before the pass, `check()` after it raises
+    ForwardStateError naming what changed (module docstring: what a module may hold)."""
+
+    def __init__(self, torch, buffers: dict, where: str):
+        self.torch, self.buffers, self.where = torch, dict(buffers), where
+        self._rng = self._versions = None
+
+    def _random_state(self):
+        torch = self.torch
+        states = [torch.random.get_rng_state()]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states += list(torch.cuda.get_rng_state_all())
+        return states
+
+    def start(self) -> None:
+        self._rng = self._random_state()
+        self._versions = {k: b._version for k, b in self.buffers.items()}
+
+    def check(self) -> None:
+        changed = [k for k, b in self.buffers.items() if b._version != self._versions.get(k)]
+        if changed:
+            raise ForwardStateError(
+                f"model 'torch': {self.where}: the forward pass changed buffer {changed[0]!r} in place: state "
+                "outside the parameters, which tgsim neither exchanges nor checkpoints (BatchNorm: "
+                "track_running_stats=False, or GroupNorm/LayerNorm; else keep it a constant or make it a parameter)")
+        now = self._random_state()
+        if len(now) != len(self._rng) or any(not self.torch.equal(a, b) for a, b in zip(now, self._rng)):
+            raise ForwardStateError(
+                f"model 'torch': {self.where}: the forward pass draws random numbers (dropout, torch.rand*, "
+                "randn_like, ...): its draws are not keyed by (seed, step, worker), so the simulator, MPI ranks "
+                "and the DDP hook would not repeat each other's bits; remove the randomness from forward")
 
 
 def _xp_of(params: Mapping):
@@ -405,4 +520,4 @@ def _check_stateless(torch, module, factory: str) -> None:
 
 
 __all__ = ["INSTALL_HINT", "THREADS", "TorchModel", "determinism", "gpu_determinism", "import_torch",
-           "resolve_factory"]
+           "resolve_factory", "start_numba_threads", "torch_threads_kept", "ForwardStateError", "ForwardWatch"]
