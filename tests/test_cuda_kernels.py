@@ -49,6 +49,7 @@ from cuda_harness import (KEYS, KINDS, LANES, NO_BAD, SCALER_SETS, SIZES, assert
                           fake_cupy, h_encode, h_moments, h_sum_codes, h_weighted_sum, host_name,
                           kernel_signatures, make_layer, needs_gpu, needs_nvcc, random_payloads, ref_encode,
                           ref_lanes, same_float, scalers_for, scalings)
+from fakes import EDGE_LAYER, EDGE_SEED, EDGE_STEP, edge_threshold_rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,6 +207,25 @@ class TestEncode:
             assert on_boundary.sum() > 100 and not codes[on_boundary].any()
         for fmt in packing.FORMATS:
             assert_same_bits(h_encode(h, g, 1.0, cb, key, fmt), ref_encode(g, 1.0, cb, key, fmt))
+
+    @pytest.mark.parametrize("scaler", [1.0, 2.0**-30, 0.3, 3.4028235e38, 1e-45])
+    def test_rule_at_the_edge_thresholds(self, h, scaler):
+        """x at the boundary t s / 2^24 of its word and one float32 step either side, x = s (|g| = s)
+        and around it, for the smallest (t = 0, 1) and largest (t = 2^24 - 2, 2^24 - 1) thresholds
+        (fakes.edge_threshold_rows), clipped explicitly or not: the codes and both packings equal the
+        reference's, bit for bit (s = 1, 2^-30: every boundary is a float32; 0.3: they round)."""
+        s = np.float32(scaler)
+        G, workers = edge_threshold_rows(s, 5)
+        for cb in (np.inf, s):
+            for g, w in zip(G, workers):
+                key = StreamKey(EDGE_SEED, EDGE_STEP, int(w), EDGE_LAYER)
+                codes = np.zeros(g.size, dtype=np.int8)
+                h.call("tg_host_ternary_codes", g, np.int64(g.size), s, np.float32(cb), np.uint32(key.key[0]),
+                       np.uint32(key.key[1]), np.uint32(key.layer), np.uint32(key.worker), np.uint32(key.step),
+                       codes)
+                assert_same_bits(codes, ternary.ternarize(g, s, key, cb))
+                for fmt in packing.FORMATS:
+                    assert_same_bits(h_encode(h, g, s, cb, key, fmt), ref_encode(g, s, cb, key, fmt))
 
     @pytest.mark.parametrize("kind", ["range", "zeros", "denormal"])
     @pytest.mark.parametrize("s", [0.0, 1e-45, 3.4028235e38, float("inf"), -1.0, float("nan")])

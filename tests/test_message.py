@@ -253,3 +253,29 @@ def test_a_header_equal_to_the_layouts_own_skips_the_parse_but_not_the_checks(mo
     neg[head:head + 4] = np.float32("nan").tobytes()   # w's too: the first layer in order is named
     with pytest.raises(PayloadError, match=r"^layer 'w': invalid scaler nan$"):
         message.from_bytes(bytes(neg), msg.layout)
+
+
+def test_a_header_equal_to_the_layouts_own_but_its_checksum_is_refused():
+    """The fast path takes a header only when it is the layout's own bytes, checksum included: the
+    receiver layout's own message with any one bit of its header_crc (the header's last 4 bytes)
+    flipped, the body untouched, is refused naming the checksum (check_header and from_bytes)."""
+    from tgsim.codecs import TernGrad, message
+    from tgsim.rng import StreamKey
+
+    rng = np.random.default_rng(6)
+    layers = {"w": rng.standard_normal((3, 5)).astype(np.float32), "f": rng.standard_normal(2).astype(np.float32)}
+    msg = TernGrad(float_layers=("f",)).encode(layers, StreamKey(1, 2, 3))
+    buf = msg.to_bytes()
+    head = len(msg.layout.header_bytes())
+    # fixed part 4 + 4 x 1 + 4 + 4 + 8 = 24 bytes; w: 2 + 2 x 8, f: 2 + 8; then the u32 crc
+    assert head == 24 + 18 + 10 + 4
+    assert buf[head - 4:head] == zlib.crc32(buf[:head - 4]).to_bytes(4, "little")
+    assert message.check_header(buf, msg.layout) == head
+    for byte in range(head - 4, head):
+        for bit in (0, 7):
+            bad = bytearray(buf)
+            bad[byte] ^= 1 << bit
+            with pytest.raises(PayloadError, match="header checksum mismatch"):
+                message.check_header(bytes(bad), msg.layout)
+            with pytest.raises(PayloadError, match="header checksum mismatch"):
+                message.from_bytes(bytes(bad), msg.layout)

@@ -9,10 +9,10 @@ from numba import njit
 
 from tgsim.codecs import packing
 from tgsim.codecs.terngrad import moments as stats, numba_common, quantizer as ternary
-from tgsim.codecs.terngrad import numba_kernels as nk
+from tgsim.codecs.terngrad import numba_kernels as nk, reference as ref_kernels
 from tgsim.rng import StreamKey, random_words
 
-from fakes import KINDS, grad
+from fakes import EDGE_LAYER, EDGE_SEED, EDGE_STEP, EDGE_WORDS, KINDS, edge_threshold_rows, grad
 
 SIZES = [0, 1, 3, 4, 5, 19, 20, 21, 65535, 65536, 65537, 200_003]
 CLIPS = ["none", "explicit", "implicit"]
@@ -152,6 +152,33 @@ def test_encode_edge_scalers(fmt, scaler, clip_bound):
         g[:4] = [np.inf, -np.inf, np.nan, 0.5]
         ref = packing.pack(ternary.ternarize(g, scaler, key, clip_bound), fmt)
         assert same_bits(nk.encode(g, scaler, clip_bound, key, fmt), ref), kind
+
+
+# s = 1 and 2^-30: every boundary t s / 2^24 is a float32 (ties); 0.3: a scaler whose boundaries round;
+# the largest float32 and the smallest subnormal: the ends of the scaler's range.
+@pytest.mark.parametrize("scaler", [1.0, 2.0**-30, 0.3, 3.4028235e38, 1e-45])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encode_at_the_edge_thresholds(scaler, fmt):
+    """The kernel's rule where the reference's exact comparison f64(t) f64(s) < f64(x) 2^24 is
+    decided by one unit: x at the boundary t s / 2^24 of its word and one float32 step either side,
+    x = s (|g| = s) and around it, for the smallest (t = 0, 1) and largest (t = 2^24 - 2, 2^24 - 1)
+    thresholds (fakes.edge_threshold_rows), explicitly clipped or not, serial (n = 5: the full-block
+    and the partial-block byte) and parallel (W n >= SERIAL_ENCODE), against the reference, bit for bit."""
+    s = np.float32(scaler)
+    for n in (5, 413):
+        G, workers = edge_threshold_rows(s, n)
+        for cb in (np.inf, s):
+            args = ([s] * len(G), [cb] * len(G), EDGE_SEED, EDGE_STEP, workers, EDGE_LAYER, fmt)
+            assert same_bits(nk.encode_many(G, *args), ref_kernels.encode_many(G, *args)), (n, cb)
+    # the rule by hand at the last threshold word t = 2^24 - 1 with s = 1 (element 0 of the worker):
+    # x = t / 2^24 ties (t s < x 2^24 is false: code 0); x = s keeps (code +1)
+    if scaler == 1.0:
+        w = EDGE_WORDS[2**24 - 1][0][0]
+        assert EDGE_WORDS[2**24 - 1][0][1] == 0
+        g = np.array([[(2**24 - 1) / 2**24, 0, 0, 0], [1.0, 0, 0, 0]], dtype=np.float32)
+        codes = packing.unpack(nk.encode_many(g, [1.0, 1.0], [np.inf] * 2, EDGE_SEED, EDGE_STEP, [w, w],
+                                              EDGE_LAYER, "2bit").reshape(-1), 8, "2bit")
+        assert codes[0] == 0 and codes[4] == 1
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -15,7 +15,9 @@ from tgsim.codecs import numba_qsgd, numba_suresh, qsgd
 from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.codecs.qsgd import QSGD
 from tgsim.codecs.suresh import Suresh
-from tgsim.rng import StreamKey
+from tgsim.rng import StreamKey, uniform
+
+from fakes import EDGE_LAYER, EDGE_SEED, EDGE_STEP, EDGE_WORDS
 
 KEYS = [(0, 0, (0, 1, 2)), (2024, 7, (3, 0, 11)), (2**64 - 1, 2**32 - 1, (2**32 - 1, 5, 6))]
 SIZES = [(0,), (1,), (7,), (3, 3), (513,), (1001,), (4099,), (70001,)]
@@ -113,6 +115,37 @@ def test_qsgd_numba_every_word_width_and_bucket(levels, bucket):
         decoded = [qsgd.dequantize(norms, q, levels, bucket)] * 2
         _same_bits({"g": ordered_mean_flat(decoded, 2)},
                    {"g": numba_qsgd.decode_sum([q, q], [norms, norms], levels, bucket, n, 2)})
+
+
+def test_qsgd_numba_rounds_exact_integers_like_the_reference():
+    """l = floor(x + u) where x + u is an integer exactly, and one float64 step either side: s = 7,
+    "max" norm 7 (the last element; x = |v| 7 / 7 = |v| exactly), float64 layers v_i = ±(k - u_i)
+    for k = 1..7 (k - u_i: at most 27 significant bits, exact; no step above 7, which would move the
+    norm), and v = 0 (x + u = 0 where u = 0),
+    on the streams whose first words have the smallest (t = 0, 1) and largest (2^24 - 2, 2^24 - 1)
+    24-bit draws (fakes.EDGE_WORDS): the Numba levels are the reference's, bit for bit."""
+    n = 8
+    for places in EDGE_WORDS.values():
+        for w, m in places:
+            key = StreamKey(EDGE_SEED, EDGE_STEP, w, EDGE_LAYER)
+            u = uniform(n, key)
+            rows = [np.zeros(n)]
+            for k in range(1, 8):
+                tie = k - u
+                rows += [tie, np.nextafter(tie, 0)] + ([np.nextafter(tie, 8)] if k < 7 else [])   # |v| <= 7
+            for v in rows:
+                v = np.where(np.arange(n) % 2, -v, v)
+                v[n - 1] = 7.0
+                norms, q = qsgd.quantize(v, key, 7, 0, "max")
+                got = numba_qsgd.encode(v, key, 7, 0, "max", qsgd.level_dtype(7))
+                assert got[0].tobytes() == norms.tobytes() and norms[0] == 7.0
+                assert got[1].tobytes() == q.tobytes(), (w, m, v, q, got[1])
+    # by hand: x = 7 - u at u = 1 - 2^-24 (the largest draw, element 0 of worker EDGE_WORDS[2^24 - 1][0])
+    # gives x + u = 7: level 7; one step below, 6
+    w, m = EDGE_WORDS[2**24 - 1][0]
+    v = np.array([7 - (1 - 2.0**-24), np.nextafter(7 - (1 - 2.0**-24), 0), 0, 7.0])
+    got = numba_qsgd.encode(v, StreamKey(EDGE_SEED, EDGE_STEP, w, EDGE_LAYER), 7, 0, "max", np.int8)
+    assert m == 0 and got[1][0] == 7
 
 
 def test_qsgd_numba_large_whole_layer_norm_is_numpys_pairwise_sum():

@@ -187,3 +187,51 @@ def test_downlink_of_many_layers_in_one_pass_has_each_layers_bytes(monkeypatch, 
     bad[at["t3"]] = 0xFF
     with pytest.raises(PayloadError, match=r"^layer 't3': downlink code sum \d+ exceeds N = " + str(n) + "$"):
         ps_decode_base(msgs[0].layout, bad, n, True)
+
+
+@pytest.mark.parametrize("n", [128, 200])
+def test_downlink_of_128_and_200_workers_with_a_float_layer_first(monkeypatch, n):
+    """N >= 128: code sums of ceil(log2(2N+1)) = 9 bits, not the one-pass path: the Numba kernels sum
+    every ternary layer in one call (numba_kernels.sum_codes_layers, recorded) and the sums are packed
+    layer by layer. With a float layer first (so a ternary layer's index is not its position among
+    the ternary layers) and ternary layers of different sizes around a second float layer: the
+    downlink is, layer by layer, [f32 scaler | pack_uint_reference(Σ codes + N, 9 bits)] with the codes
+    read from the messages, or the float layer's in-process ps mean; it decodes to that mean, bit for bit."""
+    from tgsim.codecs import TernGrad, packing
+    from tgsim.codecs.message import KIND_TERNARY
+    from tgsim.codecs.terngrad import numba_kernels
+    from tgsim.exchange import InProcessExchange
+    from tgsim.exchange.ps_downlink import ps_decode_base, ps_downlink
+    from tgsim.rng import StreamKey
+
+    sizes = {"f0": 3, "t1": 9, "t2": 17, "f3": 5, "t4": 100}
+    codec = TernGrad(clip="none", min_size=8, kernels="numba")
+    rng = np.random.default_rng(n)
+    layers = [{k: rng.standard_normal(s).astype(np.float32) for k, s in sizes.items()} for _ in range(n)]
+    ex = InProcessExchange(n)
+    sc = [codec.scaling(g) for g in layers]
+    shared = ex.max_scalers(np.stack([codec.local_scalers(s) for s in sc]))
+    msgs = [codec.encode(g, StreamKey(3, 0, w), shared, sc[w]) for w, g in enumerate(layers)]
+    assert [s.kind == KIND_TERNARY for s in msgs[0].layout.layers] == [k.startswith("t") for k in sizes]
+    calls = []
+    real = numba_kernels.sum_codes_layers
+    monkeypatch.setattr(numba_kernels, "sum_codes_layers", lambda *a, **k: (calls.append(len(a[0])), real(*a, **k))[1])
+    down = ps_downlink(codec, msgs, True)
+    assert calls == [3]                                   # the three ternary layers in one compiled call
+    want, _ = ex.aggregate(codec, msgs, "ps", True)
+    width = 9                                             # 2N + 1 = 257 (N = 128), 401 (N = 200) < 2^9
+    off = 0
+    for i, spec in enumerate(msgs[0].layout.layers):
+        if spec.kind == KIND_TERNARY:
+            total = sum(m.codes(spec.name).astype(np.int64) for m in msgs) + n
+            assert total.min() >= 0 and total.max() <= 2 * n
+            body = packing.pack_uint_reference(total.astype(np.uint32), width)
+            assert body.size == -(-spec.size * width // 8)
+            expect = np.float32(msgs[0].scalers[i]).tobytes() + body.tobytes()
+        else:
+            expect = want[spec.name].astype(np.float32).tobytes()
+        assert down[off:off + len(expect)].tobytes() == expect, spec.name
+        off += len(expect)
+    assert off == down.size
+    mean = ps_decode_base(msgs[0].layout, down, n, True)
+    assert list(mean) == list(sizes) and same_bits(mean, want)

@@ -324,3 +324,22 @@ def test_bits_per_element_bounds_real_payloads():
     m = message(codec, np.where(np.arange(n) % 2, 1.5, -1.5).astype(np.float32))
     assert 8 * m.wire_bytes <= codec.link_bits(n, 4)["up_max"] * n
     assert codec.link_bits(0, 4) == {"up": 0.0, "up_max": 0.0, "down": 32}
+
+
+def test_bits_per_element_of_the_paper_coding_at_odd_lengths_by_hand():
+    """bits_per_element and link_bits' "up_max" of coding "paper" (s = 7, buckets of 512: one norm per
+    layer), counted by hand from the documented format. Each element costs at most omega(gap) + sign +
+    omega(level), gap <= n, level <= 7:
+      omega(17) = 10 100 10001 0: 11 bits;  omega(3) = 11 0: 3 bits;  omega(7) = 10 111 0: 6 bits.
+      n = 17: 17 (11 + 1 + 6) = 306 bits -> 39 bytes (38.25 rounded up)
+      n = 3:   3 (3 + 1 + 6)  =  30 bits ->  4 bytes (3.75 rounded up)
+    Per layer: 8 (u64 bit length) + 4 (one float32 norm) + payload; per message: frame header 21
+    (<4sBIIQ) + parameters 10 (<IIBB).
+      {"g": (17,)}:            21 + 10 + (8 + 4 + 39)            = 82 bytes -> 656 / 17 = 38.588 bits
+      {"a": (17,), "b": (3,)}: 21 + 10 + (8 + 4 + 39) + (8 + 4 + 4) = 98 bytes -> 784 / 20 = 39.2 bits
+    (Bytes rounded down would give 81 -> 38.12 and 96 -> 38.4.)"""
+    codec = QSGD(levels=7, bucket=512, norm="l2", coding="paper")
+    assert paper.omega_bits(17) == 11 and paper.omega_bits(3) == 3 and paper.omega_bits(7) == 6
+    assert codec.bits_per_element({"g": (17,)}) == 8 * 82 / 17
+    assert codec.bits_per_element({"a": (17,), "b": (3,)}) == 8 * 98 / 20
+    assert codec.link_bits(17, 4)["up_max"] == 8 * 82 / 17
