@@ -446,3 +446,51 @@ def test_state_dicts_resume_with_the_uninterrupted_bits():
         with pytest.raises(ValueError, match=match):
             other.load_state_dict(bad)
         assert other.step == 0 and all(np.array_equal(before[k], other.codec_state[k]) for k in before)
+
+
+_THREADS_SCRIPT = """
+import tempfile, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tgsim.exchange import InProcessExchange
+from tgsim.torch.ddp import TgsimHookState, TgsimOptimizer, register
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+m = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 5))
+st = TgsimHookState.create(m, {"workers": {"n": 1}, "codec": {"name": "terngrad"}, "exchange": {"mode": "ps"}},
+                           exchange=InProcessExchange(1))
+model = DDP(m); register(model, st); opt = TgsimOptimizer(st)
+for step in range(2):
+    F.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 5, (32,))).backward(); opt.step()
+    print(torch.get_num_threads())
+dist.destroy_process_group()
+"""
+
+
+def test_the_hook_leaves_torch_at_the_users_thread_count(tmp_path):
+    """The issue's reproduction in a fresh process with no thread variable set (the first parallel
+    Numba kernel of a process starts Numba's OpenMP layer, which set the shared OpenMP runtime, and
+    so torch, to the core count): after each step torch is still at the user's one thread."""
+    import os
+    import subprocess
+    import sys
+
+    from mpi_launch import THREAD_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    script = tmp_path / "threads.py"
+    script.write_text(_THREADS_SCRIPT)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["1", "1"], res.stdout
+
+
+def test_the_hook_warns_when_torch_runs_at_more_than_one_thread():
+    """At another thread count torch's kernels reduce in another order than the simulator's: warned."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"torch runs at 2 intra-op threads.*torch.set_num_threads\(1\)"):
+            tgddp.TgsimHookState.create(torch.nn.Linear(3, 2), {"workers": {"n": 1, "batch": 4}}, exchange=_OneRank())
+    finally:
+        torch.set_num_threads(before)

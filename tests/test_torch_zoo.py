@@ -3,7 +3,8 @@ the simulator, over MPI and in the DDP hook (tgsim/torch/model.py, "What a modul
 
 Supported (a 2-conv + LayerNorm net, frozen parameters, an unused layer, tied weights, constant
 buffers, BatchNorm without running statistics, an embedding + causal attention model on int64 token
-ids), each with another codec: after every step, on every rank, the parameters of DDP with tgsim's
+ids), each with another codec, three with weight decay (momentum, Nesterov, Adam: a decay applied twice,
+once in TgsimOptimizer, fails them): after every step, on every rank, the parameters of DDP with tgsim's
 hook equal the simulator's (`tgsim run`'s checkpoints), over mpi4py (mpiexec) and over Gloo launched
 by torchrun; `mpiexec ... tgsim.mpi_runs.train` ends with the simulator's parameters; frozen
 parameters are neither trained nor sent. Refused (BatchNorm with running statistics, nn.Dropout,

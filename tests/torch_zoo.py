@@ -5,7 +5,7 @@ update with one line naming what to change (tgsim/torch/model.py, "What a module
 
 Each factory takes what TorchModel passes (`dim`, `classes`, `feature_shape`) and is written the way
 a user would write it, in plain torch.nn. `tokens` is a torch data factory of integer token ids.
-`ZOO` maps a case name to (its config dict at 2 workers, None for a supported model or the text of
+Three cases train with weight decay (momentum, Nesterov, Adam). `ZOO` maps a case name to (its config dict at 2 workers, None for a supported model or the text of
 the refusal).
 """
 
@@ -200,13 +200,13 @@ def module_dropout(dim, classes):
 
 # -- the cases ---------------------------------------------------------------------------------------------
 
-def config(factory: str, codec: dict, mode: str, data: dict | None = None) -> dict:
+def config(factory: str, codec: dict, mode: str, data: dict | None = None, optimizer: dict | None = None) -> dict:
     return {"run": {"name": "zoo", "seed": 3, "steps": STEPS, "eval_every": 0, "log_every": 10,
                     "checkpoint_every": 1, "keep_checkpoints": STEPS},
             "data": data or {"name": "digits"},
             "model": {"name": "torch", "options": {"factory": f"torch_zoo:{factory}"}},
             "workers": {"n": 2, "batch": 32}, "codec": codec, "exchange": {"mode": mode},
-            "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
+            "optimizer": optimizer or {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
 
 
 TOKENS = {"name": "torch", "options": {"factory": "torch_zoo:tokens"}}
@@ -214,8 +214,11 @@ TERNGRAD = {"name": "terngrad"}
 ZOO = {
     "conv_ln": (config("conv_ln", TERNGRAD, "ps"), None),
     "frozen": (config("frozen", {"name": "qsgd"}, "ps"), None),
-    "unused": (config("unused", {"name": "powersgd", "rank": 2}, "allreduce"), None),
-    "tied": (config("tied", TERNGRAD, "allreduce"), None),
+    "unused": (config("unused", {"name": "powersgd", "rank": 2}, "allreduce",
+                      optimizer={"name": "nesterov", "weight_decay": 0.01}), None),
+    "tied": (config("tied", TERNGRAD, "allreduce", optimizer={"name": "momentum", "weight_decay": 0.01}), None),
+    "buffers_adam": (config("buffers", {"name": "qsgd"}, "allgather", optimizer={"name": "adam", "weight_decay": 0.01}),
+                     None),
     "buffers": (config("buffers", {"name": "topk", "error_feedback": True}, "ps"), None),
     "batchnorm_no_stats": (config("batchnorm_no_stats", {"name": "terngrad", "sharing": "none"}, "allgather"), None),
     "tiny_gpt": (config("tiny_gpt", TERNGRAD, "ps", TOKENS), None),
