@@ -10,7 +10,9 @@ wins over its --quick value. Heavy imports happen only when a check runs.
 The checks that train a network (unbiasedness' and variance's recorded gradients, bound's per-layer
 part, clipping) take --model package.module:function, a torch.nn.Module factory measured instead of
 tgsim's MLP (its layers: the module's parameter names; built by tgsim.models.make_model, torch
-imported there), and --data NAME, the data set it trains on (default digits).
+imported there), and --data, the data set it trains on (default digits): one of tgsim's data sets by
+name, or your own torch data as its factory "package.module:function" (a config's [data] name =
+"torch", options = {factory = ...}: tgsim.torch.data).
 """
 
 from __future__ import annotations
@@ -68,19 +70,26 @@ def factory_spec(text: str) -> str:
 
 
 def data_name(text: str) -> str:
-    """`text` if it names one of tgsim's data sets (tgsim.data.DATASETS), else argparse's error listing them."""
+    """`text` if it names one of tgsim's data sets (tgsim.data.DATASETS) or is a torch data factory
+    "package.module:function" (tgsim.torch.data), else argparse's error saying what is valid."""
     from tgsim.data.datasets import DATASETS
 
+    if text and ":" in text:
+        return factory_spec(text)
+    if text == "torch":
+        raise argparse.ArgumentTypeError("data 'torch' needs its factory: --data package.module:function")
     if text and text not in DATASETS:
-        raise argparse.ArgumentTypeError(f"unknown data set {text!r}; valid: {', '.join(DATASETS)}")
+        raise argparse.ArgumentTypeError(f"unknown data set {text!r}; valid: "
+                                         f"{', '.join(d for d in DATASETS if d != 'torch')}, or a torch data "
+                                         "factory 'package.module:function'")
     return text
 
 
 NETWORK_OPTIONS = (
     Opt("--model", factory_spec, "", "", "a torch.nn.Module factory 'package.module:function' to measure "
         "instead of tgsim's MLP (needs the torch extra)"),
-    Opt("--data", data_name, "", "", "the data set the network trains on (a name of tgsim.data.DATASETS; "
-        "empty: digits)"))
+    Opt("--data", data_name, "", "", "the data set the network trains on: a name of tgsim.data.DATASETS, or a "
+        "torch data factory 'package.module:function' (as [data] options = {factory = ...}); empty: digits"))
 
 
 def network(a: argparse.Namespace) -> dict:

@@ -255,6 +255,15 @@ def network_section(model: str | None = None, hidden=(64,)) -> dict:
     return {"name": "torch", "options": {"factory": model}}
 
 
+def data_section(data: str = "digits", **fields) -> dict:
+    """The [data] table of the analyses' data set `data`: one of tgsim's data sets by name, or a torch
+    data factory "package.module:function" (name "torch", options = {factory = data}: tgsim.torch.data,
+    torch imported there); `fields` (sharding, alpha) added."""
+    if ":" in data:
+        return {"name": "torch", "options": {"factory": data}, **fields}
+    return {"name": data, **fields}
+
+
 def network_label(model: str | None = None, data: str = "digits") -> str:
     """'MLP on digits', or '<factory> on <data>': the network of a summary line."""
     return f"{'MLP' if model is None else model} on {data}"
@@ -266,12 +275,12 @@ def mlp_digits_config(seed: int = 0, *, codec: str = FP32, clip: str = "none", s
                       model: str | None = None, data: str = "digits"):
     """Config of an MLP on scikit-learn's digits (64 features, 10 classes), per-worker batch; `model`
     a factory "package.module:function" trains that torch.nn.Module instead (``network_section``),
-    `data` another of tgsim's data sets (tgsim.data.DATASETS)."""
+    `data` another of tgsim's data sets (tgsim.data.DATASETS) or a torch data factory (``data_section``)."""
     from tgsim.train.config import from_dict
 
     return from_dict({
         "run": {"name": "analysis-mlp", "seed": seed, "steps": steps},
-        "data": {"name": data, "sharding": sharding, "alpha": alpha},
+        "data": data_section(data, sharding=sharding, alpha=alpha),
         "model": network_section(model, hidden),
         "workers": {"n": workers, "batch": batch, "batch_mode": "per_worker"},
         "codec": clip_section(codec, clip),

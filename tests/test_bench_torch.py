@@ -149,6 +149,7 @@ def test_quick_run_unshaped(tmp_path, capsys, image):
     _check_rows(back, ("none",), quick=True)
     dim, channels = INPUTS[image]
     assert (back["input"] == image).all() and (back["dim"] == dim).all() and (back["channels"] == channels).all()
+    assert (back["model"] == "tgsim.torch.examples:resnet").all()
     assert (back["params"] == sum(e for e, _ in bench_resnet_tensors(16, dim=dim, channels=channels))).all()
     capsys.readouterr()
     bt.print_table(df)
@@ -159,6 +160,81 @@ def test_quick_run_unshaped(tmp_path, capsys, image):
     bt.print_table(back)                        # read back: DDP's rows have no target verdict, not "nan"
     ddp = [line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["ddp_allreduce"]]
     assert len(ddp) == 1 and "nan" not in ddp[0]
+
+
+EXAMPLES = bt.Path(__file__).resolve().parents[1] / "examples"
+YOURS = {"factory": "ddp_nets:digits_net", "input_shape": (1, 8, 8), "classes": 10}     # examples/ddp_nets.py
+
+
+def test_your_model_reaches_the_ranks_and_bad_options_are_refused(monkeypatch, capsys):
+    """--model, --input-shape and --classes reach every rank's command line; the ResNet's --width with
+    --model, --input-shape without it, a factory that does not resolve, a bad shape or one class are
+    refused (exit 2) before any rank starts."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    job = bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1, model=YOURS)
+    assert job[job.index("--model") + 1] == "ddp_nets:digits_net" and job[job.index("--classes") + 1] == "10"
+    assert job[job.index("--input-shape") + 1] == "1,8,8"
+    assert "--model" not in bt.command("none", 2, bt.Path("raw.csv"), bt.Path("store"), 3, 1)
+    parser = bt.argparse.ArgumentParser()
+    bt.add_arguments(parser)
+    assert bt.check_model(parser.parse_args(["--model", "ddp_nets:digits_net", "--input-shape", "1,8,8"])) \
+        == YOURS
+    for argv, message in ((["--model", "ddp_nets:digits_net", "--width", "8"], "--width is the example ResNet's"),
+                          (["--input-shape", "1,8,8"], "--input-shape is for --model"),
+                          (["--model", "ddp_nets:no_such_net"], "has no attribute 'no_such_net'"),
+                          (["--model", "ddp_nets:digits_net", "--input-shape", "1,8,x"], "positive integers"),
+                          (["--model", "ddp_nets:digits_net", "--classes", "1"], "--classes must be >= 2")):
+        assert bt.cmd(parser.parse_args(argv)) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
+def test_the_ranks_run_in_the_users_environment(monkeypatch, tmp_path):
+    """The launch sets no thread variable (OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS,
+    NUMBA_NUM_THREADS): none where the user sets none, the user's own value where they set one."""
+    seen = []
+
+    class FakeJob:
+        returncode = 0
+        pid = 0
+
+        def __init__(self, cmd, env, **kw):
+            seen.append(dict(env))
+
+        def communicate(self, timeout=None):
+            return "", None
+
+    monkeypatch.setattr(bt.subprocess, "Popen", FakeJob)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    assert bt.run_setting("none", 2, tmp_path / "raw.csv", 1, 0) == 0
+    assert not [k for k in seen[-1] if "THREADS" in k] and seen[-1]["MPIR_CVAR_NOLOCAL"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    bt.run_setting("none", 2, tmp_path / "raw.csv", 1, 0)
+    assert [k for k in seen[-1] if "THREADS" in k] == ["OMP_NUM_THREADS"] and seen[-1]["OMP_NUM_THREADS"] == "3"
+
+
+@needs_launch
+def test_quick_run_of_your_model(tmp_path, capsys, monkeypatch):
+    """`tgsim bench torch --quick --model ddp_nets:digits_net --input-shape 1,8,8` (examples/ on
+    PYTHONPATH): every column and variant, the rows name the factory and hold its module's parameter
+    count and the input shape, no ResNet width; the table names your model."""
+    from tgsim.models import make_model
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("PYTHONPATH", bt.os.pathsep.join([str(EXAMPLES), bt.os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "bench_torch.csv"
+    df = bt.sweep(out=out, quick=True, model=YOURS, **bt.QUICK)
+    assert not df.attrs["failures"]
+    back = pd.read_csv(out, keep_default_na=False, na_values=["nan", ""])
+    _check_rows(back, ("none",), quick=True)
+    params = make_model("torch", factory=YOURS["factory"], dim=64, classes=10, feature_shape=(1, 8, 8)).num_params
+    assert (back["model"] == "ddp_nets:digits_net").all() and (back["params"] == params).all()
+    assert (back["input"] == "1x8x8").all() and (back["dim"] == 64).all() and back["width"].isna().all()
+    capsys.readouterr()
+    bt.print_table(back)
+    text = capsys.readouterr().out
+    assert f"your model (ddp_nets:digits_net) of {params:,} parameters, 32 N(0, 1) inputs of shape 1x8x8" in text
+    assert "ResNet" not in text
 
 
 @pytest.mark.heavy

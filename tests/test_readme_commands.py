@@ -1,8 +1,9 @@
 """Every command the README shows runs, in its quick form, and prints its key lines.
 
 The commands are read from README.md's indented code lines that start with `make `, `.venv/bin/`
-or `mpiexec`; each must have an entry in QUICK below (how to run it quickly, and what its output
-must contain), so a README command that breaks, or a new one without a quick form, fails here.
+or `mpiexec`, after environment assignments if any (`PYTHONPATH=examples .venv/bin/...`); each must
+have an entry in QUICK below (how to run it quickly, and what its output must contain), so a README
+command that breaks, or a new one without a quick form, fails here.
 `.venv/bin/X` runs as this interpreter's X (the test may run from another venv than the repo's);
 `make demo` / `make bench` run through make only where this interpreter is the repo's `.venv`.
 Outputs go to a temporary directory, never into the checkout.
@@ -28,7 +29,7 @@ def readme_commands() -> list[str]:
     """The README's command lines (comments after two spaces and '#' removed)."""
     cmds = []
     for line in (REPO / "README.md").read_text().splitlines():
-        m = re.match(r"^    ((?:make |\.venv/bin/|mpiexec).*)$", line)
+        m = re.match(r"^    ((?:[A-Z_]+=\S+ )*(?:make |\.venv/bin/|mpiexec).*)$", line)
         if m:
             cmds.append(re.split(r"\s{2,}#", m.group(1))[0].strip())
     return cmds
@@ -97,6 +98,15 @@ QUICK = {
     # run by tests/test_torch_examples.py (--steps 4)
     ".venv/bin/tgsim analyze clipping --quick --model tgsim.torch.examples:mlp --out results/analysis-torch": (None, []),
     ".venv/bin/tgsim bench torch": (None, []),      # its --quick form: tests/test_bench_torch.py
+    # its --quick form on examples/ddp_nets.py: tests/test_bench_torch.py::test_quick_run_of_your_model
+    "PYTHONPATH=examples .venv/bin/tgsim bench torch --model ddp_nets:digits_net --input-shape 1,8,8": (None, []),
+    # examples/ddp_train.py under both launchers (4 steps) and `tgsim run` of its config.toml:
+    # tests/test_torch_ddp_example.py
+    ".venv/bin/torchrun --nproc-per-node 2 examples/ddp_train.py --codec terngrad --steps 100 "
+    "--out results/ddp-digits": (None, []),
+    ".venv/bin/mpiexec -n 2 .venv/bin/python examples/ddp_train.py --codec qsgd --steps 100 "
+    "--out results/ddp-qsgd": (None, []),
+    "PYTHONPATH=examples .venv/bin/tgsim run results/ddp-digits/config.toml --out results/ddp-digits-sim": (None, []),
     # the torch model over MPI equals the simulator bit for bit: tests/test_torch_model.py (one -n 2 job)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m tgsim.mpi_runs.train torch_digits --out results/torch-digits-mpi":
         (None, []),

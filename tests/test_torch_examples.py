@@ -175,3 +175,52 @@ def test_analysis_imports_no_torch():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad = [n for n in names if n.split(".")[0] == "torch" or n.startswith("tgsim.torch")]
             assert not bad, (path.name, bad)
+
+
+TINY_DATA = '''
+import torch
+
+
+def tiny(n=120):
+    """Your own data: 12 N(0, 1) features, 4 classes from the signs of the first two."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n + 40, 12, generator=g)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    return {"x_train": x[:n], "y_train": y[:n], "x_test": x[n:], "y_test": y[n:]}
+'''
+
+
+def test_analyze_takes_a_torch_data_factory(tmp_path, monkeypatch, capsys):
+    """`--data package.module:function` trains the analyses' network on your torch data (a config's
+    [data] name = "torch", options = {factory = ...}): clipping's rows are the --model's layers sized by
+    the factory's 12 features and 4 classes, the summary names the factory; tgsim's MLP records
+    gradients of those sizes; `--data torch` without a factory and unknown names are refused."""
+    import argparse
+
+    from tgsim.analysis.checks_cli import CHECKS, data_name, run_kwargs
+    from tgsim.analysis.common import gradient_shapes, mlp_digits_config
+    from tgsim.cli import main
+
+    (tmp_path / "tinydata.py").write_text(TINY_DATA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = "tinydata:tiny"
+    assert main(["analyze", "clipping", "--quick", "--steps", "4", "--every", "2", "--model", MLP, "--data", spec,
+                 "--out", str(tmp_path / "out")]) == 0
+    shapes = make_model("torch", factory=MLP, dim=12, classes=4).layer_shapes()
+    df = pd.read_csv(tmp_path / "out" / "clipping.csv")
+    assert sorted(df["layer"].unique()) == sorted(shapes)
+    assert {k: int(n) for k, n in df.groupby("layer")["n"].first().items()} == \
+        {k: int(np.prod(s)) for k, s in shapes.items()}
+    assert f"{MLP} on {spec}" in capsys.readouterr().out
+    cfg = mlp_digits_config(data=spec)
+    assert (cfg.data.name, cfg.data.options) == ("torch", {"factory": spec})
+    got = {k: v.size for k, v in gradient_shapes(50, 0, recorded_steps=2, data=spec).items() if k.startswith("mlp:")}
+    assert sorted(got.values()) == sorted([4, 64, 12 * 64, 64 * 4])             # tgsim's MLP, 12 -> 64 -> 4
+    check = next(c for c in CHECKS if c.name == "variance")
+    args = argparse.Namespace(quick=False, **{o.dest: None for o in check.options})
+    args.data = data_name(spec)
+    assert run_kwargs(check, args)["data"] == spec
+    for bad, message in (("torch", "needs its factory"), ("tinydata", "unknown data set"),
+                         ("a:b:c", "package.module:function")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            data_name(bad)

@@ -2,7 +2,8 @@
 all-reduce and fp16 hooks, on the CPU over Gloo, as ratios measured in one run.
 
     tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [--width 16]
-                      [--input digits|cifar10] [...]
+                      [--input digits|cifar10] [--model package.module:function [--input-shape 1,8,8]
+                      [--classes 10]] [...]
     python -m tgsim.bench.torch_ddp [...]
 
 Per network setting (`--rates`: "none" is the loopback unshaped; a tc rate shapes it) one mpiexec
@@ -18,6 +19,11 @@ with the reason printed and only the unshaped one runs.
 The ResNet's width (`--width`) sets the parameters the hook moves, the images (`--input`: digits,
 1 x 8 x 8, or cifar10, tensors of CIFAR-10's 3 x 32 x 32 shape) the backward work per parameter:
 hook_over_backward falls as the images grow, since the hook's work depends on the parameters only.
+`--model package.module:function` times your own module instead (a factory as in a config's [model]
+options, built by tgsim.models.make_model; `--input-shape` one sample's shape, default the --input's
+flat vector; `--classes`; N(0, 1) inputs: tgsim.bench.torch_ddp_rank's docstring). The ranks run in
+the environment you launch the bench from: no thread variable is set for them (each rank sets
+torch's intra-op threads to 1, as the hook's users do).
 
 Ratios added to every row (same run, same network setting):
 
@@ -52,7 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tgsim.bench.torch_ddp_rank import DIGITS, INPUTS, VARIANTS
+from tgsim.bench.torch_ddp_rank import DIGITS, INPUTS, RESNET, VARIANTS, parse_shape
 
 FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
 QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
@@ -64,8 +70,7 @@ REFERENCE = "local"
 QUICK_COLUMN = "quick"
 QUICK_MARK = "QUICK (tgsim bench torch --quick: a smoke test, numbers not for reporting)"
 MPI_OVER_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo",
-                "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+                "GLOO_SOCKET_IFNAME": "lo"}     # no thread variables: the ranks run in the user's environment
 COLUMNS = ["hook_over_backward", "hook_over_backward_best", "codec_over_backward", "comm_over_backward",
            "step_vs_allreduce", "bits_ratio",
            "meets_target",
@@ -88,14 +93,18 @@ def check_launch() -> tuple[bool, str]:
 
 
 def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmup: int,
-            variants=None, width: int = WIDTH, image: str = INPUT) -> list[str]:
+            variants=None, width: int = WIDTH, image: str = INPUT, model: dict | None = None) -> list[str]:
     """The command line of one setting: mpiexec of the rank program, or for a shaped rate netem.sh's
-    shared topology running it (`tgsim.bench.exchange.NETEM --module tgsim.bench.torch_ddp_rank`)."""
+    shared topology running it (`tgsim.bench.exchange.NETEM --module tgsim.bench.torch_ddp_rank`).
+    `model`: {"factory", "input_shape" (a tuple or None), "classes"} of a user's model."""
     from tgsim.bench.exchange import NETEM, _mpiexec, rate_bits
 
     args = ["--store", str(store), "--out", str(raw_csv), "--steps", str(steps), "--warmup", str(warmup),
             "--rate", rate, "--width", str(width), "--input", image]
     args += ["--variants", ",".join(variants)] if variants else []
+    if model:
+        args += ["--model", model["factory"], "--classes", str(model["classes"])]
+        args += ["--input-shape", ",".join(map(str, model["input_shape"]))] if model.get("input_shape") else []
     if rate == "none":
         return [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "tgsim.bench.torch_ddp_rank", *args]
     rate_bits(rate)                                   # ValueError for a rate tc would not take
@@ -104,10 +113,10 @@ def command(rate: str, ranks: int, raw_csv: Path, store: Path, steps: int, warmu
 
 
 def run_setting(rate: str, ranks: int, raw_csv: Path, steps: int, warmup: int, variants=None,
-                timeout: float = 600.0, width: int = WIDTH, image: str = INPUT) -> int:
+                timeout: float = 600.0, width: int = WIDTH, image: str = INPUT, model: dict | None = None) -> int:
     """One mpiexec job (one network setting); its exit status (the output printed when it fails)."""
     with tempfile.TemporaryDirectory(prefix="tgsim-bench-torch-") as store:
-        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants, width, image)
+        cmd = command(rate, ranks, raw_csv, Path(store), steps, warmup, variants, width, image, model)
         env = {**os.environ, **MPI_OVER_TCP}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -166,10 +175,11 @@ def summarize(raw):
 
 
 def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=False, shaping=None, width=WIDTH,
-          image=INPUT):
+          image=INPUT, model=None):
     """Run every network setting (`rates`; shaped ones only where `check_environment()` allows, else
     skipped with the reason in df.attrs["skipped"]); returns the summarized rows (also written to
-    `out`), QUICK_COLUMN = `quick` in every row. RuntimeError when nothing could run."""
+    `out`), QUICK_COLUMN = `quick` in every row; `model` as `command`'s. RuntimeError when nothing could
+    run."""
     import pandas as pd
 
     from tgsim.bench.exchange import check_environment
@@ -189,7 +199,7 @@ def sweep(rates, ranks=2, steps=30, warmup=3, variants=None, out=None, quick=Fal
                 print(f"[bench torch] {rate}: skipped, cannot shape the loopback here: {shaping[1]}", flush=True)
                 continue
             t1 = time.monotonic()
-            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants, width=width, image=image)
+            rc = run_setting(rate, ranks, raw_csv, steps, warmup, variants, width=width, image=image, model=model)
             print(f"[bench torch] {rate} N={ranks}: exit {rc} in {time.monotonic() - t1:.0f} s "
                   f"(total {time.monotonic() - t0:.0f} s)", flush=True)
             if rc:
@@ -222,8 +232,13 @@ def print_table(df, file=None) -> None:
     cores = int(df["cores"].iloc[0]) if len(df) else timing.core_count()
     print(timing.machine_line(load, cores, timing.clock_resolution()), file=file)
     r0 = df.iloc[0]
-    image = f"{r0.input} images of {int(r0.channels)} x {math.isqrt(int(r0.dim) // int(r0.channels))}^2"
-    print(f"ResNet (tgsim.torch.examples:resnet, width {int(r0.width)}) of {int(r0.params):,} parameters, "
+    if not isinstance(r0.get("model"), str) or r0.get("model") == RESNET:       # CSVs before the column: the ResNet
+        image = f"{r0.input} images of {int(r0.channels)} x {math.isqrt(int(r0.dim) // int(r0.channels))}^2"
+        net = f"ResNet ({RESNET}, width {int(r0.width)})"
+    else:
+        image = f"N(0, 1) inputs of shape {r0.input}"
+        net = f"your model ({r0.model})"
+    print(f"{net} of {int(r0.params):,} parameters, "
           f"{int(r0.batch)} {image} per rank, {int(r0.ranks)} ranks, DDP over Gloo on the CPU, "
           f"{int(r0.steps)} timed rounds; medians over rounds (times: the slowest rank; hook: the rank that "
           "waited least in it; codec: the hook less its MPI calls, over bwd, the busiest rank)", file=file)
@@ -264,10 +279,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", help=f"comma list (default all: {','.join(VARIANTS)}); "
                    f"{REFERENCE} and {BASELINE} are the ratios' references")
     p.add_argument("--width", type=int, default=WIDTH, help="the example ResNet's width (default %(default)s: "
-                   "about 43k parameters; 80: about 1.05M; 1 to 4 or a multiple of 4)")
+                   "about 43k parameters; 80: about 1.05M; 1 to 4 or a multiple of 4; not with --model)")
     p.add_argument("--input", default=INPUT, choices=sorted(INPUTS), help="the images: digits (1 x 8 x 8, "
                    "scikit-learn's) or cifar10 (3 x 32 x 32, CIFAR-10's shape, N(0, 1) pixels: about 16x the "
                    "backward work for nearly the same parameters); default %(default)s")
+    p.add_argument("--model", help="package.module:function: time your own torch model instead of the ResNet (its "
+                   "factory, as in a config's [model] options = {factory = ...})")
+    p.add_argument("--input-shape", help="with --model: one sample's shape, e.g. 1,8,8 (default: the --input's flat "
+                   "vector, 64 for digits)")
+    p.add_argument("--classes", type=int, default=10, help="with --model: the number of classes (default %(default)s)")
     p.add_argument("--out", default="results/bench_torch.csv", help="CSV of every row")
 
 
@@ -284,6 +304,19 @@ def cmd(args) -> int:
     if args.steps:
         cfg["steps"] = args.steps
     width = getattr(args, "width", WIDTH)
+    model = None
+    if getattr(args, "model", None):
+        if width != WIDTH:
+            print("tgsim bench torch: --width is the example ResNet's; --model times your own", file=sys.stderr)
+            return 2
+        problem = check_model(args)
+        if isinstance(problem, str):
+            print(f"tgsim bench torch: --model: {problem}", file=sys.stderr)
+            return 2
+        model = problem
+    elif getattr(args, "input_shape", None):
+        print("tgsim bench torch: --input-shape is for --model (the ResNet takes --input)", file=sys.stderr)
+        return 2
     if width < 1 or (width > 4 and width % 4):
         print(f"tgsim bench torch: --width must be 1 to 4 or a multiple of 4 (the ResNet's GroupNorm of min(4, "
               f"width) groups), got {width}", file=sys.stderr)
@@ -309,11 +342,26 @@ def cmd(args) -> int:
         print(f"tgsim bench torch: {why}", file=sys.stderr)
         return 3
     df = sweep(variants=variants, out=args.out, quick=bool(args.quick), width=width,
-               image=getattr(args, "input", INPUT), **cfg)
+               image=getattr(args, "input", INPUT), model=model, **cfg)
     print()
     print_table(df)
     print(f"\nrows: {args.out}" + (" (quick = True: a smoke test)" if args.quick else ""))
     return 1 if df.attrs.get("failures") else 0
+
+
+def check_model(args) -> dict | str:
+    """`command`'s model dict of --model, --input-shape and --classes, or what is wrong with them (the
+    factory is resolved and the module built here, before any rank starts)."""
+    from tgsim.bench.torch_ddp_rank import INPUTS, build_model, model_options
+
+    try:
+        shape = parse_shape(args.input_shape) if args.input_shape else None
+        if args.classes < 2:
+            raise ValueError(f"--classes must be >= 2, got {args.classes}")
+        build_model(model_options(args.model, shape or (INPUTS[getattr(args, "input", INPUT)][0],), args.classes))
+    except (ImportError, ValueError, TypeError) as e:
+        return str(e)
+    return {"factory": args.model, "input_shape": shape, "classes": args.classes}
 
 
 def main(argv=None) -> int:

@@ -3,6 +3,7 @@ interleaved rounds, the medians written by rank 0 as one CSV row per variant.
 
     mpiexec -n N python -m tgsim.bench.torch_ddp_rank --store DIR --out RAW.csv [--variants ...]
         [--steps S] [--warmup W] [--batch B] [--width C] [--input digits|cifar10] [--rate none|1gbit|...]
+        [--model package.module:function [--input-shape 1,8,8] [--classes K]]
 
 Every variant trains its own copy of the example ResNet (`tgsim.torch.examples.resnet`, 10 classes;
 the same initial parameters on every rank) with torch.optim.SGD (lr 0.05, the same optimizer
@@ -12,6 +13,12 @@ arithmetic for every variant), each rank on its own B images per step (a NumPy g
 generator (nothing downloaded: the arithmetic of a convolutional network does not depend on the
 pixel values): 16 times the digits' pixels, so about 16 times the backward work for nearly the same
 parameters (only the stem takes three channels).
+Your own model (`--model package.module:function`, the factory form of a config's [model] options):
+the module `tgsim.models.make_model("torch", factory=..., dim=..., classes=..., feature_shape=...)`
+builds under torch seed SEED (the factory receives dim, classes and feature_shape where its
+signature names them), instead of the ResNet; its inputs are tensors of `--input-shape` (default:
+the --input's flat vector, as tgsim's data sets give digits) drawn from N(0, 1) and labels uniform in
+[0, --classes), by the same generator.
 Variants (`VARIANTS`):
 
   local          the module alone, no DDP (no communication): the backward pass's own time
@@ -64,23 +71,50 @@ TGSIM = {
     "tgsim_fp32": ({"name": "fp32"}, {}),
 }
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
-COLUMNS = ["rate", "variant", "ranks", "params", "batch", "width", "input", "dim", "channels", "steps", "t_step",
-           "t_forward", "t_backward", "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min", "t_hook_max",
-           "t_hook_codec", "t_hook_comm", "t_backward_min", "t_backward_max", "bits_per_step", "bits_per_step_max",
+RESNET = "tgsim.torch.examples:resnet"
+COLUMNS = ["rate", "variant", "model", "ranks", "params", "batch", "width", "input", "dim", "channels", "steps",
+           "t_step", "t_forward", "t_backward", "t_optimizer", "t_hook", "t_step_min", "t_step_max", "t_hook_min",
+           "t_hook_max", "t_hook_codec", "t_hook_comm", "t_backward_min", "t_backward_max", "bits_per_step", "bits_per_step_max",
            "bits_source", "loadavg", "cores"]
 
 
-def hook_config(variant: str, ranks: int, batch: int, width: int, image: str = DIGITS) -> dict:
-    """The tgsim config of a tgsim_* variant (the hook reads [run], [workers], [codec], [exchange])."""
+def hook_config(variant: str, ranks: int, batch: int, width: int, image: str = DIGITS,
+                model: dict | None = None) -> dict:
+    """The tgsim config of a tgsim_* variant (the hook reads [run], [workers], [codec], [exchange]);
+    `model`: the [model] options of a user's model (`model_options`), else the ResNet's."""
     codec, exchange = TGSIM[variant]
     dim, channels = INPUTS[image]
+    options = model or {"factory": RESNET, "kwargs": {"width": width, "dim": dim, "channels": channels}}
     return {"run": {"name": "bench-torch", "seed": SEED, "steps": 1_000_000},
             "data": {"name": "digits"},
-            "model": {"name": "torch", "options": {"factory": "tgsim.torch.examples:resnet",
-                                                    "kwargs": {"width": width, "dim": dim, "channels": channels}}},
+            "model": {"name": "torch", "options": dict(options)},
             "workers": {"n": ranks, "batch": batch, "batch_mode": "per_worker"},
             "codec": dict(codec), "exchange": dict(exchange),
             "optimizer": {"name": "sgd"}, "schedule": {"name": "constant", "lr": LR}}
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """"1,8,8" -> (1, 8, 8); ValueError unless it is positive integers separated by commas."""
+    try:
+        shape = tuple(int(d) for d in str(text).replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"an input shape is positive integers separated by commas (1,8,8), got {text!r}")
+    return shape
+
+
+def model_options(spec: str, shape: tuple, classes: int) -> dict:
+    """The [model] options (and make_model's arguments) of a user's model `spec` on samples of `shape`."""
+    return {"factory": spec, "dim": int(np.prod(shape)), "classes": int(classes), "feature_shape": tuple(shape)}
+
+
+def build_model(options: dict):
+    """The user's module: TorchModel's build from its factory under torch seed SEED (the same on every
+    rank); ValueError for a factory that does not resolve or a module tgsim cannot train."""
+    from tgsim.models import make_model
+
+    return make_model("torch", **options).build(SEED)
 
 
 def digits():
@@ -94,7 +128,8 @@ def digits():
 class Variant:
     """One variant's module, DDP wrapper, optimizer and per-step timings of this rank."""
 
-    def __init__(self, name: str, torch, ranks: int, batch: int, width: int, image: str = DIGITS):
+    def __init__(self, name: str, torch, ranks: int, batch: int, width: int, image: str = DIGITS,
+                 model: dict | None = None):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from tgsim.torch import ddp as tgddp
@@ -103,7 +138,7 @@ class Variant:
         self.name, self.torch = name, torch
         torch.manual_seed(SEED)
         dim, channels = INPUTS[image]
-        module = resnet(dim, CLASSES, width=width, channels=channels)
+        module = build_model(model) if model else resnet(dim, CLASSES, width=width, channels=channels)
         self.params = sum(p.numel() for p in module.parameters())
         self.state = None
         self.hook_seconds = self.comm_seconds = 0.0
@@ -111,7 +146,8 @@ class Variant:
             self.model = module
         else:
             if name.startswith("tgsim_"):
-                self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width, image))
+                self.state = tgddp.TgsimHookState.create(module, hook_config(name, ranks, batch, width, image,
+                                                                             model))
                 self.state.exchange.comm = TimedComm(self.state.exchange.comm, self)
             self.model = DDP(module)
             if name == "ddp_fp16":
@@ -195,12 +231,23 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--width", type=int, default=16, help="the ResNet's width")
     p.add_argument("--input", default=DIGITS, choices=sorted(INPUTS), help="the images (module docstring)")
+    p.add_argument("--model", help="package.module:function: your model instead of the ResNet (module docstring)")
+    p.add_argument("--input-shape", help="(--model) one sample's shape, e.g. 1,8,8 (default: the --input's flat "
+                   "vector)")
+    p.add_argument("--classes", type=int, default=CLASSES, help="(--model) the number of classes")
     p.add_argument("--rate", default="none", help="the shaping of the loopback (a label for the rows)")
     a = p.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+
+    model = None
+    if a.model:
+        shape = parse_shape(a.input_shape) if a.input_shape else (INPUTS[a.input][0],)
+        model = model_options(a.model, shape, a.classes)
+    elif a.input_shape:
+        p.error("--input-shape is for --model (the ResNet takes --input)")
 
     from mpi4py import MPI
 
@@ -217,11 +264,16 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     x_all, y_all = digits()
     dim, channels = INPUTS[a.input]
-    runs = [Variant(v, torch, size, a.batch, a.width, a.input) for v in variants]
+    runs = [Variant(v, torch, size, a.batch, a.width, a.input, model) for v in variants]
+    if model:
+        dim, channels = model["dim"], (model["feature_shape"][0] if len(model["feature_shape"]) > 1 else 1)
     times = {v.name: [] for v in runs}
     for r in range(a.warmup + a.steps):
         rng = np.random.default_rng([SEED, r, rank])
-        if a.input == DIGITS:
+        if model:
+            x = torch.from_numpy(rng.standard_normal((a.batch, *model["feature_shape"]), dtype=np.float32))
+            y = torch.from_numpy(rng.integers(0, model["classes"], a.batch))
+        elif a.input == DIGITS:
             idx = rng.choice(len(x_all), a.batch, replace=False)
             x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
         else:
@@ -248,8 +300,10 @@ def main(argv=None) -> int:
             counted = v.state is not None
             bits = 8 * sent.mean() if counted else model_bits(v.name, v.params, size)
             bits_max = 8 * sent.mean(axis=1).max() if counted else bits
-            rows.append({"rate": a.rate, "variant": v.name, "ranks": size, "params": v.params, "batch": a.batch,
-                         "width": a.width, "input": a.input, "dim": dim, "channels": channels, "steps": a.steps,
+            rows.append({"rate": a.rate, "variant": v.name, "model": a.model or RESNET, "ranks": size,
+                         "params": v.params, "batch": a.batch, "width": "" if model else a.width,
+                         "input": "x".join(map(str, model["feature_shape"])) if model else a.input, "dim": dim,
+                         "channels": channels, "steps": a.steps,
                          "t_step": np.median(step),
                          "t_forward": np.median(fwd), "t_backward": np.median(bwd), "t_optimizer": np.median(opt),
                          "t_hook": np.median(hook), "t_step_min": step.min(), "t_step_max": step.max(),
