@@ -16,7 +16,14 @@ Per layer this reports the first and last logged values, the maximum, and flags:
     noise     noise_to_signal > NOISE_ALERT at the last logged step (the update is mostly noise): a
               warning; near convergence the mean gradient is small, so a healthy run can show it
 
-Exit status: 0 when no layer raises an ALERT (warnings alone exit 0), 1 when some layer raises an
+and for the run as a whole (`run_alerts`, the rule of tgsim.train.loop.unhealthy, by which `tgsim run`
+exits 3):
+
+    skipped   more than run.max_skipped_fraction (config.toml; default 0.1) of run.steps skipped for
+              non-finite gradients (run.on_nonfinite = "skip"): an ALERT
+    loss      the last evaluation's loss is not finite: an ALERT
+
+Exit status: 0 when no layer or run check raises an ALERT (warnings alone exit 0), 1 when some layer raises an
 ALERT (its units died: CI and batch jobs can gate on it), 2 on bad input (no run directory, no
 metrics.csv, or one written by an older tgsim without the per-layer columns).
 """
@@ -42,7 +49,7 @@ DEAD_STEPS = 2
 EXIT_OK, EXIT_ALERT, EXIT_BAD_INPUT = 0, 1, 2
 
 __all__ = ["DEAD_ALERT", "DEAD_STEPS", "EXIT_ALERT", "EXIT_BAD_INPUT", "EXIT_OK", "NOISE_ALERT", "RATIO_ALERT",
-           "dead_step", "run_health"]
+           "dead_step", "run_alerts", "run_health"]
 
 
 def dead_step(steps: np.ndarray, zero: np.ndarray) -> float:
@@ -54,6 +61,37 @@ def dead_step(steps: np.ndarray, zero: np.ndarray) -> float:
         if run >= DEAD_STEPS:
             return float(s)
     return float("nan")
+
+
+def run_alerts(run_dir) -> list[str]:
+    """The run-level ALERTs of the run in `run_dir` (metrics.csv, and config.toml's run.steps and
+    run.max_skipped_fraction where it has them): too many skipped steps, a non-finite final evaluation loss."""
+    import tomllib
+
+    from tgsim.train.config import RunConfig
+
+    path = Path(run_dir) / "metrics.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a tgsim run directory (no metrics.csv)")
+    m = pd.read_csv(path)
+    run_cfg = {}
+    cfg_path = Path(run_dir) / "config.toml"
+    if cfg_path.is_file():
+        run_cfg = tomllib.loads(cfg_path.read_text()).get("run", {})
+    model = m[(m["split"] == "train") & (m["layer"] == "model")]
+    steps = int(run_cfg.get("steps", model["step"].max() if len(model) else 0))
+    limit = float(run_cfg.get("max_skipped_fraction", RunConfig.max_skipped_fraction))
+    alerts = []
+    skipped = int(pd.to_numeric(model["skipped"], errors="coerce").fillna(0).sum()) if "skipped" in m else 0
+    if skipped > limit * steps:
+        alerts.append(f"{skipped} of {steps} steps skipped for non-finite gradients (> run.max_skipped_fraction "
+                      f"= {limit:g})")
+    evals = m[m["split"].isin(("test", "validation"))].sort_values("step")
+    if len(evals):
+        last = float(evals["loss"].iloc[-1])
+        if not np.isfinite(last):
+            alerts.append(f"the final {evals['split'].iloc[-1]} loss is {last} (step {int(evals['step'].iloc[-1])})")
+    return alerts
 
 
 def run_health(run_dir) -> pd.DataFrame:
@@ -85,16 +123,19 @@ def run_health(run_dir) -> pd.DataFrame:
 def main(args: argparse.Namespace) -> int:
     try:
         df = run_health(args.run_dir)
+        alerts = run_alerts(args.run_dir)
     except (FileNotFoundError, ValueError) as e:
         print(f"tgsim analyze run-health: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for a in alerts:
+        print(f"ALERT run: {a}")
     if df.empty:
         print(f"{args.run_dir}: no per-layer metrics (run with log_every <= steps)")
-        return EXIT_OK
+        return EXIT_ALERT if alerts else EXIT_OK
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     flagged = df[df[["alert_ratio", "alert_noise", "alert_dying"]].any(axis=1)]
-    if flagged.empty:
+    if flagged.empty and not alerts:
         print("no alert: no layer's shared scaler dominates, the update is not noise-bound, no units die")
     for r in flagged.itertuples():
         if r.alert_dying:
@@ -105,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
                 if f]
         if warn:
             print(f"warning {r.layer}: " + "; ".join(warn))
-    return EXIT_ALERT if df["alert_dying"].any() else EXIT_OK
+    return EXIT_ALERT if df["alert_dying"].any() or alerts else EXIT_OK
 
 
 def register_cli(sub) -> None:

@@ -8,9 +8,14 @@
 (config.toml, manifest.json, metrics.csv with rank 0's bytes, checkpoints/, params.npz, and
 comm_bytes_by_rank.json with every rank's totals); every rank must see DIR for --resume.
 
-Failures never leave ranks waiting: an error raised on every rank alike (a bad config, ranks with
-different configs, a malformed payload) is printed by every rank and the job exits with status 2
-(config) or 1; an error on some ranks only is printed and the job is aborted (MPI_Abort) after
+Before rank 0 creates anything, every rank checks the model (tgsim.train.loop.preflight: init and
+one forward and backward pass on worker 0's first batch) and, with --resume, the config against the
+run's config.toml (--allow-change KEY accepts a change, as `tgsim run`).
+
+Failures never leave ranks waiting: an error raised on every rank alike (a bad config or model, ranks
+with different configs, a malformed payload, a non-finite gradient under run.on_nonfinite = "raise",
+the steps before it checkpointed) is printed by every rank and the job exits with status 2 (bad input)
+or 1; a run that ends unhealthy (too many skipped steps, a non-finite final loss) exits 3 on every rank; an error on some ranks only is printed and the job is aborted (MPI_Abort) after
 TGSIM_MPI_ERROR_GRACE seconds (default 5; 30 for errors known to reach every rank).
 """
 
@@ -33,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines (shown by rank 0 only)")
+    p.add_argument("--allow-change", action="append", default=[], metavar="SECTION.KEY",
+                   help="with --resume: accept this key's change against the run's config.toml (as tgsim run)")
     p.add_argument("--results", default="results", help="where a default results directory goes")
     p.add_argument("--native-fp32", action="store_true",
                    help="BENCHMARK ONLY: MPI's own Allreduce for fp32 (fast, but not the simulator's bits)")
@@ -78,14 +85,15 @@ def _say(line: str) -> None:
 
 def _fail(e: BaseException, comm, err_comm, rank: int) -> int:
     """Print `e` with the rank; exit together if every rank failed, else abort the job."""
-    from tgsim.errors import CollectiveError, ConfigError
+    from tgsim.errors import CollectiveError, ConfigError, is_nonfinite
 
     collective = isinstance(e, CollectiveError)
     _say(f"[rank {rank}] {type(e).__name__}: {e}")
-    if not isinstance(e, (ConfigError, CollectiveError, FileExistsError)):
+    bad_input = isinstance(e, (ConfigError, FileExistsError)) or is_nonfinite(e)
+    if not isinstance(e, CollectiveError) and not bad_input:
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
-    code = 2 if isinstance(e, (ConfigError, FileExistsError)) else 1
+    code = 2 if bad_input else 1
     grace = float(os.environ.get("TGSIM_MPI_ERROR_GRACE", "30" if collective else "5"))
     req = err_comm.Ibarrier()        # completes only if every rank failed too
     deadline = time.monotonic() + grace
@@ -117,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if out is None:
             out = comm.bcast(str(results.new_run_dir(args.results, cfg.run.name)) if rank == 0 else None, root=0)
         res = run(cfg, out=out, resume=args.resume, quiet=args.quiet or rank != 0, exchange=ex,
-                  writer=rank == 0, results_base=args.results)
+                  writer=rank == 0, results_base=args.results, allow_changes=args.allow_change)
         totals = ex.gather_totals()
         if rank == 0:
             tmp = Path(out) / "comm_bytes_by_rank.tmp"
@@ -129,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{per_worker_bits(totals, cfg.exchange.mode, res.start_step)}  skipped steps {res.skipped}  "
                   f"({ex.size} ranks)")
             print(f"results: {out}", flush=True)
-        return 0
+            if res.unhealthy:
+                _say(f"tgsim.mpi_runs.train: unhealthy run: {res.unhealthy} (`tgsim analyze run-health {out}`)")
+        return res.exit_status        # the same on every rank: 3 when unhealthy
     except Exception as e:  # noqa: BLE001  (every failure must end the job, not leave ranks waiting)
         return _fail(e, comm, err_comm, rank)
 

@@ -10,6 +10,11 @@
   `_header`, `_kernel_choice`, `_aggregate_of_three_workers`, `same_bits`; `header_length` (the
   length of a TGM1 header); `KINDS` and `grad(kind, n, seed)`: float32 test layers (normal, wide
   dynamic range with denormals, zeros of both signs, all zero).
+* Torch model factories that cannot train (`fakes:raising_net`, `fakes:batchnorm_net`, `fakes:small_net`
+  with a `width` argument to misspell): the model check before a run directory is created.
+* `EDGE_WORDS` (with `EDGE_SEED`, `EDGE_STEP`, `EDGE_LAYER`): streams whose first block holds the
+  smallest and largest 24-bit thresholds; `edge_threshold_rows`: TernGrad layers at the rule's exact
+  boundaries on them (tests/test_numba_kernels.py, test_cuda_kernels.py, test_peer_numba_kernels.py).
 * `check_sharing_sweep`: the assertions on a quick sharing sweep's CSVs and PNG (the sweep scripts run
   in tests/test_figures.py and, inside fig03, in tests/test_figures_report.py).
 """
@@ -518,3 +523,81 @@ def kill_train_step_at(monkeypatch, kill_step: int) -> None:
         return original(setup, params, opt_state, step, *args, **kwargs)
 
     monkeypatch.setattr(loop_mod, "train_step", dying)
+
+
+# -- the TernGrad rule at the edge thresholds (tests/test_numba_kernels.py, tests/test_cuda_kernels.py) --
+# Block 0 of the stream (seed EDGE_SEED, step EDGE_STEP, worker w, layer EDGE_LAYER) holds, at element m,
+# a word whose threshold t = word >> 8 is extreme: EDGE_WORDS[t] lists such (w, m). The pairs were found
+# once by a search over worker ids with the array reference (tgsim.rng.philox4x32_10); edge_threshold_rows
+# re-checks every one with tgsim.rng.random_words, so a wrong entry fails instead of testing nothing.
+EDGE_SEED, EDGE_STEP, EDGE_LAYER = 0x5EED, 7, 3
+EDGE_WORDS = {0: [(7647436, 0), (6681196, 3)], 1: [(1560084, 1)],
+              2**24 - 2: [(7729194, 0)], 2**24 - 1: [(2765619, 0), (10766704, 3)]}
+
+
+def _around(v: np.float32) -> list:
+    """v and the float32 values one step below (not below 0) and above it (not inf)."""
+    with np.errstate(over="ignore"):
+        out = [v, np.nextafter(v, np.float32(0)), np.nextafter(v, np.float32(np.inf))]
+    return [x for x in out if np.isfinite(x)]
+
+
+def edge_threshold_rows(scaler: float, n: int) -> tuple:
+    """(G, workers): float32 rows (W, n >= 4) for the stream key (EDGE_SEED, EDGE_STEP, workers[r],
+    EDGE_LAYER) and the float32 scaler s = `scaler`. Each row puts one x (with either sign) at the
+    element m of its worker's block 0 whose threshold t is extreme (EDGE_WORDS: the smallest words
+    t = 0, 1 and the largest t = 2^24 - 2, 2^24 - 1): x at the rule's exact boundary f32(t s / 2^24)
+    and one float32 step either side, x = s (|g| = s) and one step either side, 0 and the smallest
+    subnormal. Every other element sits at (or one step above) the boundary of its own random word."""
+    from tgsim.rng import StreamKey, random_words
+
+    s = np.float32(scaler)
+    rows, workers = [], []
+    for t, places in EDGE_WORDS.items():
+        for w, m in places:
+            key = StreamKey(EDGE_SEED, EDGE_STEP, w, EDGE_LAYER)
+            tw = (random_words(n, key) >> np.uint32(8)).astype(np.float64)
+            assert tw[m] == t, (t, w, m)
+            with np.errstate(under="ignore", over="ignore"):
+                base = (tw * np.float64(s) * 2.0**-24).astype(np.float32)
+            base[1::2] = np.nextafter(base[1::2], np.float32(np.inf))
+            base[::3] *= -1
+            with np.errstate(under="ignore"):
+                edge = np.float32(np.float64(t) * np.float64(s) * 2.0**-24)
+            cands = _around(edge) + _around(s) + [np.float32(0), np.float32(1e-45)]
+            for x in cands:
+                for sign in (1, -1):
+                    g = base.copy()
+                    g[m] = np.float32(sign) * np.float32(x)
+                    rows.append(g)
+                    workers.append(w)
+    return np.array(rows, dtype=np.float32), np.array(workers, dtype=np.uint32)
+
+
+def small_net(dim, classes, width=4):
+    """A torch MLP (dim -> width -> classes) taking a `width` argument (a test misspells it)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(dim, width), torch.nn.ReLU(), torch.nn.Linear(width, classes))
+
+
+def raising_net(dim, classes):
+    """A torch module whose forward raises (a user's bug), with a two-line message."""
+    import torch
+
+    class Raising(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(dim, classes)
+
+        def forward(self, x):
+            raise RuntimeError("forward exploded\non purpose")
+
+    return Raising()
+
+
+def batchnorm_net(dim, classes):
+    """A torch module with BatchNorm running statistics (refused: state outside the parameters)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, classes))

@@ -226,3 +226,30 @@ def test_mpi_training_prints_the_lines_from_rank_0_only(tmp_path):
     assert [int(m[1]) for m in found] == [5, 10, 12], job.report()        # twice as many if both ranks printed
     assert {m[5] for m in found} == {"rank 0 bits"}, job.report()
     assert progress_lines(job.stderr) == []
+
+
+def test_a_step_in_which_numba_compiles_is_announced_and_left_out_of_the_rate(tmp_path, capsys, monkeypatch):
+    """Step 0 compiles a fresh Numba kernel (as the first run on a machine does): one line on stderr
+    says so, and the rate counts from the step after it (a fake clock: one second a read, so the line
+    of step 5 shows the 4 steps after step 1 in one second, not 5)."""
+    import numba
+
+    from tgsim.train import loop as loop_mod
+
+    original = loop_mod.train_step
+
+    def compiling(setup, params, opt_state, step, *args, **kwargs):
+        if step == 0:
+            numba.njit(lambda v: v + 1)(step)        # a new function: a real compilation
+        return original(setup, params, opt_state, step, *args, **kwargs)
+
+    monkeypatch.setattr(loop_mod, "train_step", compiling)
+    ticks = iter(range(1000))
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    capsys.readouterr()
+    run(cfg_with(), out=tmp_path / "r")
+    got = capsys.readouterr()
+    said = [line for line in got.err.splitlines() if "compiling" in line]
+    assert len(said) == 1 and said[0].startswith("tgsim: compiling Numba kernels (once per machine, cached in "), said
+    found = progress_lines(got.out)
+    assert [(m[1], m[8]) for m in found][0] == ("5", "4")

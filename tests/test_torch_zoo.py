@@ -121,13 +121,18 @@ def test_refused_models_are_refused_by_the_hook_before_any_update(zoo, name):
 
 
 @pytest.mark.parametrize("name", REFUSED)
-def test_refused_models_are_refused_by_the_simulator(tmp_path, name):
-    """`run` (the simulator's and each MPI rank's trainer) refuses with the same line."""
-    from tgsim.train.loop import run
+def test_refused_models_are_refused_by_the_simulator(tmp_path, name, capsys):
+    """`tgsim run` (whose `run` each MPI rank's trainer runs too) refuses before anything is
+    written: exit 2, one line naming what to change, no results directory."""
+    from mpi_cases import write_toml
 
-    with pytest.raises(ValueError) as err:
-        run(from_dict(case_config(name)), out=tmp_path / "r", quiet=True)
-    assert ZOO[name][1] in str(err.value) and "\n" not in str(err.value)
+    from tgsim.cli import main
+
+    cfg = write_toml(case_config(name), tmp_path / "c.toml")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert ZOO[name][1] in err and "\n" not in err, err
+    assert not (tmp_path / "r").exists()
 
 
 def test_frozen_parameters_are_neither_trained_nor_sent(tmp_path):

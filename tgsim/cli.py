@@ -36,13 +36,22 @@ def _load_config(args):
 
 
 def _cmd_run(args) -> int:
-    from tgsim.errors import ConfigError
+    """Exit status: 0 done; 2 bad input, nothing written (a config or model error, a --resume that would
+    change the run's config) or a non-finite gradient under run.on_nonfinite = "raise" (the steps before
+    it checkpointed); 3 the run finished unhealthy (RunResult.unhealthy: too many skipped steps, a
+    non-finite final loss). Each error is one line on stderr."""
+    from tgsim.errors import ConfigError, is_nonfinite
     from tgsim.train.loop import run
 
     try:
         cfg = _load_config(args)
-        res = run(cfg, out=args.out, resume=args.resume, quiet=args.quiet)
+        res = run(cfg, out=args.out, resume=args.resume, quiet=args.quiet, allow_changes=args.allow_change)
     except (ConfigError, FileExistsError) as e:
+        print(f"tgsim run: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if not is_nonfinite(e):
+            raise
         print(f"tgsim run: {e}", file=sys.stderr)
         return 2
     if args.resume and res.start_step >= res.steps:
@@ -52,7 +61,9 @@ def _cmd_run(args) -> int:
     print(f"test loss {res.test_loss:.4f}  accuracy {res.test_accuracy:.4f}  "
           f"bits/worker up {res.bits_up:.3e} down {res.bits_down:.3e} (whole run)  skipped steps {res.skipped}")
     print(f"results: {res.out}")
-    return 0
+    if res.unhealthy:
+        print(f"tgsim run: unhealthy run: {res.unhealthy} (`tgsim analyze run-health {res.out}`)", file=sys.stderr)
+    return res.exit_status
 
 
 def _cmd_demo(args) -> int:
@@ -220,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its newest good checkpoint")
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     r.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    r.add_argument("--allow-change", action="append", default=[], metavar="SECTION.KEY",
+                   help="with --resume: accept this key's change against the run's config.toml (recorded in "
+                        "resumes.jsonl); run.steps, run.log_every, ... need none (README 'A run')")
     r.set_defaults(func=_cmd_run)
 
     d = sub.add_parser("demo", help="train the built-in demo config with fp32 and with TernGrad, print both")

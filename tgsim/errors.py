@@ -1,7 +1,8 @@
 """Every error tgsim raises on purpose, in one module that every layer imports (nothing imported here).
 
     ConfigError               a config that cannot run: bad key, value or combination (exit status 2)
-    NonFiniteGradientError    a gradient holds NaN/Inf: names the layer (the step is skipped or the run stops)
+    NonFiniteGradientError    a gradient holds NaN/Inf: names the layer (the step is skipped or the run stops;
+                              `tgsim run` prints it in one line and exits 2, its last good state checkpointed)
     PayloadError              a malformed, truncated or mismatched payload: names what and where
     CollectiveError           marker: raised with the same message on every MPI rank (none left waiting)
     RankConfigMismatchError   ranks started with different configs, versions or shard plans
@@ -21,15 +22,30 @@ class ConfigError(ValueError):
 class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or Inf; names the layer so the step can be skipped or the run stopped."""
 
-    def __init__(self, layer: str, count: int | None = None, where: str = ""):
-        self.layer, self.count, self.where = layer, count, where
+    def __init__(self, layer: str, count: int | None = None, where: str = "", advice: str = ""):
+        self.layer, self.count, self.where, self.advice = layer, count, where, advice
         what = f"{count} non-finite values" if count is not None else "non-finite values"
         at = f" at {where}" if where else ""
-        super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf){at}; refusing to encode")
+        more = f"; {advice}" if advice else ""
+        super().__init__(f"layer {layer!r}: gradient has {what} (NaN/Inf){at}; refusing to encode{more}")
 
     def __reduce__(self):
         """Pickle by the constructor's arguments, so the error crosses a process pool unchanged."""
-        return type(self), (self.layer, self.count, self.where)
+        return type(self), (self.layer, self.count, self.where, self.advice)
+
+
+def nonfinite_elsewhere(step: int, what: str = "gradient") -> ValueError:
+    """The error of a process whose own workers' gradients are finite at `step` while another process's
+    are not (over MPI; that process raises NonFiniteGradientError naming the layer and worker): a plain
+    ValueError marked `nonfinite = True`, so the trainer can checkpoint and stop on every rank alike."""
+    err = ValueError(f"step {step}: another worker's {what} is non-finite (see its error)")
+    err.nonfinite = True
+    return err
+
+
+def is_nonfinite(err: BaseException) -> bool:
+    """Whether `err` stopped a step for a non-finite gradient (this process's or another's)."""
+    return isinstance(err, NonFiniteGradientError) or bool(getattr(err, "nonfinite", False))
 
 
 class PayloadError(ValueError):

@@ -32,7 +32,8 @@ class RunConfig:
     log_every: int = 10          # per-layer statistics period (steps)
     checkpoint_every: int = 0    # 0 = no checkpoints; else every k steps and at the last step
     keep_checkpoints: int = 3
-    on_nonfinite: str = "raise"  # "raise" | "skip" (skip the step, count it)
+    on_nonfinite: str = "raise"  # "raise" (checkpoint the last good step, stop: exit 2) | "skip" (skip the step, count it)
+    max_skipped_fraction: float = 0.1   # a run that skipped more of its steps ends unhealthy (`tgsim run` exit 3)
     backend: str = "numpy"       # "numpy" (CPU) | "cupy" (one GPU per process: data, model, codec, exchange, optimizer)
 
 
@@ -272,6 +273,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("[run] steps/eval_every/checkpoint_every must be >= 0, log_every/keep_checkpoints >= 1")
     if r.on_nonfinite not in ("raise", "skip"):
         raise ConfigError(f"[run] on_nonfinite must be 'raise' or 'skip', got {r.on_nonfinite!r}")
+    if not 0.0 <= r.max_skipped_fraction <= 1.0:
+        raise ConfigError(f"[run] max_skipped_fraction must be in [0, 1], got {r.max_skipped_fraction}")
     if not 0 <= r.seed < 2**63:
         raise ConfigError(f"[run] seed must be in [0, 2^63), got {r.seed}")
     if r.backend not in BACKENDS:
@@ -387,3 +390,55 @@ def to_dict(cfg: Config) -> dict:
 def config_hash(cfg: Config) -> str:
     """sha256 (hex) of the resolved config `cfg` (what ranks compare at start-up)."""
     return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()
+
+
+# Keys a resumed run may change without --allow-change (`resume_changes`): none of them changes a
+# parameter bit of any step, so the run continues as if it had been started with the new values.
+#   run.steps                 the run's length (refused where the schedule decays over it: poly)
+#   run.name                  a label (progress bar, default directory name)
+#   run.log_every, run.eval_every   which steps write per-layer statistics / evaluate: reads only
+#   run.checkpoint_every, run.keep_checkpoints   where the state is saved, not what it is
+#   run.on_nonfinite          a run that reached the resume point under "raise" skipped no step, so
+#                             continuing under "skip" gives the bits of a run started with "skip"
+#   run.max_skipped_fraction  only the exit status of the run's end
+RESUME_FREE_KEYS = ("run.steps", "run.name", "run.log_every", "run.eval_every", "run.checkpoint_every",
+                    "run.keep_checkpoints", "run.on_nonfinite", "run.max_skipped_fraction")
+SCHEDULES_OVER_STEPS = ("poly",)      # schedules whose learning rate depends on run.steps
+
+
+def flat_dict(cfg: Config) -> dict[str, Any]:
+    """{"section.key": value} of the resolved config `cfg` (to_dict, one level; tables stay values)."""
+    return {f"{sec}.{k}": v for sec, keys in to_dict(cfg).items() for k, v in keys.items()}
+
+
+def resume_changes(stored: Config, new: Config, allow: tuple[str, ...] | list[str] = ()) -> dict[str, tuple]:
+    """{key: (stored value, new value)} of the keys that differ between the config `stored` of a run
+    directory and the config `new` it is resumed with, when every difference is accepted: a key of
+    RESUME_FREE_KEYS (run.steps only where the schedule does not decay over it) or one named in
+    `allow` (--allow-change: a key, or a section for all its keys). ConfigError listing the refused keys otherwise: a resumed run with
+    another codec, learning rate, data, ... would mix two configs in one run directory."""
+    old, cur = flat_dict(stored), flat_dict(new)
+    changed = {k: (old.get(k), cur.get(k)) for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k)}
+    free = set(RESUME_FREE_KEYS)
+    if new.schedule.name in SCHEDULES_OVER_STEPS or stored.schedule.name in SCHEDULES_OVER_STEPS:
+        free.discard("run.steps")
+    unknown = sorted(set(allow) - set(old) - set(cur) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"--allow-change {', '.join(unknown)}: no such config key (section.key, or a section)")
+    allowed = set(allow)
+    refused = [k for k in changed if k not in free and k not in allowed and k.split(".")[0] not in allowed]
+    if refused:
+        shown, names = refused, refused
+        if "codec.name" in refused:         # another codec: its options differ too, one section to allow
+            others = [k for k in refused if k.startswith("codec.") and k != "codec.name"]
+            shown = [k for k in refused if k not in others]
+            names = [k if k != "codec.name" else "codec" for k in shown]
+        diff = "; ".join(f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in shown)
+        if "codec.name" in refused and len(shown) < len(refused):
+            diff += f" (and {len(refused) - len(shown)} codec options)"
+        why = (" (run.steps: the 'poly' schedule decays over it, so every step's learning rate changes)"
+               if "run.steps" in refused else "")
+        raise ConfigError(f"--resume: the config differs from the run's config.toml in {diff}{why}; resume with "
+                          f"the run's own config, or pass --allow-change {' --allow-change '.join(names)} to "
+                          "continue with the change (recorded in resumes.jsonl)")
+    return changed

@@ -79,7 +79,7 @@ from __future__ import annotations
 import numpy as np
 
 from tgsim.backend import array_module
-from tgsim.errors import ConfigError, NonFiniteGradientError
+from tgsim.errors import ConfigError, NonFiniteGradientError, nonfinite_elsewhere
 from tgsim.rng import StreamKey
 from tgsim.train.schedules import learning_rate
 
@@ -180,7 +180,7 @@ class LocalSteps:
             if bad is not None:
                 layer, w, count = bad
                 raise NonFiniteGradientError(layer, count, f"worker {local[w]}, step {step}")
-            raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
+            raise nonfinite_elsewhere(step)
         if not skipped:
             if self.acc is None:
                 self.acc = dict(grads)    # A^i = g^i (fresh arrays from the model, no copy needed)
@@ -247,5 +247,5 @@ class LocalSteps:
                 layer, count, w = bad
                 where = f"step {step}" if w is None else f"worker {ex.local_workers[w]}, step {step}"
                 raise NonFiniteGradientError(layer, count, f"{where} (the period's gradient sum)")
-            raise ValueError(f"step {step}: another worker's gradient sum is non-finite (see its error)")
+            raise nonfinite_elsewhere(step, "gradient sum")
         return True

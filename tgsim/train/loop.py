@@ -28,7 +28,7 @@ import numpy as np
 
 from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
-from tgsim.errors import ConfigError, NonFiniteGradientError
+from tgsim.errors import ConfigError, NonFiniteGradientError, is_nonfinite, nonfinite_elsewhere
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, progress, results
 from tgsim.train.config import Config, config_hash
@@ -64,12 +64,13 @@ class Setup:
         return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
 
-def _model_options(model_name: str, options: dict, dataset) -> dict:
-    """Fill the model's input/output sizes from the dataset where the config leaves them out."""
+def _model_options(model_name: str, options: dict, dataset, seed: int = 0) -> dict:
+    """Fill the model's input/output sizes from the dataset, and the run's seed (a torch module's
+    constants: tgsim/torch/model.py), where the model takes them and the config leaves them out."""
     from tgsim.models import model_kwargs
 
     probe = {"dim": int(np.prod(dataset.feature_shape)), "length": int(dataset.feature_shape[-1]),
-             "classes": int(dataset.n_classes), "feature_shape": tuple(dataset.feature_shape)}
+             "classes": int(dataset.n_classes), "feature_shape": tuple(dataset.feature_shape), "seed": int(seed)}
     accepted = model_kwargs(model_name)
     return {**{k: v for k, v in probe.items() if k in accepted}, **options}
 
@@ -90,7 +91,8 @@ def build(cfg: Config, exchange=None) -> Setup:
         dataset = load(cfg.data.name, seed=cfg.run.seed, **cfg.data.options)
         shards = shard(dataset.y_train, cfg.workers.n, scheme=cfg.data.sharding, alpha=cfg.data.alpha,
                        seed=cfg.run.seed)
-        model = make_model(cfg.model.name, **_model_options(cfg.model.name, cfg.model.options, dataset))
+        model = make_model(cfg.model.name, **_model_options(cfg.model.name, cfg.model.options, dataset,
+                                                                   cfg.run.seed))
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
     if model.task != dataset.task:
@@ -107,6 +109,32 @@ def build(cfg: Config, exchange=None) -> Setup:
         raise ConfigError(f"exchange has {exchange.n_workers} workers, config asks for {cfg.workers.n}")
     optimum = model.optimum(dataset.x_train, dataset.y_train) if hasattr(model, "optimum") else None
     return Setup(cfg, dataset, shards, model, codec, make_optimizer(cfg.optimizer), exchange, optimum, xp)
+
+
+def preflight(setup: Setup) -> dict:
+    """The model's initial parameters (run.seed, on the backend) after one forward and backward pass
+    on worker 0's batch of step 0 (the real data): what `run` does before it creates or touches the
+    results directory, so a model that cannot train (a factory argument it does not take, a torch
+    module with BatchNorm statistics, a forward that raises, a shape that does not fit the data) is a
+    ConfigError of one line naming the cause, and nothing is written. Worker 0's batch on every MPI
+    rank: every rank fails alike. A non-finite loss is not an error here (run.on_nonfinite's)."""
+    cfg = setup.cfg
+    try:
+        params = {k: setup.xp.asarray(v) for k, v in setup.model.init(cfg.run.seed).items()}
+        if setup.dataset is not None:
+            from tgsim.data.batching import batch_indices_many
+
+            idx = batch_indices_many([setup.shards[0]], cfg.workers.per_worker_batch, cfg.run.seed, 0, [0])
+            x, y = setup.device_data[:2]
+            idx = setup.xp.asarray(idx)
+            setup.model.loss_and_grad(params, x[idx], y[idx])
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever a user's model raises: one line, nothing written)
+        text = " ".join(str(e).split()) or "(no message)"
+        raise ConfigError(f"model {cfg.model.name!r} failed its check (init, one forward and backward pass on "
+                          f"worker 0's first batch) before anything was written: {type(e).__name__}: {text}") from e
+    return params
 
 
 def to_device(tree, xp):
@@ -244,7 +272,7 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
                 w = getattr(bad, "worker", None)
                 where = f"step {step}" if w is None else f"worker {local[w]}, step {step}"
                 raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
-            raise ValueError(f"step {step}: another worker's gradient is non-finite (see its error)")
+            raise nonfinite_elsewhere(step)
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
     workers = np.asarray(local, dtype=np.int64)
@@ -391,20 +419,61 @@ class RunResult:
     dist_opt: float = float("nan")
     eval_split: str = "test"      # "validation" when data.options.validation > 0: test_* are validation numbers
     start_step: int = 0           # the step a resumed run continued from (steps: the run was already complete)
+    unhealthy: str = ""           # why the finished run is not usable ("" if it is): `unhealthy`; tgsim run exits 3
+
+    @property
+    def exit_status(self) -> int:
+        """`tgsim run`'s exit status for this result: 3 when unhealthy, else 0."""
+        return EXIT_UNHEALTHY if self.unhealthy else 0
+
+
+EXIT_UNHEALTHY = 3      # `tgsim run` / the MPI trainer: the run finished, but its result is not usable
+
+
+def unhealthy(cfg: Config, skipped: int, eval_loss: float, split: str = "test") -> str:
+    """Why a finished run of `cfg` is not usable, "" when it is: it skipped more than
+    run.max_skipped_fraction of its run.steps steps (non-finite gradients, run.on_nonfinite = "skip"),
+    or its final `split` loss `eval_loss` is not finite. `tgsim analyze run-health` raises an ALERT
+    for the same two (from metrics.csv)."""
+    why = []
+    if skipped > cfg.run.max_skipped_fraction * cfg.run.steps:
+        why.append(f"{skipped} of {cfg.run.steps} steps skipped for non-finite gradients (more than "
+                   f"run.max_skipped_fraction = {cfg.run.max_skipped_fraction:g})")
+    if not math.isfinite(eval_loss):
+        why.append(f"the final {split} loss is {eval_loss}")
+    return "; ".join(why)
 
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
-        exchange=None, writer: bool = True, results_base: str | Path = "results") -> RunResult:
+        exchange=None, writer: bool = True, results_base: str | Path = "results",
+        allow_changes: tuple[str, ...] | list[str] = ()) -> RunResult:
     """Train per `cfg`, writing a results directory (only where `writer`); see module docstring. Returns
     the RunResult.
 
     out: the results directory (default: a new one under `results_base`); resume: continue the run in
     `out` from its newest usable checkpoint; exchange: the exchange (default: in-process, all workers);
     quiet: no progress output.
+    Before anything is written: the config, the data, the model's init and one forward and backward
+    pass (`preflight`) are checked, a ConfigError otherwise; a resume compares `cfg` with the run's
+    config.toml (tgsim.train.config.resume_changes: keys other than RESUME_FREE_KEYS and
+    `allow_changes` may not differ) and records an accepted change in `out`/resumes.jsonl, config.toml
+    then holding the new config.
+    A non-finite gradient under run.on_nonfinite = "raise" checkpoints the state of the steps before it
+    (where a checkpoint can resume: every step, or a sync step of local SGD) and raises
+    NonFiniteGradientError (on another MPI rank: a ValueError marked `nonfinite`) saying how to go on.
     Progress, only where `writer` and not `quiet`: a tqdm bar on stderr where stderr is a terminal, and
     plain lines on stdout (tgsim.train.progress: every `run.log_every` steps and at the last) where stdout
-    is not a terminal or there is no bar, so a batch job's log shows how far the run is.
+    is not a terminal or there is no bar, so a batch job's log shows how far the run is; a Numba
+    compilation (the first run on a machine) is announced in one line and kept out of the lines' rate.
     """
+    # NumPy's warnings on overflow and NaN are silenced: the trainer checks every gradient itself and
+    # names the layer, worker and step (run.on_nonfinite), in one line instead of a warning per array
+    with progress.CompileWatch(say=None if quiet or not writer else progress.say) as watch, \
+            np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _run(cfg, out, resume, quiet, exchange, writer, results_base, tuple(allow_changes), watch)
+
+
+def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes, watch) -> RunResult:
     setup = build(cfg, exchange)
     ex = setup.exchange
     from tgsim.data import shard_plan_digest
@@ -413,7 +482,9 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         setup.shards, setup.dataset.x_train, setup.dataset.y_train))
     if out is None and resume:
         raise ConfigError("--resume needs the results directory to continue")
+    first_params = preflight(setup)           # the model trains: before the directory exists
     out = Path(out) if out is not None else results.new_run_dir(results_base, cfg.run.name)
+    changed = results.resume_changes(out, cfg, allow_changes) if resume else {}
     if writer:
         results.prepare(out, cfg, resume)
     start, params, opt_state = 0, None, None
@@ -430,8 +501,10 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             bits_up = float(totals.get("bits_up", 0.0))
             bits_down = float(totals.get("bits_down", 0.0))
             skipped = int(totals.get("skipped", 0))
+    if writer and changed:
+        results.record_resume(out, cfg, start, changed)
     if params is None:
-        params = {k: setup.xp.asarray(v) for k, v in setup.model.init(cfg.run.seed).items()}
+        params = first_params
         opt_state = setup.optimizer.init(params)
     else:                                          # a checkpoint holds host arrays, from a CPU or a GPU run
         params, opt_state = to_device(params, setup.xp), to_device(opt_state, setup.xp)
@@ -456,9 +529,51 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     test = (float("nan"), float("nan"))
     last_eval = None                               # the latest evaluation of this process, for the lines
     step_fn = step_function(setup)
+    compiled = watch.count
+
+    def save_checkpoint(done: int) -> Path:
+        """Checkpoint the state after `done` steps (a collective over MPI: every process calls it)."""
+        if metrics is not None:
+            metrics.flush()
+        state_rows = _state_to_save(ex, codec_state)  # on every process: a gather over MPI
+        path = ckpt_dir / f"ckpt-{done:08d}.tgck"
+        if writer:
+            totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
+                      "skipped": np.int64(skipped)}
+            path = checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals,
+                                                    **state_rows}, cfg.run.keep_checkpoints)
+        if hasattr(ex, "barrier"):
+            ex.barrier()
+        return path
+
     for step in range(start, cfg.run.steps):
         with_stats = step % cfg.run.log_every == 0
-        params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, codec_state=codec_state)
+        try:
+            params, opt_state, info = step_fn(setup, params, opt_state, step, with_stats, codec_state=codec_state)
+        except ValueError as e:
+            if not is_nonfinite(e):
+                raise
+            if bar is not None:
+                bar.close()
+            if step > start and step % cfg.exchange.every == 0:      # a state a checkpoint can resume
+                kept = f"the state after its {step} steps is checkpointed ({save_checkpoint(step)})"
+            elif step == 0:
+                kept = "it stopped at its first step (nothing to keep)"
+            else:
+                found = checkpoint.list_checkpoints(ckpt_dir)
+                kept = (f"its newest checkpoint is {found[-1]}" if found else "it has no checkpoint") + \
+                    (" (local SGD: checkpoints at sync steps only)" if step % cfg.exchange.every else "")
+            advice = (f"run.on_nonfinite = 'raise' stopped the run in {out}: {kept}; fix the cause and continue "
+                      "with --resume (a changed config key needs --allow-change KEY), or set "
+                      "run.on_nonfinite = 'skip' to skip such steps")
+            if isinstance(e, NonFiniteGradientError):
+                raise NonFiniteGradientError(e.layer, e.count, e.where, advice) from e
+            err = ValueError(f"{e}; {advice}")
+            err.nonfinite = True
+            raise err from e
+        if lines is not None and watch.count != compiled:   # Numba compiled in this step: not in the rate
+            lines.restart(step + 1)
+        compiled = watch.count
         bits_up += 8 * info.sent
         bits_down += 8 * info.received
         skipped += info.skipped
@@ -477,16 +592,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
             if metrics is not None:
                 metrics.write(step=done, split=setup.dataset.eval_split, layer="model", loss=float(test[0]), accuracy=float(test[1]))
         if cfg.run.checkpoint_every and (done % cfg.run.checkpoint_every == 0 or done == cfg.run.steps):
-            if metrics is not None:
-                metrics.flush()
-            state_rows = _state_to_save(ex, codec_state)  # on every process: a gather over MPI
-            if writer:
-                totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
-                          "skipped": np.int64(skipped)}
-                checkpoint.save(ckpt_dir, done, {"params": params, "opt": opt_state, "totals": totals, **state_rows},
-                                cfg.run.keep_checkpoints)
-            if hasattr(ex, "barrier"):
-                ex.barrier()
+            save_checkpoint(done)
         if bar is not None:
             bar.update(1)
             if done % 10 == 0 or done == cfg.run.steps:
@@ -506,5 +612,7 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
         results.save_params(out, params)
     if start >= cfg.run.steps and math.isnan(test[0]):
         test = setup.model.evaluate(params, *setup.device_data[2:])
+    split = setup.dataset.eval_split
     return RunResult(out if writer else None, params, cfg.run.steps, float(test[0]), float(test[1]),
-                     bits_up, bits_down, skipped, setup.distance_to_optimum(params), setup.dataset.eval_split, start)
+                     bits_up, bits_down, skipped, setup.distance_to_optimum(params), split, start,
+                     unhealthy(cfg, skipped, float(test[0]), split))

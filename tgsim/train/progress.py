@@ -17,6 +17,10 @@ Fields, each separated by two spaces:
     steps/s, eta      the rate of the steps done by this process (a resumed run counts only the steps since
                       the resume) and the time the remaining steps take at that rate.
 
+A step in which Numba compiled kernels (the first run on a machine; then they are cached on disk,
+cache=True) is left out of the rate: `CompileWatch` counts the compilations and announces the first in
+one line on stderr, and the trainer calls `ProgressLines.restart` after such a step.
+
 The formatting functions are pure; `ProgressLines` keeps the start step and the start time, and reads the time
 from a clock it is given (time.perf_counter, looked up when it is made, by default; a fake clock in tests).
 """
@@ -112,6 +116,11 @@ class ProgressLines:
         self.clock = self.clock or time.perf_counter
         self.t0 = self.clock()
 
+    def restart(self, done: int) -> None:
+        """Count the rate from step `done` on (the clock read now): the steps up to `done` took time
+        that the rest will not take (Numba compiling its kernels, the first run on a machine)."""
+        self.start, self.t0 = done, self.clock()
+
     def line(self, done: int, loss: float, bits_up: float, bits_down: float, evaluation: Evaluation | None = None,
              skipped: int = 0) -> str | None:
         if not is_due(done, self.total, self.every):
@@ -126,3 +135,66 @@ def is_terminal(stream) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def say(line: str) -> None:
+    """One line on stderr, written around a progress bar (tqdm.write) if one is shown."""
+    import sys
+
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+    sys.stderr.flush()
+
+
+class CompileWatch:
+    """A block in which Numba's compilations are counted (`count`: numba's "numba:compile" events,
+    which fire on a cache miss only, never when a kernel is loaded from its on-disk cache). The first
+    one calls `say` with one line (None: silent), `tgsim: compiling Numba kernels (once per machine,
+    cached in DIR) ...`. Without Numba the count stays 0."""
+
+    def __init__(self, say=None):
+        self.say, self.count = say, 0
+        self._listener = None
+
+    def __enter__(self):
+        try:
+            from numba.core import event
+        except ImportError:
+            return self
+        watch = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev):
+                watch.count += 1
+                if watch.count == 1 and watch.say is not None:
+                    watch.say(f"tgsim: compiling Numba kernels (once per machine, cached in "
+                              f"{_cache_dir(ev.data)}) ...")
+
+            def on_end(self, ev):
+                pass
+
+        self._listener = _Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        if self._listener is not None:
+            from numba.core import event
+
+            event.unregister("numba:compile", self._listener)
+            self._listener = None
+        return False
+
+
+def _cache_dir(data) -> str:
+    """Where Numba caches the kernel of a compile event's `data`: $NUMBA_CACHE_DIR, else its dispatcher's
+    cache folder (a __pycache__ beside the source)."""
+    import os
+
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return os.environ["NUMBA_CACHE_DIR"]
+    try:
+        return str(data["dispatcher"]._cache._cache_path)
+    except (KeyError, TypeError, AttributeError):
+        return "__pycache__ beside tgsim's sources"

@@ -1,4 +1,5 @@
-"""Results directory of one run: config.toml, manifest.json, metrics.csv, checkpoints/, params.npz.
+"""Results directory of one run: config.toml, manifest.json, metrics.csv, checkpoints/, params.npz, and
+resumes.jsonl when a resume changed the config (one line per such resume: its step and the keys).
 
 Existing results are never overwritten silently: a non-empty directory is only reused by --resume.
 """
@@ -51,6 +52,35 @@ def prepare(out: Path, cfg: Config, resume: bool) -> None:
     cfg_path = out / "config.toml"
     if resume and cfg_path.exists():
         return
+    tmp = cfg_path.with_suffix(".tmp")
+    tmp.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
+    os.replace(tmp, cfg_path)
+
+
+def resume_changes(out: Path, cfg: Config, allow: tuple[str, ...] = ()) -> dict[str, tuple]:
+    """{key: (stored, new)} of the accepted differences between `out`/config.toml and the config `cfg`
+    a resume continues with ({} when there is no config.toml to compare with); ConfigError listing the
+    refused ones (tgsim.train.config.resume_changes: RESUME_FREE_KEYS and `allow` are accepted)."""
+    from tgsim.train import config as config_mod
+
+    path = Path(out) / "config.toml"
+    if not path.is_file():
+        return {}
+    try:
+        stored = config_mod.load(path)
+    except config_mod.ConfigError as e:
+        raise config_mod.ConfigError(f"--resume: the run's {path} cannot be read back: {e}") from e
+    return config_mod.resume_changes(stored, cfg, allow)
+
+
+def record_resume(out: Path, cfg: Config, step: int, changed: dict[str, tuple]) -> None:
+    """A resume at `step` that changed the config: one JSON line in `out`/resumes.jsonl (the step, the
+    time and {key: [stored, new]}), and config.toml rewritten to `cfg`, the config now in force."""
+    line = {"step": int(step), "written_at": datetime.now(timezone.utc).isoformat(),
+            "changed": {k: [a, b] for k, (a, b) in changed.items()}}
+    with open(out / "resumes.jsonl", "a") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+    cfg_path = out / "config.toml"
     tmp = cfg_path.with_suffix(".tmp")
     tmp.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
     os.replace(tmp, cfg_path)
