@@ -38,9 +38,11 @@ GENERATED = ("out/", "REPORT.md")          # papers_figures/ outputs, never ship
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
-               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    """A user's environment: no PYTHONPATH or venv of ours, and no thread-count variable (the user
+    sets none: README, "Your PyTorch model")."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and "THREADS" not in k.upper()}
+    env.update(MPLBACKEND="Agg", PIP_DISABLE_PIP_VERSION_CHECK="1")
     return env
 
 
@@ -149,6 +151,35 @@ def test_mpi_training_from_the_installed_package(installed):
     res = sh([bin_ / "mpiexec", "-n", "2", bin_ / "python", "-m", "tgsim.mpi_runs.train", "demo", "--out", "mpi",
               "--quiet", "--set", "workers.n=2", "--set", "run.steps=20"], cwd=job, timeout=300)
     assert (job / "mpi" / "params.npz").exists() and (job / "mpi" / "comm_bytes_by_rank.json").exists(), res.stdout
+
+
+@pytest.mark.heavy
+def test_the_ddp_example_from_the_installed_package_ends_with_the_simulators_bits(installed):
+    """The wheel's venv with torch added (`pip install torch`, the constraints' version), the example
+    script and its model copied to a folder outside the repository, no thread variable set: under
+    torchrun and under mpiexec, 2 ranks of TernGrad end with `tgsim run`'s parameters (the factory's
+    module found in the working directory)."""
+    import shutil
+
+    import numpy as np
+
+    bin_, job, _ = installed
+    sh([bin_ / "python", "-m", "pip", "install", "--quiet", "--no-compile", "-c", REPO / "constraints.txt", "torch"],
+       cwd=job, timeout=900)
+    ex = job / "ddp-example"
+    ex.mkdir(exist_ok=True)
+    for name in ("ddp_train.py", "ddp_nets.py"):
+        shutil.copy(REPO / "examples" / name, ex / name)
+    args = ["ddp_train.py", "--codec", "terngrad", "--steps", "4", "--out"]
+    sh([bin_ / "torchrun", "--nproc-per-node", "2", *args, "tr"], cwd=ex)
+    sh([bin_ / "mpiexec", "-n", "2", bin_ / "python", *args, "mpi"], cwd=ex)
+    sh([bin_ / "tgsim", "run", "tr/config.toml", "--out", "sim", "--quiet"], cwd=ex)
+    with np.load(ex / "sim" / "params.npz") as z:
+        want = {k: z[k] for k in z.files}
+    for out in ("tr", "mpi"):
+        with np.load(ex / out / "params.npz") as z:
+            assert sorted(z.files) == sorted(want)
+            assert all(np.array_equal(z[k], want[k]) for k in want), out
 
 
 def test_a_figure_from_the_installed_package(installed):

@@ -401,8 +401,11 @@ def config_hash(cfg: Config) -> str:
 #   run.on_nonfinite          a run that reached the resume point under "raise" skipped no step, so
 #                             continuing under "skip" gives the bits of a run started with "skip"
 #   run.max_skipped_fraction  only the exit status of the run's end
+#   run.backend               the one exception that changes bits from the resume point on: a checkpoint
+#                             holds host arrays and resumes on either backend (CPU <-> GPU, the
+#                             documented move of a run between machines); recorded like the others
 RESUME_FREE_KEYS = ("run.steps", "run.name", "run.log_every", "run.eval_every", "run.checkpoint_every",
-                    "run.keep_checkpoints", "run.on_nonfinite", "run.max_skipped_fraction")
+                    "run.keep_checkpoints", "run.on_nonfinite", "run.max_skipped_fraction", "run.backend")
 SCHEDULES_OVER_STEPS = ("poly",)      # schedules whose learning rate depends on run.steps
 
 
