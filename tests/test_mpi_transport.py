@@ -229,3 +229,35 @@ def test_device_arrays_through_staging(monkeypatch):
     assert log[-1] == "sync"
     mt.Staging.sync(cp)
     assert log[-1] == "sync" and log.count("sync") == 3
+
+
+def test_each_rank_gets_its_share_of_the_nodes_cores(monkeypatch):
+    """share_cores: the cores this process may use divided among the node's ranks (at least 1, at
+    most Numba's pool), set through numba.set_num_threads; nothing where NUMBA_NUM_THREADS is set."""
+    import numba
+
+    from tgsim.exchange import mpi_transport
+
+    calls = []
+    monkeypatch.setattr(numba, "set_num_threads", calls.append)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 8)
+    monkeypatch.setattr(mpi_transport.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert [mpi_transport.share_cores(k, environ={}) for k in (1, 2, 3, 4, 16)] == [8, 4, 2, 2, 1]
+    assert calls == [8, 4, 2, 2, 1]
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)       # never more than Numba's pool
+    assert mpi_transport.share_cores(1, environ={}) == 2
+    assert mpi_transport.share_cores(2, environ={"NUMBA_NUM_THREADS": "8"}) is None and calls[-1] == 2
+
+
+def test_the_nodes_rank_count_comes_from_the_comm_or_the_launcher(monkeypatch):
+    """A comm without Split_type (torch.distributed's) reads torchrun's LOCAL_WORLD_SIZE, Open MPI's or
+    MPICH's variable; none: 1."""
+    from tgsim.exchange.mpi_transport import LOCAL_SIZE_VARS, local_size_of
+
+    for var in LOCAL_SIZE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert local_size_of(object()) == 1
+    monkeypatch.setenv("MPI_LOCALNRANKS", "3")
+    assert local_size_of(object()) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert local_size_of(object()) == 4

@@ -82,8 +82,8 @@ from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes,
                                        malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
                                        read_status, server_failure, write_status)
 from tgsim.exchange.mpi_pipelined import PipelinedModes
-from tgsim.exchange.mpi_transport import (_HDR, _TAG_PS_DOWN, _TAG_PS_UP, _U64, Staging, cuda_aware, mpi_module,
-                                          node_local_rank, select_gpu)
+from tgsim.exchange.mpi_transport import (_HDR, _TAG_PS_DOWN, _TAG_PS_UP, _U64, Staging, cuda_aware, local_size_of,
+                                          mpi_module, node_local_rank, select_gpu, share_cores)
 from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode, ps_decode_base,
                                         ps_downlink, ps_downlink_size)
 
@@ -120,6 +120,7 @@ class MPIExchange(PipelinedModes):
         else:
             self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
             self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
+        self.numba_threads = share_cores(local_size_of(self.comm))   # this rank's share of the node's cores
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
         self._pending = CommBytes()      # scaler sharing, added to the next aggregate() result
         self.staging = Staging(self.cuda_aware)
