@@ -250,14 +250,14 @@ def test_each_rank_gets_its_share_of_the_nodes_cores(monkeypatch):
 
 
 def test_the_nodes_rank_count_comes_from_the_comm_or_the_launcher(monkeypatch):
-    """A comm without Split_type (torch.distributed's) reads torchrun's LOCAL_WORLD_SIZE, Open MPI's or
-    MPICH's variable; none: 1."""
+    """Without an mpi4py comm (torch.distributed's has no node split) torchrun's LOCAL_WORLD_SIZE,
+    Open MPI's or MPICH's variable; none: 1."""
     from tgsim.exchange.mpi_transport import LOCAL_SIZE_VARS, local_size_of
 
     for var in LOCAL_SIZE_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert local_size_of(object()) == 1
+    assert local_size_of() == 1
     monkeypatch.setenv("MPI_LOCALNRANKS", "3")
-    assert local_size_of(object()) == 3
+    assert local_size_of() == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert local_size_of(object()) == 4
+    assert local_size_of() == 4

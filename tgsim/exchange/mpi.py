@@ -117,10 +117,14 @@ class MPIExchange(PipelinedModes):
         self._plans: dict = {}
         if own is not None:
             self.device, self.cuda_aware = (comm.device if gpu in ("auto", True) else None), bool(comm.cuda_aware)
+            local_size = local_size_of(None)             # torch.distributed: the launcher's variable
         else:
-            self.device = select_gpu(self.comm) if gpu in ("auto", True) else None
+            self.device, local_size = None, local_size_of(None)
+            if gpu in ("auto", True):                    # one node split (collective), for both uses
+                local_rank, local_size = node_local_rank(self.comm)
+                self.device = select_gpu(self.comm, local_rank)
             self.cuda_aware = cuda_aware() if gpu_available() else False   # consulted for CuPy arrays only
-        self.numba_threads = share_cores(local_size_of(self.comm))   # this rank's share of the node's cores
+        self.numba_threads = share_cores(local_size)     # this rank's share of the node's cores
         self.totals = CommBytes()        # this rank's bytes over the life of the exchange
         self._pending = CommBytes()      # scaler sharing, added to the next aggregate() result
         self.staging = Staging(self.cuda_aware)

@@ -72,14 +72,12 @@ def node_local_rank(comm) -> tuple[int, int]:
 LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")   # torchrun, Open MPI, MPICH
 
 
-def local_size_of(comm) -> int:
-    """How many ranks share this node: the COMM_TYPE_SHARED split of an mpi4py communicator (a
-    collective), else the launcher's variable (LOCAL_SIZE_VARS: torchrun, Open MPI, MPICH), else 1."""
-    if hasattr(comm, "Split_type"):
-        try:
-            return node_local_rank(comm)[1]
-        except Exception:  # noqa: BLE001  (a comm without node information: the variables below)
-            pass
+def local_size_of(comm=None) -> int:
+    """How many ranks share this node: the COMM_TYPE_SHARED split of an mpi4py communicator `comm` (a
+    collective), else (None: a comm without node information, torch.distributed's) the launcher's
+    variable (LOCAL_SIZE_VARS: torchrun, Open MPI, MPICH), else 1."""
+    if comm is not None:
+        return node_local_rank(comm)[1]
     for var in LOCAL_SIZE_VARS:
         try:
             return max(1, int(os.environ[var]))
@@ -91,8 +89,8 @@ def local_size_of(comm) -> int:
 def share_cores(local_size: int, environ=None) -> int | None:
     """Give this rank Numba threads for its share of the node: the cores this process may use
     (`os.sched_getaffinity`) divided among the node's `local_size` ranks, at least 1, at most Numba's
-    pool. Without it every rank starts one thread per core: `mpiexec -n 4` on 2 cores ran
-    tests/test_mpi.py 2.5x slower (threads of four ranks spinning on two cores). Leaves Numba alone
+    pool; without it every rank starts one thread per core, and the ranks' threads spin on too few
+    cores (measured: README, "Your PyTorch model", Threads). Leaves Numba alone
     (returns None) where the user set NUMBA_NUM_THREADS; else returns the count set. The bits do not
     depend on it (every kernel's result is independent of its thread count)."""
     environ = os.environ if environ is None else environ
@@ -109,11 +107,13 @@ def share_cores(local_size: int, environ=None) -> int | None:
     return n
 
 
-def select_gpu(comm) -> int | None:
+def select_gpu(comm, local: int | None = None) -> int | None:
     """Make GPU (node-local rank mod device count) current; None when there is no GPU.
 
-    Collective over `comm` (the node split runs on every rank, with or without a GPU)."""
-    local, _ = node_local_rank(comm)
+    Collective over `comm` (the node split runs on every rank, with or without a GPU) unless the
+    node-local rank `local` is given."""
+    if local is None:
+        local, _ = node_local_rank(comm)
     if not gpu_available():
         return None
     cp = get_xp("cupy")
