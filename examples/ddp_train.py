@@ -22,6 +22,7 @@ simulator's per-worker bits).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import tempfile
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
         print(f"wrote {out / 'params.npz'} and {out / 'config.toml'}; the simulator's run: "
               f"PYTHONPATH=examples tgsim run {out / 'config.toml'}")
     dist.barrier()
+    del model, opt, state            # DDP and the hook's state hold the process group: free them first,
+    gc.collect()                     # not at interpreter exit, where a Gloo thread may still be joinable
     dist.destroy_process_group()
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -82,6 +82,7 @@ def test_the_example_ends_with_the_simulators_bits(tmp_path, launcher, codec):
     text = launch(launcher, codec, tmp_path / "ddp")
     transport = "torch" if launcher == "torchrun" else "mpi"
     assert f"2 ranks over {transport}, {codec}, {STEPS} steps" in text and "on every rank" in text, text[-3000:]
+    assert "intra-op threads" not in text, text[-3000:]       # the script's one thread: no hook warning
     got = load_params(tmp_path / "ddp" / "params.npz")
     want = simulate(tmp_path / "ddp" / "config.toml", tmp_path / "sim")
     assert sorted(got) == sorted(want) == ["conv1.bias", "conv1.weight", "conv2.bias", "conv2.weight", "head.bias",

@@ -307,8 +307,15 @@ class TgsimHookState:
         local steps, a [run] backend that is not the parameters' device ("numpy" for CPU parameters,
         "cupy" for CUDA ones: CuPy's current device is then set to theirs)."""
         torch = import_torch()
+        threads = torch.get_num_threads()                # the user's, before Numba's layer could reset it
         with torch_threads_kept(torch):
-            return cls._create(module, config, exchange, transport)
+            state = cls._create(module, config, exchange, transport)
+        if threads != THREADS and state.setup.xp is np:
+            warnings.warn(f"tgsim DDP hook: torch runs at {threads} intra-op threads; the simulator's TorchModel "
+                          "computes each worker's gradient at 1, and torch's CPU kernels reduce in another order "
+                          "at other counts, so the parameters will not be the simulator's bits: call "
+                          "torch.set_num_threads(1) before training", RuntimeWarning, stacklevel=2)
+        return state
 
     @classmethod
     def _create(cls, module, config, exchange, transport):
@@ -362,13 +369,7 @@ class TgsimHookState:
         inner.register_forward_pre_hook(lambda mod, args: state.watch.start())
         inner.register_forward_hook(lambda mod, args, out: state.watch.check())
         if device.type == "cpu":
-            start_numba_threads(torch)       # its OpenMP layer's thread reset happens here, undone at once
-            if torch.get_num_threads() != THREADS:
-                warnings.warn(f"tgsim DDP hook: torch runs at {torch.get_num_threads()} intra-op threads; the "
-                              "simulator's TorchModel computes each worker's gradient at 1, and torch's CPU "
-                              "kernels reduce in another order at other counts, so the parameters will not be "
-                              "the simulator's bits: call torch.set_num_threads(1) before training",
-                              RuntimeWarning, stacklevel=3)
+            start_numba_threads(torch)       # its OpenMP layer's thread reset happens here, undone by create
         return state
 
     # -- checkpoints -------------------------------------------------------------------------------
