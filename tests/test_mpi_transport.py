@@ -252,12 +252,12 @@ def test_each_rank_gets_its_share_of_the_nodes_cores(monkeypatch):
 def test_the_nodes_rank_count_comes_from_the_comm_or_the_launcher(monkeypatch):
     """Without an mpi4py comm (torch.distributed's has no node split) torchrun's LOCAL_WORLD_SIZE,
     Open MPI's or MPICH's variable; none: 1."""
-    from tgsim.exchange.mpi_transport import LOCAL_SIZE_VARS, local_size_of
+    from tgsim.exchange.mpi_transport import LOCAL_SIZE_VARS, launcher_local_size
 
     for var in LOCAL_SIZE_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert local_size_of() == 1
+    assert launcher_local_size() == 1
     monkeypatch.setenv("MPI_LOCALNRANKS", "3")
-    assert local_size_of() == 3
+    assert launcher_local_size() == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert local_size_of() == 4
+    assert launcher_local_size() == 4

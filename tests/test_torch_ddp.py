@@ -494,3 +494,40 @@ def test_the_hook_warns_when_torch_runs_at_more_than_one_thread():
             tgddp.TgsimHookState.create(torch.nn.Linear(3, 2), {"workers": {"n": 1, "batch": 4}}, exchange=_OneRank())
     finally:
         torch.set_num_threads(before)
+
+
+_UNUSED_SCRIPT = """
+import tempfile, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tgsim.exchange import InProcessExchange
+from tgsim.torch.ddp import TgsimHookState, TgsimOptimizer, register
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+class M(nn.Module):
+    def __init__(s):
+        super().__init__(); s.a = nn.Linear(8, 3); s.spare = nn.Linear(2, 2)
+    def forward(s, x): return s.a(x)
+m = M()
+st = TgsimHookState.create(m, {"workers": {"n": 1}, "codec": {"name": "qsgd"}}, exchange=InProcessExchange(1))
+model = DDP(m); register(model, st); opt = TgsimOptimizer(st)
+F.cross_entropy(model(torch.randn(4, 8)), torch.zeros(4, dtype=torch.long)).backward()
+try:
+    opt.step()
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_an_unused_parameter_without_find_unused_parameters_names_the_fix(tmp_path):
+    """DDP never hands the bucket of a parameter the forward pass does not use to the hook unless
+    built with find_unused_parameters=True: TgsimOptimizer.step names the parameter and that option
+    (the zoo's `unused` case trains such a module with it)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unused.py"
+    script.write_text(_UNUSED_SCRIPT)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "parameter 'spare.bias' got no gradient" in res.stdout and "find_unused_parameters=True" in res.stdout, \
+        res.stdout

@@ -38,7 +38,12 @@ def nonfinite_elsewhere(step: int, what: str = "gradient") -> ValueError:
     """The error of a process whose own workers' gradients are finite at `step` while another process's
     are not (over MPI; that process raises NonFiniteGradientError naming the layer and worker): a plain
     ValueError marked `nonfinite = True`, so the trainer can checkpoint and stop on every rank alike."""
-    err = ValueError(f"step {step}: another worker's {what} is non-finite (see its error)")
+    return nonfinite_error(f"step {step}: another worker's {what} is non-finite (see its error)")
+
+
+def nonfinite_error(message: str) -> ValueError:
+    """A ValueError with `message`, marked `nonfinite = True` (`is_nonfinite`)."""
+    err = ValueError(message)
     err.nonfinite = True
     return err
 

@@ -82,7 +82,7 @@ from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes,
                                        malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
                                        read_status, server_failure, write_status)
 from tgsim.exchange.mpi_pipelined import PipelinedModes
-from tgsim.exchange.mpi_transport import (_HDR, _TAG_PS_DOWN, _TAG_PS_UP, _U64, Staging, cuda_aware, local_size_of,
+from tgsim.exchange.mpi_transport import (_HDR, _TAG_PS_DOWN, _TAG_PS_UP, _U64, Staging, cuda_aware, launcher_local_size,
                                           mpi_module, node_local_rank, select_gpu, share_cores)
 from tgsim.exchange.ps_downlink import (code_dtype, message_to, ps_base_downlink, ps_decode, ps_decode_base,
                                         ps_downlink, ps_downlink_size)
@@ -117,9 +117,9 @@ class MPIExchange(PipelinedModes):
         self._plans: dict = {}
         if own is not None:
             self.device, self.cuda_aware = (comm.device if gpu in ("auto", True) else None), bool(comm.cuda_aware)
-            local_size = local_size_of(None)             # torch.distributed: the launcher's variable
+            local_size = launcher_local_size()           # torch.distributed: the launcher's variable
         else:
-            self.device, local_size = None, local_size_of(None)
+            self.device, local_size = None, launcher_local_size()
             if gpu in ("auto", True):                    # one node split (collective), for both uses
                 local_rank, local_size = node_local_rank(self.comm)
                 self.device = select_gpu(self.comm, local_rank)

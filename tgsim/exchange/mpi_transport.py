@@ -72,12 +72,9 @@ def node_local_rank(comm) -> tuple[int, int]:
 LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")   # torchrun, Open MPI, MPICH
 
 
-def local_size_of(comm=None) -> int:
-    """How many ranks share this node: the COMM_TYPE_SHARED split of an mpi4py communicator `comm` (a
-    collective), else (None: a comm without node information, torch.distributed's) the launcher's
-    variable (LOCAL_SIZE_VARS: torchrun, Open MPI, MPICH), else 1."""
-    if comm is not None:
-        return node_local_rank(comm)[1]
+def launcher_local_size() -> int:
+    """How many ranks share this node by the launcher's variable (LOCAL_SIZE_VARS: torchrun, Open
+    MPI, MPICH), else 1; an mpi4py comm's own answer is `node_local_rank` (a collective)."""
     for var in LOCAL_SIZE_VARS:
         try:
             return max(1, int(os.environ[var]))

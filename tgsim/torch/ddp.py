@@ -92,8 +92,7 @@ import numpy as np
 from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, RankConfigMismatchError
-from tgsim.torch.model import (THREADS, ForwardWatch, _check_stateless, import_torch, start_numba_threads,
-                               torch_threads_kept)
+from tgsim.torch.model import THREADS, ForwardWatch, _check_stateless, import_torch, torch_threads_kept
 from tgsim.train.config import Config, config_hash, from_dict
 from tgsim.train.loop import Setup, start_codec_state, train_step
 from tgsim.train.optim import Optimizer, make_optimizer
@@ -368,8 +367,10 @@ class TgsimHookState:
         state.watch = ForwardWatch(torch, dict(inner.named_buffers()), f"module {type(inner).__name__}")
         inner.register_forward_pre_hook(lambda mod, args: state.watch.start())
         inner.register_forward_hook(lambda mod, args, out: state.watch.check())
-        if device.type == "cpu":
-            start_numba_threads(torch)       # its OpenMP layer's thread reset happens here, undone by create
+        if device.type == "cpu":             # Numba's pool starts once per process; its OpenMP layer's reset of
+            import numba                     # torch's thread count happens here, undone by create()
+
+            numba.get_num_threads()
         return state
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -552,8 +553,7 @@ class TgsimOptimizer:
             else:
                 raise ValueError(f"TgsimOptimizer.step: parameter {k!r} has no gradient")
         lr = learning_rate(st.cfg.schedule, step, st.cfg.run.steps)
-        with torch_threads_kept(import_torch()):
-            new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
+        new, self.opt_state = self.optimizer.update(grads, self.opt_state, params, lr)
         xp = st.setup.xp
         for k, a in params.items():
             xp.copyto(a, new[k])

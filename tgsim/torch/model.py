@@ -151,23 +151,14 @@ def torch_threads_kept(torch):
     OpenMP runtime's thread count to NUMBA_NUM_THREADS (the core count by default); torch's CPU
     build shares that runtime and reads its intra-op count from it, so without this a user's
     `torch.set_num_threads(1)` would silently become the core count, and torch's backward would
-    reduce in another order than the simulator's (and oversubscribe the cores). The DDP hook and
-    TgsimOptimizer run their tgsim work inside this block."""
+    reduce in another order than the simulator's (and oversubscribe the cores). The DDP hook's
+    create() (which starts Numba's pool) and its step run inside this block."""
     before = torch.get_num_threads()
     try:
         yield
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
-
-
-def start_numba_threads(torch) -> int:
-    """Start Numba's thread pool now (it starts once per process, on the first parallel kernel),
-    keeping torch's intra-op thread count (`torch_threads_kept`); returns Numba's thread count."""
-    import numba
-
-    with torch_threads_kept(torch):
-        return int(numba.get_num_threads())
 
 
 def resolve_factory(spec: str):
@@ -255,8 +246,8 @@ class TorchModel:
     kwargs: dict = field(default_factory=dict, hash=False)
     seed: int = 0
     name: str = field(default="torch", init=False)
-    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("name",)
-    INTEGER_INPUTS: ClassVar[bool] = True     # integer data reaches the module as int64 (module docstring)     # task is an argument (tgsim.models.model_kwargs)
+    FIXED_FIELDS: ClassVar[tuple[str, ...]] = ("name",)     # task is an argument (tgsim.models.model_kwargs)
+    INTEGER_INPUTS: ClassVar[bool] = True     # integer data reaches the module as int64 (module docstring)
 
     def __post_init__(self):
         import_torch()                           # without torch: the extra to install, before anything else
@@ -520,4 +511,4 @@ def _check_stateless(torch, module, factory: str) -> None:
 
 
 __all__ = ["INSTALL_HINT", "THREADS", "TorchModel", "determinism", "gpu_determinism", "import_torch",
-           "resolve_factory", "start_numba_threads", "torch_threads_kept", "ForwardStateError", "ForwardWatch"]
+           "resolve_factory", "torch_threads_kept", "ForwardStateError", "ForwardWatch"]

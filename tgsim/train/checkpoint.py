@@ -77,7 +77,7 @@ def save(directory: str | Path, step: int, state: dict, keep: int = 3) -> Path:
     buf = io.BytesIO()
     np.savez(buf, **flatten(state))
     data = buf.getvalue()
-    path = directory / f"ckpt-{step:08d}.tgck"
+    path = path_of(directory, step)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
         f.write(data + hashlib.sha256(data).digest() + _TRAILER)
@@ -88,6 +88,11 @@ def save(directory: str | Path, step: int, state: dict, keep: int = 3) -> Path:
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def path_of(directory: str | Path, step: int) -> Path:
+    """The checkpoint file of `step` in `directory` (ckpt-<step, 8 digits>.tgck)."""
+    return Path(directory) / f"ckpt-{int(step):08d}.tgck"
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
-from tgsim.errors import ConfigError, NonFiniteGradientError, is_nonfinite, nonfinite_elsewhere
+from tgsim.errors import ConfigError, NonFiniteGradientError, is_nonfinite, nonfinite_elsewhere, nonfinite_error
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, progress, results
 from tgsim.train.config import Config, config_hash
@@ -536,7 +536,7 @@ def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes,
         if metrics is not None:
             metrics.flush()
         state_rows = _state_to_save(ex, codec_state)  # on every process: a gather over MPI
-        path = ckpt_dir / f"ckpt-{done:08d}.tgck"
+        path = checkpoint.path_of(ckpt_dir, done)
         if writer:
             totals = {"bits_up": np.float64(bits_up), "bits_down": np.float64(bits_down),
                       "skipped": np.int64(skipped)}
@@ -568,9 +568,7 @@ def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes,
                       "run.on_nonfinite = 'skip' to skip such steps")
             if isinstance(e, NonFiniteGradientError):
                 raise NonFiniteGradientError(e.layer, e.count, e.where, advice) from e
-            err = ValueError(f"{e}; {advice}")
-            err.nonfinite = True
-            raise err from e
+            raise nonfinite_error(f"{e}; {advice}") from e
         if lines is not None and watch.count != compiled:   # Numba compiled in this step: not in the rate
             lines.restart(step + 1)
         compiled = watch.count

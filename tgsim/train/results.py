@@ -49,9 +49,14 @@ def prepare(out: Path, cfg: Config, resume: bool) -> None:
         raise FileExistsError(f"results directory {out} exists and is not empty; pass --resume to continue "
                               "that run or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "config.toml"
-    if resume and cfg_path.exists():
+    if resume and (out / "config.toml").exists():
         return
+    _write_config(out, cfg)
+
+
+def _write_config(out: Path, cfg: Config) -> None:
+    """`cfg` into `out`/config.toml, atomically."""
+    cfg_path = out / "config.toml"
     tmp = cfg_path.with_suffix(".tmp")
     tmp.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
     os.replace(tmp, cfg_path)
@@ -80,10 +85,7 @@ def record_resume(out: Path, cfg: Config, step: int, changed: dict[str, tuple]) 
             "changed": {k: [a, b] for k, (a, b) in changed.items()}}
     with open(out / "resumes.jsonl", "a") as f:
         f.write(json.dumps(line, default=str) + "\n")
-    cfg_path = out / "config.toml"
-    tmp = cfg_path.with_suffix(".tmp")
-    tmp.write_bytes(tomli_w.dumps(to_dict(cfg)).encode())
-    os.replace(tmp, cfg_path)
+    _write_config(out, cfg)
 
 
 def _git_commit() -> str:
