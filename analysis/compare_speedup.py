@@ -36,6 +36,13 @@ that M is where the speedup stops being linear. A compressor Q with E||Q(g) - g|
 log K up by log(1 + q) without changing the slope, as long as the variance term still dominates;
 a biased compressor with error feedback adds a delay-like term instead.
 
+Methods (`default_methods`): every registered codec, then Jiang & Agrawal's three (`paper_methods`):
+PQASGD, "terngrad+pqasgd" (TernGrad on the model difference every 4 steps); QSGD at the levels their
+O(1/sqrt(MK)) rate needs, "qsgd[levels=8]" for d = 64: s = ceil(sqrt(d)) (`qsgd_levels`) at every M, d the
+problem's dimension (`Problem.dim`), so that QSGD's variance factor q = min(d/s^2, sqrt(d)/s) <= 1; and
+sparse parameter averaging, "fp32+pqasgd" (the model difference every 4 steps, uncompressed: Q =
+identity). They run in the worker sweep only (`default_sweeps`).
+
 Measured: K = the first iteration t (1-based) with ||w_t - w*|| / ||w*|| <= ε (`dist_opt` of
 metrics.csv, computed at every step here: `Setup.distance_to_optimum`), capped at `cap_factor`
 times fp32's K at the same (M, seed) (and at least `min_cap`): a method slower than that is
@@ -46,8 +53,9 @@ on x_s, the last synchronized model, so its K is a sync step; K counts iteration
 Outputs (`--out DIR`, default results/compare-speedup):
   speedup_lr_grid.csv  one row per (method, γ0) of the tuning grid: `GRID_COLUMNS`
   speedup_runs.csv   one row per (sweep, rule, method, knob, M, seed): the rule and its γ0 (lr), K, status, cap, steps run, measured
-                     uplink bits per element per iteration (from the exchange's byte counts),
-                     compression ratio 32 / bits, seconds
+                     uplink bits per element per iteration (bits_up: 8 x worker 0's message bytes, wire_bytes,
+                     summed over the run's messages, every round of a multi-round codec and the inner codec's
+                     under error feedback, / (steps x model elements)), compression ratio 32 / bits_up, seconds
   speedup.csv        one row per (sweep, rule, method, knob, M): seeds reached, geometric mean of K with a
                      95 % t-interval over seeds (on log K; nan unless every seed reached ε),
                      speedup K_fp32(M=1) / K, efficiency
@@ -60,6 +68,13 @@ Outputs (`--out DIR`, default results/compare-speedup):
                      against the compression ratio at the fixed M
 Each CSV's `codec_options`, after `method`: every option of the row's codec (at its knob in the
 compression sweep), defaults filled in (tgsim.analysis.common.codec_options).
+
+Verdict rules on speedup_runs.csv's worker sweep (tgsim.analysis.verdicts, used by papers_figures/fig09):
+  `linear_range`   the largest prefix of M (>= 3 values) over which fp32's slope β of log K on log M
+                   has the upper end of the 90 % interval of β + 1 below 0.15 (speedup at least linear,
+                   not flattened; two_sided=True: the TOST of β against -1), margin 0.15, α = 0.05;
+  `keeps_speedup`  a method's slope against fp32's over that range: one-sided non-inferiority of
+                   β_method - β_fp32 < 0.15.
 """
 
 from __future__ import annotations
@@ -83,37 +98,6 @@ RULES = ("fp32-lr", "own-lr")
 GRID_COLUMNS = ["method", "codec_options", "lr", "workers", "seed", "steps", "status", "val_loss", "chosen_fp32_lr",
                 "chosen_own_lr", "seconds"]
 
-def default_methods() -> tuple[str, ...]:
-    """Every registered codec, plugins included (tgsim.analysis.common.default_methods)."""
-    from tgsim.analysis.common import default_methods as methods
-
-    return methods()
-
-
-def method_sections(method: str) -> tuple[dict, dict]:
-    """(codec section, exchange section) of a method label: a registered codec with its options,
-    "+ef", "+pqasgd" (tgsim.analysis.common.split_label)."""
-    from tgsim.analysis.common import method_sections as sections
-
-    return sections(method)
-
-
-def default_sweeps(methods) -> dict[str, tuple[str, tuple]]:
-    """The compression sweep at fixed M: method -> (option, values) for every method whose codec
-    declares a numeric option with "sweep" metadata (its first; tgsim.codecs.options), from the
-    registry, plugins included."""
-    from tgsim.analysis.common import split_label
-    from tgsim.codecs import registry
-
-    out = {}
-    for m in methods:
-        name, opts, _, _ = split_label(m)
-        for key, values in registry.info(name)["sweeps"].items():
-            if key not in opts and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-                out[m] = (key, tuple(values))
-                break
-    return out
-
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -127,6 +111,72 @@ class Problem:
     lr: float = 0.25         # γ0 (mean-square stable: γ0 (1 + (d + 2) / b) < 2 with room for the codecs)
     tau: float = 16.0        # γ_t = γ0 / (1 + t/τ); a μ = γ0 τ μ = 4 > 1/2
     eps: float = 0.02        # target ||w - w*|| / ||w*||
+
+
+def qsgd_levels(dim: int) -> int:
+    """s = ceil(sqrt(dim)), exactly (integer square root): the fewest QSGD levels with s >= sqrt(dim)."""
+    s = math.isqrt(dim)
+    return s + (s * s < dim)
+
+
+def paper_methods(dim: int = Problem.dim) -> tuple[str, ...]:
+    """Jiang & Agrawal's three methods, run beside the registered codecs (`default_methods`), for a
+    least-squares problem of `dim` weights (`Problem.dim`, 64, unless given; `run` passes its problem's):
+      "terngrad+pqasgd"   PQASGD: TernGrad's quantizer on the model difference every 4 steps
+                          (tgsim.analysis.common.LOCAL_VARIANTS);
+      "qsgd[levels=S]"    quantized SGD configured as their O(1/sqrt(MK)) rate needs. QSGD with s levels
+                          has E||Q(v) - v||^2 <= q ||v||^2, q = min(d/s^2, sqrt(d)/s), d the elements of
+                          a bucket (here the weight layer: dim <= 512, QSGD's bucket), and the rate holds
+                          while q stays bounded; at s = sqrt(d), q = min(1, 1) = 1. So S = ceil(sqrt(dim))
+                          (`qsgd_levels`: 8 at dim 64, 4 at dim 16), the same at every worker count M: the
+                          levels follow the model's dimension, not M. Reviewer 4 of Jiang & Agrawal
+                          (NeurIPS 2018) reads the condition so: "the quantization level s is
+                          proportional to the square root of the data dimension N";
+      "fp32+pqasgd"       sparse parameter averaging (periodic averaging, Q = identity): the model
+                          difference every 4 steps through the PQASGD exchange, uncompressed (float32,
+                          8 bits up per element per iteration)."""
+    from tgsim.analysis.common import FP32, TERNGRAD
+    from tgsim.codecs.qsgd import QSGD
+
+    return (f"{TERNGRAD}+pqasgd", f"{QSGD.name}[levels={qsgd_levels(dim)}]", f"{FP32}+pqasgd")
+
+
+def default_methods(dim: int = Problem.dim) -> tuple[str, ...]:
+    """Every registered codec, plugins included (tgsim.analysis.common.default_methods), then
+    `paper_methods(dim)` (duplicates dropped)."""
+    from tgsim.analysis.common import default_methods as methods
+
+    return tuple(dict.fromkeys((*methods(), *paper_methods(dim))))
+
+
+def method_sections(method: str) -> tuple[dict, dict]:
+    """(codec section, exchange section) of a method label: a registered codec with its options,
+    "+ef", "+pqasgd" (tgsim.analysis.common.split_label)."""
+    from tgsim.analysis.common import method_sections as sections
+
+    return sections(method)
+
+
+def default_sweeps(methods, dim: int = Problem.dim) -> dict[str, tuple[str, tuple]]:
+    """The compression sweep at fixed M: method -> (option, values) for every method whose codec
+    declares a numeric option with "sweep" metadata (its first; tgsim.codecs.options), from the
+    registry, plugins included. `paper_methods(dim)` run in the worker sweep only: they test Jiang &
+    Agrawal's rate in M at the configuration the theorem needs (a label given explicitly is swept as
+    usual, e.g. "qsgd[levels=3]" over its bucket)."""
+    from tgsim.analysis.common import split_label
+    from tgsim.codecs import registry
+
+    paper = set(paper_methods(dim))
+    out = {}
+    for m in methods:
+        if m in paper:
+            continue
+        name, opts, _, _ = split_label(m)
+        for key, values in registry.info(name)["sweeps"].items():
+            if key not in opts and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                out[m] = (key, tuple(values))
+                break
+    return out
 
 
 def config(problem: Problem, M: int, method: str, seed: int, steps: int, codec_over: dict | None = None,
@@ -180,15 +230,25 @@ class _Setups:
 
 
 def _count_bytes(codec, sizes: list):
-    """Record the wire bytes of the first message of every encode_many call (worker 0's)."""
-    orig = codec.encode_many
+    """Record worker 0's message bytes (`wire_bytes`) of every message the codec makes: of each
+    encode_many call, or for a codec of several rounds (properties.rounds > 1, which the trainer runs
+    through start_rounds / next_round) of each round. The innermost codec is patched: error feedback
+    (`.inner`) encodes through its inner codec's encode_many."""
+    inner = codec
+    while getattr(inner, "inner", None) is not None:
+        inner = inner.inner
+    names = ("start_rounds", "next_round") if getattr(inner.properties, "rounds", 1) > 1 else ("encode_many",)
+    for name in names:
+        orig = getattr(inner, name)
 
-    def encode_many(*args, **kwargs):
-        msgs = orig(*args, **kwargs)
-        sizes.append(int(msgs[0].wire_bytes))
-        return msgs
+        def wrapped(*args, _orig=orig, **kwargs):
+            out = _orig(*args, **kwargs)
+            msgs = out[0] if isinstance(out, tuple) else out
+            if len(msgs):
+                sizes.append(int(msgs[0].wire_bytes))
+            return out
 
-    object.__setattr__(codec, "encode_many", encode_many)     # the instance only (frozen dataclasses too)
+        object.__setattr__(inner, name, wrapped)     # the instance only (frozen dataclasses too)
 
 
 def hitting_time(cfg, eps: float, setups=None) -> dict:
@@ -431,13 +491,13 @@ def run(out=DEFAULT_OUT, *, workers=(1, 2, 4, 8, 16, 32, 64), methods=None, seed
     `out` (None: nothing written). See the module docstring."""
     from tqdm import tqdm
 
-    from tgsim.analysis.common import baseline, default_methods, write_tables
+    from tgsim.analysis.common import baseline, write_tables
 
     base = baseline()
-    methods = default_methods() if methods is None else tuple(methods)
+    methods = default_methods(problem.dim) if methods is None else tuple(methods)
     if base not in methods:
         methods = (base, *methods)         # every cap is relative to the baseline's (fp32's) K
-    sweeps = default_sweeps(methods) if sweeps is None else sweeps
+    sweeps = default_sweeps(methods, problem.dim) if sweeps is None else sweeps
     lr_grid = tuple(float(x) for x in lr_grid)
     rules = RULES if lr_grid else RULES[:1]
     Ms = sorted(set(workers) | ({fixed_M} if fixed_M is not None else set()))

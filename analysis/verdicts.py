@@ -26,9 +26,28 @@ over one common range of M (the M at which every method reached the target on ev
 difference; "keeps the linear speedup" is `equivalence` of the two slopes within `margin` (a
 difference of two independent estimates: se = √(se_a² + se_b²), dof the smaller of the two).
 
-Non-finite values (a diverged run) are never dropped silently: `equivalence` and `noninferiority`
-take `nonfinite="drop"` (count them in `dropped` and leave the pair out) or "fail" (verdict
-"not confirmed": a diverged run is a loss).
+Non-finite values (a diverged run) are never dropped silently. `equivalence` and `noninferiority`
+take `nonfinite=`:
+    "attribute" (the default, the report's one rule): a divergence belongs to the method that
+                diverged. A non-finite value in `a` (the claimed method) is a's failure: verdict
+                "not confirmed", `failed` counts them. A non-finite value in `b` only (the
+                reference) is b's own failure: that pair is left out and counted in `ref_failed`,
+                never charged to `a`.
+    "drop"      count them in `dropped` and leave the pair out, whichever side diverged;
+    "fail"      verdict "not confirmed" when either side diverged.
+
+The report's other rules, shared by every figure (`papers_figures/`):
+- `reached_ratio(a_bits, b_bits, a_reached, b_reached, bound)`: "a needs fewer bits than b to reach
+  the target". A seed where `a` missed the target is a's failure ("not confirmed", "missed (k/n)");
+  where only `b` missed, there is no ratio ("inconclusive", "reference missed (k/n)"); no ratio is
+  ever printed for a run that did not reach the target.
+- `linear_range(runs, reference)`: the largest prefix of M over which the reference (fp32) speeds
+  up linearly; `keeps_speedup(runs, method, reference, Ms)`: a method's slope against the
+  reference's over that range (one-sided: a steeper slope is no loss of speedup).
+- `combine(verdicts)`: the summary of one claim judged per model or setting: the common verdict
+  when all agree, "split" when some setting confirms and another refutes, "inconclusive" otherwise
+  (some undecided); `combine(verdicts, every=True)` for a claim worded "at every N": any refuted
+  setting refutes it.
 """
 
 from __future__ import annotations
@@ -39,6 +58,8 @@ import numpy as np
 import pandas as pd
 
 VERDICTS = ("confirmed", "not confirmed", "inconclusive")
+SUMMARY_VERDICTS = VERDICTS + ("split",)
+NONFINITE = ("attribute", "drop", "fail")
 
 
 def _t(q: float, dof: float) -> float:
@@ -48,17 +69,25 @@ def _t(q: float, dof: float) -> float:
 
 
 def _clean(a, b, paired: bool, nonfinite: str):
+    """(a, b kept, dropped, failed, ref_failed): the finite values by the `nonfinite` rule (module docstring)."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64) if b is not None else np.zeros_like(a)
     if paired and a.shape != b.shape:
         raise ValueError(f"paired samples differ in length: {a.shape} vs {b.shape}")
-    if nonfinite not in ("drop", "fail"):
-        raise ValueError(f"nonfinite must be 'drop' or 'fail', not {nonfinite!r}")
-    if paired:
-        keep = np.isfinite(a) & np.isfinite(b)
-        return a[keep], b[keep], int((~keep).sum())
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"nonfinite must be one of {NONFINITE}, not {nonfinite!r}")
     ka, kb = np.isfinite(a), np.isfinite(b)
-    return a[ka], b[kb], int((~ka).sum() + (~kb).sum())
+    failed, ref_failed = int((~ka).sum()), int((ka & ~kb).sum() if paired else (~kb).sum())
+    if paired:
+        keep = ka & kb
+        return a[keep], b[keep], int((~keep).sum()), failed, ref_failed
+    return a[ka], b[kb], int((~ka).sum() + (~kb).sum()), failed, ref_failed
+
+
+def _failure(out: dict, test: str, failed: int, n_all: int) -> dict:
+    """The verdict of a claim whose method diverged in `failed` of `n_all` runs (nonfinite="attribute")."""
+    return dict(out, verdict="not confirmed", lo=float("nan"), hi=float("nan"), p=float("nan"), seeds_needed=None,
+                test=test + f" (the method diverged in {failed} of {n_all} run(s): its failure)")
 
 
 def _interval(a, b, paired: bool, alpha: float):
@@ -104,26 +133,34 @@ def _n_for_room(room: float, sd: float, alpha: float, paired: bool, limit: int =
     return int(n[ok[0]]) if ok.size else None
 
 
-def _describe(name, margin, alpha, n, dropped, unit, extra=""):
+def _describe(name, margin, alpha, n, dropped, unit, extra="", nonfinite="drop", ref_failed=0):
     parts = [f"{name}, margin {margin:g}{unit}, alpha {alpha:g}, {n} seed(s)"]
-    if dropped:
+    if nonfinite == "attribute":
+        if ref_failed:
+            parts.append(f"{ref_failed} pair(s) left out: the reference diverged (its own failure)")
+    elif dropped:
         parts.append(f"{dropped} non-finite value(s) left out")
     return "; ".join(parts) + extra
 
 
-def equivalence(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "drop",
+def equivalence(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "attribute",
                 scale: float = 1.0, unit: str = "") -> dict:
     """TOST of "mean(a) - mean(b) lies within ±margin" (see the module docstring). `b` None: a itself
     against 0. `scale` multiplies the reported differences (e.g. 100 for accuracy points); `margin` is
     in the data's own units. Returns verdict, diff, lo, hi (the 1 - 2α interval), p (the larger of the
-    two one-sided p-values), n, dropped, sd, seeds_needed, test."""
+    two one-sided p-values), n, dropped, failed (non-finite values of a), ref_failed (pairs left out
+    for b's own divergence), sd, seeds_needed, test."""
     from scipy import stats
 
-    a, b, dropped = _clean(a, b, paired, nonfinite)
+    n_all = np.asarray(a).size
+    a, b, dropped, failed, ref_failed = _clean(a, b, paired, nonfinite)
     diff, se, dof, sd, n = _interval(a, b, paired, alpha)
-    out = dict(diff=diff * scale, n=n, dropped=dropped, sd=sd * scale, margin=margin * scale, alpha=alpha)
+    out = dict(diff=diff * scale, n=n, dropped=dropped, failed=failed, ref_failed=ref_failed, sd=sd * scale,
+               margin=margin * scale, alpha=alpha)
     test = _describe("TOST equivalence (paired t)" if paired else "TOST equivalence (Welch t)", margin * scale,
-                     alpha, n, dropped, unit)
+                     alpha, n, dropped, unit, nonfinite=nonfinite, ref_failed=ref_failed)
+    if failed and nonfinite == "attribute":
+        return _failure(out, test, failed, n_all)
     if dropped and nonfinite == "fail":
         return dict(out, verdict="not confirmed", lo=float("nan"), hi=float("nan"), p=float("nan"), seeds_needed=None,
                     test=test + " (a non-finite run counts as a failure)")
@@ -147,17 +184,21 @@ def equivalence(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool =
     return dict(out, verdict=v, lo=lo * scale, hi=hi * scale, p=p, seeds_needed=need, test=test)
 
 
-def noninferiority(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "drop",
+def noninferiority(a, b=None, *, margin: float, alpha: float = 0.05, paired: bool = True, nonfinite: str = "attribute",
                    scale: float = 1.0, unit: str = "") -> dict:
     """One-sided test of "mean(a) >= mean(b) - margin": the (1 - 2α) interval's lower end above
     -margin confirms, its upper end below -margin refutes, else inconclusive (with `seeds_needed`
     at the observed mean and spread: the smallest n with t_{1-α} s_n < diff + margin). Same results
     as `equivalence`."""
-    a, b, dropped = _clean(a, b, paired, nonfinite)
+    n_all = np.asarray(a).size
+    a, b, dropped, failed, ref_failed = _clean(a, b, paired, nonfinite)
     diff, se, dof, sd, n = _interval(a, b, paired, alpha)
-    out = dict(diff=diff * scale, n=n, dropped=dropped, sd=sd * scale, margin=margin * scale, alpha=alpha, p=float("nan"))
+    out = dict(diff=diff * scale, n=n, dropped=dropped, failed=failed, ref_failed=ref_failed, sd=sd * scale,
+               margin=margin * scale, alpha=alpha, p=float("nan"))
     test = _describe("one-sided non-inferiority t-test" + (" (paired)" if paired else " (Welch)"), margin * scale,
-                     alpha, n, dropped, unit)
+                     alpha, n, dropped, unit, nonfinite=nonfinite, ref_failed=ref_failed)
+    if failed and nonfinite == "attribute":
+        return _failure(out, test, failed, n_all)
     if dropped and nonfinite == "fail":
         return dict(out, verdict="not confirmed", lo=float("nan"), hi=float("nan"), seeds_needed=None,
                     test=test + " (a non-finite run counts as a failure)")
@@ -269,3 +310,142 @@ def interval_verdict(lo: float, hi: float, low: float = -math.inf, high: float =
     if hi <= low or lo >= high:
         return "not confirmed"
     return "inconclusive"
+
+
+def combine(verdicts, every: bool = False) -> str:
+    """One claim's summary over its per-model (or per-setting) verdicts (module docstring): the
+    common verdict when all agree; "split" when one setting confirms and another refutes; otherwise
+    "inconclusive". `every=True` (a claim worded "at every N"): any "not confirmed" refutes it, all
+    "confirmed" confirm it, else "inconclusive". No verdicts: "n/a"."""
+    v = [x for x in verdicts if x != "n/a"]
+    if not v:
+        return "n/a"
+    bad = [x for x in v if x not in VERDICTS]
+    if bad:
+        raise ValueError(f"not a verdict: {bad[0]!r}")
+    if all(x == v[0] for x in v):
+        return v[0]
+    if every:
+        return "not confirmed" if "not confirmed" in v else "inconclusive"
+    return "split" if "confirmed" in v and "not confirmed" in v else "inconclusive"
+
+
+def missed(k: int, n: int, who: str = "") -> str:
+    """The text a run set that missed its target gets instead of a ratio: "missed (k/n)"."""
+    return f"{who + ' ' if who else ''}missed ({k}/{n})"
+
+
+def reached_ratio(a_bits, b_bits, a_reached, b_reached, *, bound: float = 1.0, alpha: float = 0.05) -> dict:
+    """"a needs under `bound` times b's bits to reach the target", per seed (paired): the one-sided
+    t-test of mean(a_bits / b_bits) < bound (the (1 - 2α) interval's upper end below `bound`
+    confirms, its lower end at or above `bound` refutes) when every seed of both reached the target.
+    A seed where a missed is a's failure: "not confirmed" and `text` "missed (k/n)", no ratio; where
+    only b missed, no ratio exists: "inconclusive", `text` "reference missed (k/n)". Returns verdict,
+    text (what the row prints), ratio, lo, hi (NaN unless every seed reached), n, a_missed, b_missed,
+    test."""
+    a_bits, b_bits = np.asarray(a_bits, np.float64), np.asarray(b_bits, np.float64)
+    ra, rb = np.asarray(a_reached, bool), np.asarray(b_reached, bool)
+    n = a_bits.size
+    if not (b_bits.size == ra.size == rb.size == n):
+        raise ValueError("a_bits, b_bits, a_reached and b_reached differ in length")
+    nan = float("nan")
+    out = dict(n=n, a_missed=int((~ra).sum()), b_missed=int((~rb).sum()), ratio=nan, lo=nan, hi=nan, alpha=alpha,
+               test=f"one-sided t-test of the mean per-seed ratio < {bound:g}, alpha {alpha:g}, {n} seed(s); a seed "
+                    "where the method missed the target is its failure, one where only the reference missed leaves "
+                    "no ratio")
+    if n == 0:
+        return dict(out, verdict="n/a", text="no runs")
+    if out["a_missed"]:
+        return dict(out, verdict="not confirmed", text=missed(out["a_missed"], n))
+    if out["b_missed"]:
+        return dict(out, verdict="inconclusive", text=missed(out["b_missed"], n, "reference"))
+    x = a_bits / b_bits
+    r = noninferiority(bound - x, margin=0.0, alpha=alpha)
+    hw = (r["hi"] - r["lo"]) / 2 if math.isfinite(r["lo"]) else nan
+    ratio = float(x.mean())
+    return dict(out, verdict=r["verdict"], ratio=ratio, lo=ratio - hw, hi=ratio + hw,
+                text=f"{ratio:.3g} [{ratio - hw:.3g}, {ratio + hw:.3g}]" if math.isfinite(hw) else f"{ratio:.3g}")
+
+
+def linear_range(runs: pd.DataFrame, reference: str, *, margin: float = 0.15, alpha: float = 0.05,
+                 min_points: int = 3, two_sided: bool = False) -> dict:
+    """Where `reference` (fp32) speeds up linearly: the largest prefix M_1 < ... < M_j of the worker
+    counts of `runs` (columns method, workers, seed, K), j >= min_points, over which `reference`
+    reached ε on every seed and its slope β (log K = α_seed + β log M, least squares, one intercept
+    per seed; tgsim.analysis.verdicts.slopes_common_range) passes, with d = β + 1 and [d_lo, d_hi] its
+    (1 - 2α) interval:
+      two_sided False  d_hi < +margin: the speedup is at least linear up to the margin (not
+                       flattened; K falling faster than 1/M also passes);
+      two_sided True   -margin < d_lo and d_hi < +margin: the TOST of β against -1.
+    Per prefix both are kept: `verdict` (the rule's: "confirmed" as above, "not confirmed" when
+    d_lo >= margin (or, two-sided, d_hi <= -margin), else "inconclusive") and `tost` (the TOST's).
+    Returns dict(Ms: the prefix, [] when none passes; M_lo, M_hi, slope, lo, hi (the (1 - α)
+    interval of β), diff, diff_lo, diff_hi, verdict, tost, of that prefix, or of the shortest
+    (min_points M) when none passes; verdict "inconclusive" and NaN when fewer than min_points M were
+    reached; test: the rule and the prefix's fit; prefixes: one row per prefix tried)."""
+    ref = runs[runs.method == reference]
+    Ms = common_range(ref) if len(ref) else []
+    nan = float("nan")
+    rows = []
+    for j in range(min_points, len(Ms) + 1):
+        r = slopes_common_range(ref, reference=reference, M_max=Ms[j - 1], margin=margin, alpha=alpha).iloc[0]
+        if two_sided:
+            v = r.verdict
+        else:
+            v = "confirmed" if r.diff_hi < margin else "not confirmed" if r.diff_lo >= margin else "inconclusive"
+        rows.append(dict(M_lo=Ms[0], M_hi=Ms[j - 1], points=j, slope=r.slope, lo=r.lo, hi=r.hi, diff=r["diff"],
+                         diff_lo=r.diff_lo, diff_hi=r.diff_hi, verdict=v, tost=r.verdict, fit=r.test))
+    prefixes = pd.DataFrame(rows, columns=["M_lo", "M_hi", "points", "slope", "lo", "hi", "diff", "diff_lo",
+                                           "diff_hi", "verdict", "tost", "fit"])
+    passes = (f"the TOST of {reference}'s slope against -1 confirms (margin {margin:g}, alpha {alpha:g})"
+              if two_sided else
+              f"the upper end of the {1 - 2 * alpha:.0%} interval of {reference}'s slope + 1 lies below +{margin:g} "
+              f"(alpha {alpha:g}: speedup at least linear, up to the margin)")
+    rule = (f"the largest prefix of M (at least {min_points} values, {reference} reaching ε on every seed) over "
+            f"which {passes}")
+    ok = prefixes[prefixes.verdict == "confirmed"]
+    if len(ok):
+        best = ok.iloc[-1]
+        return dict(best.drop(["points", "fit"]).to_dict(), Ms=list(Ms[:int(best.points)]), prefixes=prefixes,
+                    test=f"{rule}: {best.fit}")
+    if not len(prefixes):
+        return dict(Ms=[], M_lo=nan, M_hi=nan, slope=nan, lo=nan, hi=nan, diff=nan, diff_lo=nan, diff_hi=nan,
+                    verdict="inconclusive", tost="inconclusive", prefixes=prefixes,
+                    test=f"{rule}: {reference} reached ε on every seed at {len(Ms)} M only")
+    first = prefixes.iloc[0]
+    return dict(first.drop(["points", "fit"]).to_dict(), Ms=[], prefixes=prefixes,
+                test=f"{rule}: none passes; the shortest prefix's {first.fit}")
+
+
+def keeps_speedup(runs: pd.DataFrame, method: str, reference: str, Ms, *, margin: float = 0.15,
+                  alpha: float = 0.05, min_points: int = 3) -> dict:
+    """Whether `method` keeps `reference`'s speedup over the worker counts Ms (a `linear_range`):
+    its slope β_m and β_ref fitted over the M of Ms up to the first at which either missed ε on some
+    seed (tgsim.analysis.verdicts.slopes_common_range of the pair), and the one-sided
+    non-inferiority test of d = β_m - β_ref < margin: "confirmed" when the upper end of the
+    (1 - 2α) interval of d lies below +margin, "not confirmed" when its lower end is at or above
+    +margin, else "inconclusive" (a steeper slope than the reference's is no loss of speedup).
+    Fewer than min_points such M, or a method that missed ε at the smallest M: "inconclusive".
+    Returns dict(method, M_lo, M_hi, points, slope, lo, hi, diff, diff_lo, diff_hi, verdict, test)."""
+    nan = float("nan")
+    base = dict(method=method, M_lo=nan, M_hi=nan, points=0, slope=nan, lo=nan, hi=nan, diff=nan, diff_lo=nan,
+                diff_hi=nan)
+    pair = runs[runs.method.isin([method, reference]) & runs.workers.isin(list(Ms))]
+    if not len(Ms) or not (pair.method == method).any():
+        return dict(base, verdict="inconclusive", test=f"no runs of {method} over M = {list(Ms)}")
+    r = slopes_common_range(pair, reference=reference, M_max=max(Ms), margin=margin, alpha=alpha)
+    r = r[r.method == method].iloc[0]
+    out = dict(base, **{k: r[k] for k in ("M_lo", "M_hi", "slope", "lo", "hi", "diff", "diff_lo", "diff_hi")})
+    if not math.isfinite(r.slope):
+        return dict(out, verdict="inconclusive", test=r.test)
+    fitted = sorted(m for m in set(pair.workers) if r.M_lo <= m <= r.M_hi)
+    out["points"] = len(fitted)
+    seeds = pair[pair.method == method].seed.nunique()
+    test = (f"one-sided non-inferiority t-test of slope - {reference}'s < {margin:g} over M = {r.M_lo:g}..{r.M_hi:g} "
+            f"(log-log least squares, one intercept per seed; the {1 - 2 * alpha:.0%} interval's upper end below "
+            f"+{margin:g}), alpha {alpha:g}, {seeds} seed(s)")
+    if len(fitted) < min_points:
+        return dict(out, verdict="inconclusive",
+                    test=test + f"; not decided: both reached ε on every seed at {len(fitted)} M of the range only")
+    v = "confirmed" if r.diff_hi < margin else "not confirmed" if r.diff_lo >= margin else "inconclusive"
+    return dict(out, verdict=v, test=test)

@@ -10,7 +10,16 @@ It draws the figure and reports
   and visible, with an empty label, unless another axes of the figure that shares that axis or sits
   in the same column (x) or row (y) carries the label, as seaborn's grids label only their outer
   axes; a colour bar needs one label, on its long axis;
-- a panel letter used twice: two axes titles (or texts of the figure) that start with the same "(x)".
+- a panel letter used twice: two axes titles (or texts of the figure) that start with the same "(x)";
+- a log axis with too few labels: a log-scaled x or y axis of an axes with data that shows fewer
+  than MIN_LOG_LABELS visible, non-empty tick labels (major and minor, inside the view), unless it
+  shows none and an axes sharing it shows enough (seaborn's grids hide the inner panels' labels);
+- a series drawn entirely under another: two visible Line2D of one axes with the same number of
+  points and the same x and y data (np.allclose, relative tolerance SAME_RTOL, NaN equal to NaN):
+  the later one hides the earlier, reported with both labels;
+- text outside its panel: a visible, non-empty Text of an axes' own (`ax.texts`: `ax.text`,
+  `ax.annotate`, `bar_label`; not titles, axis or tick labels, legends) whose drawn rectangle
+  reaches more than EDGE_PX beyond the axes' rectangle.
 
 `_theme.save_figure` raises LayoutError on any problem, so a script cannot write such a figure.
 """
@@ -20,10 +29,14 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from matplotlib.text import Text
 
 SLACK_PX = 0.5      # pixels each label's rectangle shrinks by before the overlap test
 ALIGN_PX = 3.0      # axes whose edges differ by less share a column / row
 LETTER = re.compile(r"^\s*\(([a-z])\)")
+MIN_LOG_LABELS = 3  # tick labels a log axis with data must show
+SAME_RTOL = 1e-6    # relative tolerance of "the same data" for two lines
+EDGE_PX = 2.0       # pixels a panel's own text may reach beyond the axes
 
 
 class LayoutError(RuntimeError):
@@ -117,6 +130,73 @@ def _labelled_elsewhere(fig, ax, xy: str) -> bool:
     return False
 
 
+def _labels_shown(axis) -> list[str]:
+    """The texts of the visible, non-empty tick labels `axis` draws (major and minor, inside the view)."""
+    return [lab.get_text() for t in _shown_ticks(axis) for lab in (t.label1, t.label2)
+            if lab.get_visible() and lab.get_text().strip()]
+
+
+def _log_axis_labels(i: int, ax) -> list[str]:
+    """A log-scaled axis of `ax` (axes `i`) with data that shows fewer than MIN_LOG_LABELS tick labels
+    (module docstring); an axis showing none passes when an axes sharing it shows enough."""
+    if not ax.get_visible() or not ax.axison or not ax.has_data():
+        return []
+    out = []
+    for xy, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+        if axis.get_scale() != "log" or not axis.get_visible():
+            continue
+        shown = _labels_shown(axis)
+        shared = (ax.get_shared_x_axes() if xy == "x" else ax.get_shared_y_axes()).get_siblings(ax)
+        if not shown and any(len(_labels_shown(o.xaxis if xy == "x" else o.yaxis)) >= MIN_LOG_LABELS
+                             for o in shared if o is not ax and o.get_visible()):
+            continue
+        if len(shown) < MIN_LOG_LABELS:
+            out.append(f"{_name(ax, i)}: log {xy} axis shows {len(shown)} tick label(s) {shown} "
+                       f"(needs {MIN_LOG_LABELS})")
+    return out
+
+
+def _same(a, b) -> bool:
+    """Do two arrays hold the same values (same shape, np.allclose at SAME_RTOL, NaN equal to NaN)?"""
+    try:
+        a, b = np.asarray(a, float), np.asarray(b, float)
+    except (TypeError, ValueError):
+        return False
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=SAME_RTOL, atol=0.0, equal_nan=True))
+
+
+def _hidden_lines(i: int, ax) -> list[str]:
+    """Pairs of visible lines of `ax` (axes `i`) with the same x and y data: the later hides the earlier.
+    An error bar's caps are not series (a zero-length bar's two caps coincide) and are left out."""
+    from matplotlib.container import ErrorbarContainer
+
+    caps = {id(c) for ct in ax.containers if isinstance(ct, ErrorbarContainer) for c in (ct[1] or ())}
+    lines = [ln for ln in ax.lines if ln.get_visible() and len(ln.get_xdata()) > 0 and id(ln) not in caps]
+    out = []
+    for k, a in enumerate(lines):
+        for b in lines[k + 1:]:
+            if _same(a.get_xdata(), b.get_xdata()) and _same(a.get_ydata(), b.get_ydata()):
+                out.append(f"{_name(ax, i)}: line {b.get_label()!r} is drawn exactly over line "
+                           f"{a.get_label()!r} (same x and y data), which it hides")
+    return out
+
+
+def _texts_outside(i: int, ax, renderer) -> list[str]:
+    """Visible, non-empty texts of `ax` (axes `i`) reaching more than EDGE_PX beyond its rectangle."""
+    if not ax.get_visible():
+        return []
+    frame = ax.get_window_extent(renderer)
+    out = []
+    for t in ax.texts:
+        if not t.get_visible() or not t.get_text().strip():
+            continue
+        b = Text.get_window_extent(t, renderer)         # the text's own box (an annotation's arrow aside)
+        over = max(frame.x0 - b.x0, b.x1 - frame.x1, frame.y0 - b.y0, b.y1 - frame.y1)
+        if over > EDGE_PX:
+            out.append(f"{_name(ax, i)}: text {t.get_text()[:40]!r} reaches {over:.0f} px outside its panel")
+    return out
+
+
 def check_layout(fig) -> list[str]:
     """Draw `fig`; return its layout problems (module docstring), one sentence each; [] when clean."""
     fig.canvas.draw()
@@ -146,4 +226,6 @@ def check_layout(fig) -> list[str]:
                 problems.append(f"panel letter ({m.group(1)}) used twice: {seen[m.group(1)]!r} and {t[:40]!r}")
             else:
                 seen[m.group(1)] = t[:40]
+    for i, ax in enumerate(fig.axes):
+        problems += _log_axis_labels(i, ax) + _hidden_lines(i, ax) + _texts_outside(i, ax, renderer)
     return problems

@@ -7,13 +7,26 @@ with TGSIM_FIGURES_OUT, as `_common` does):
     NAME.png, NAME.pdf   the figure
     NAME.csv             the tidy data frame drawn in it (one row per plotted value)
     NAME_claims.csv      optional: one row per claim checked by the figure (`claim(...)`), with
-                         the columns CLAIM_COLUMNS: claim; paper (the paper's exact words in quotes
-                         with section, table or figure, or "paraphrase: ..."); measured (computed
-                         here from `df`); verdict (VERDICTS); kind (KINDS: a claim of Wen et al. or
-                         Jiang & Agrawal, another paper's result, or a self-check of tgsim's code);
-                         setting (the setting the paper made it in); test (the test behind the
-                         verdict: its name, margin, alpha and seeds); scale (how the row depends on
-                         this repository's small models and emulated links, SCALE)
+                         the columns CLAIM_COLUMNS: claim; paper (the words tested, in quotes, and
+                         where a reader finds them: `source(...)`; or "paraphrase: ..." with its
+                         place); measured (computed here from `df`); verdict (VERDICTS); kind
+                         (KINDS, below); setting (the setting the paper made it in); test (the test
+                         behind the verdict: its name, margin, alpha and seeds); scale (how the row
+                         depends on this repository's small models and emulated links, SCALE);
+                         rows (the path, relative to the report, of the table the verdict used)
+    inputs/NAME_K.csv    the rows claim K's verdict was decided on (`claim(..., rows=df)`), so that
+                         every number printed beside a verdict can be traced to its data
+
+KINDS, what a row tests (the report counts each kind apart):
+    paper claim           a claim of Wen et al. 2017 or Jiang & Agrawal 2018 about their own method,
+                          under their own rule (TernGrad as published: MAX sharing, fp32's rate)
+    model arithmetic      the performance model's own formulas (no measurement)
+    tgsim variant         a claim tested on tgsim's variants, not the paper's method (MEAN sharing,
+                          the exact-sum downlink)
+    reviewer question     a question of the public reviews, answered with data (fp16 baselines,
+                          each method's own tuned rate)
+    other paper's result  a result of QSGD, Stich et al., Suresh et al. or SGD theory
+    self-check            tgsim's code against an exact formula or its own declaration
 
 and prints one `wrote PATH` line per file. `make_report.py` embeds the PNG and renders the claims
 table in REPORT.md. `label_points(ax, xs, ys, texts)` writes a label beside each point where it
@@ -22,7 +35,9 @@ overlaps no other label or marker (call it after the last `tight_layout`).
 Every figure goes out through `save_figure(fig, paths, quick)` (`save` calls it; the sweep scripts that
 write their own CSVs call it directly): it stamps a quick run's figure with QUICK_MARK above everything
 else (`mark_quick`), then runs `check_layout(fig)` and raises LayoutError, writing nothing, when the
-figure has overlapping tick labels, an axis with data but no label, or a panel letter used twice. The
+figure has overlapping tick labels, an axis with data but no label, a panel letter used twice, a
+log axis with fewer than 3 tick labels, a line drawn exactly under another, or a panel's text
+reaching outside the panel (`_layout.check_layout`). The
 CSVs of a quick run carry a `quick` column (`_common.write_csv`).
 """
 
@@ -41,9 +56,22 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from _common import OUT, QUICK_MARK, QUICK_OUT, print_written, write_csv  # noqa: E402
 from _layout import LayoutError, check_layout  # noqa: E402,F401
 
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale"]
-KINDS = ("paper claim", "other paper's result", "self-check")
-VERDICTS = ("confirmed", "not confirmed", "inconclusive", "n/a", "untestable here")
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows"]
+INPUTS = "inputs"       # the folder beside the claims CSVs (and REPORT.md) holding each verdict's rows
+KINDS = ("paper claim", "model arithmetic", "tgsim variant", "reviewer question", "other paper's result", "self-check")
+VERDICTS = ("confirmed", "not confirmed", "inconclusive", "split", "n/a", "untestable here")
+# Where a reader finds the words a row tests. The texts at hand when the report was made: TernGrad's
+# abstract (arXiv 1705.07878) and the public reviews of both papers (NIPS 2017 paper 970, NeurIPS 2018
+# paper 1261); anything else is marked as not checked against them.
+UNCHECKED = "not checked here: only the TernGrad abstract and the public reviews were at hand"
+SOURCES = {
+    "tg-abstract": "Wen et al., NIPS 2017, abstract (arXiv 1705.07878)",
+    "tg-review": "public review of TernGrad, NIPS 2017 (paper 970), reviewer {n}",
+    "ja-review": "public review of Jiang & Agrawal, NeurIPS 2018 (paper 1261), reviewer {n}",
+    "tg-body": "Wen et al., NIPS 2017, {where}; " + UNCHECKED,
+    "ja-abstract": "Jiang & Agrawal, NeurIPS 2018, abstract (papers.nips.cc); " + UNCHECKED,
+    "tgsim": "tgsim's {where} (not in either paper)",
+}
 PAPERS = {"terngrad": "Wen et al., NeurIPS 2017 (TernGrad)",
           "jiang": "Jiang & Agrawal, NeurIPS 2018 (linear speedup, PQASGD)"}
 # What each scale-dependent row rests on; REPORT.md's caveat lists them at the top.
@@ -89,16 +117,30 @@ def verdict(ok) -> str:
     return "confirmed" if bool(ok) else "not confirmed"
 
 
+def source(key: str, words: str = "", **fields) -> str:
+    """The `paper` cell of a claim: `words` quoted exactly (or a paraphrase, when `words` starts with
+    "paraphrase:") followed by where a reader finds them, SOURCES[key] filled with `fields` (n: the
+    reviewer's number; where: a section, table or file)."""
+    place = SOURCES[key].format(**fields)
+    if not words:
+        return f"({place})"
+    if words.startswith("paraphrase:"):
+        return f"{words} ({place})"
+    return f'"{words}" ({place})'
+
+
 def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str = "", test: str = "",
-          scale: str = "") -> dict:
+          scale: str = "", rows=None) -> dict:
     """One row of a claims table (CLAIM_COLUMNS, see the module docstring).
 
     `paper`: the paper's words, quoted exactly with their place ('"..." (Sec. 3.3)'), or a line
     starting "paraphrase:" (a self-check may name its reference instead). `ok`: bool, None, a verdict
     string or a tgsim.analysis.verdicts result (its `test` is used when `test` is empty). `kind`: one of
-    KINDS. `scale`: keys of SCALE joined by "+" (expanded) or free text. A verdict other than n/a needs a
-    named test; a paper claim or another paper's result needs a quote or a marked paraphrase
-    (ValueError otherwise)."""
+    KINDS. `scale`: keys of SCALE joined by "+" (expanded) or free text. `rows`: the data frame the
+    verdict was decided on (written by `save` to inputs/NAME_K.csv, its path in the row's `rows`
+    column). A verdict other than n/a needs a named test; a paper claim, a reviewer question or
+    another paper's result needs a quote or a marked paraphrase with its place (`source`), and no
+    row may send a reader to a path outside the repository (ValueError otherwise)."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     if isinstance(ok, dict) and not test:
@@ -106,12 +148,20 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
     v = verdict(ok)
     if v in ("confirmed", "not confirmed", "inconclusive") and not test.strip():
         raise ValueError(f"claim {claim!r}: a verdict ({v}) needs the test it came from")
-    if kind != "self-check" and not (paper.lstrip().startswith(('"', "“")) or paper.startswith("paraphrase:")):
+    if kind in ("paper claim", "reviewer question", "other paper's result", "tgsim variant", "model arithmetic") \
+            and not (paper.lstrip().startswith(('"', "“")) or paper.startswith("paraphrase:")):
         raise ValueError(f"claim {claim!r}: the paper's words must be quoted or marked 'paraphrase:'")
+    if kind in ("paper claim", "reviewer question") and not paper.rstrip().endswith(")"):
+        raise ValueError(f"claim {claim!r}: the words must name where a reader finds them (`source`)")
+    if "../" in paper + measured + test + setting:
+        raise ValueError(f"claim {claim!r}: a path outside the repository")
     if scale and all(k in SCALE for k in scale.split("+")):
         scale = "; ".join(SCALE[k] for k in scale.split("+"))
-    return {"claim": claim, "paper": paper, "measured": measured, "verdict": v, "kind": kind, "setting": setting,
-            "test": test, "scale": scale}
+    out = {"claim": claim, "paper": paper, "measured": measured, "verdict": v, "kind": kind, "setting": setting,
+           "test": test, "scale": scale, "rows": ""}
+    if rows is not None:
+        out["_rows"] = rows
+    return out
 
 
 def untestable(name: str, paper: str, why: str, would_test: str, *, kind: str = "paper claim",
@@ -240,6 +290,18 @@ def save(fig, name: str, df: pd.DataFrame, quick: bool, claims: list[dict] | Non
     paths = save_figure(fig, [d / f"{name}.png", d / f"{name}.pdf"], quick)
     paths.append(write_csv(df, d / f"{name}.csv", quick))
     if claims is not None:
-        paths.append(write_csv(pd.DataFrame(claims, columns=CLAIM_COLUMNS), d / f"{name}_claims.csv", quick))
+        (d / INPUTS).mkdir(exist_ok=True)
+        for old in (d / INPUTS).glob(f"{name}_*.csv"):
+            old.unlink()
+        rows = []
+        for k, c in enumerate(claims, 1):
+            c = dict(c)
+            data = c.pop("_rows", None)
+            if data is not None:
+                rel = f"{INPUTS}/{name}_{k}.csv"
+                paths.append(write_csv(pd.DataFrame(data), d / rel, quick))
+                c["rows"] = rel
+            rows.append(c)
+        paths.append(write_csv(pd.DataFrame(rows, columns=CLAIM_COLUMNS), d / f"{name}_claims.csv", quick))
     print_written(paths)
     return paths

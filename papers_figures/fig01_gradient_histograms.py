@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, mnist1d_convnet_config  # noqa: E402
-from _theme import claim, plt, save  # noqa: E402
+from _theme import claim, plt, save, source  # noqa: E402
 
 from tgsim.analysis.clipping import clip_stats, gaussian_reference  # noqa: E402
 from tgsim.analysis.common import clip_values, single_thread, trajectory  # noqa: E402
@@ -101,21 +101,26 @@ per_layer = stats.groupby("layer").agg(clipped=("fraction_clipped", "median"), l
                                       angle=("angle_deg", "median"))
 detail = "; ".join(f"{k}: {100 * r.clipped:.2f} % clipped, length {100 * r.length:+.2f} %, {r.angle:.2f}°"
                    for k, r in per_layer.iterrows())
+SETTING = "the paper: AlexNet on ImageNet, c = 2.5; here 8 workers, total batch 64, c = 2.5"
+CLIP_ROWS = stats[["step", "layer", "worker", "fraction_clipped", "length_change", "angle_deg"]].assign(
+    gaussian_length_change=ref["length_change"], gaussian_angle_deg=ref["angle_deg"])
 claims = [
-    claim("clipping changes the length little", "paraphrase: Sec. 3.3 reports that clipping at 2.5σ changes the "
-          "gradient's length by about 1.0-1.5 %", f"median |change| {length:.2f} % (Gaussian reference "
-          f"{100 * abs(ref['length_change']):.2f} %)", 0.5 <= length <= 3.0, kind="paper claim",
-          setting="the paper: AlexNet on ImageNet, c = 2.5; here 8 workers, total batch 64, c = 2.5",
+    claim("clipping changes the length little",
+          source("tg-body", "paraphrase: clipping at 2.5σ changes the gradient's length by about 1.0-1.5 %",
+                 where="Sec. 3.3"),
+          f"median |change| {length:.2f} % (Gaussian reference {100 * abs(ref['length_change']):.2f} %)",
+          0.5 <= length <= 3.0, kind="paper claim", setting=SETTING,
           test="tolerance, no statistical test: the median over steps and workers inside [0.5, 3] % (around the "
-               "paper's 1.0-1.5 %); one run, seed 0", scale="convnet"),
-    claim("clipping changes the direction little", "paraphrase: Sec. 3.3 reports that clipping at 2.5σ turns the "
-          "gradient by about 2-3°", f"median angle {angle:.2f}° (Gaussian reference {ref['angle_deg']:.2f}°)",
-          1.0 <= angle <= 6.0, kind="paper claim",
-          setting="the paper: AlexNet on ImageNet, c = 2.5; here 8 workers, total batch 64, c = 2.5",
+               "paper's 1.0-1.5 %); one run, seed 0", scale="convnet", rows=CLIP_ROWS),
+    claim("clipping changes the direction little",
+          source("tg-body", "paraphrase: clipping at 2.5σ turns the gradient by about 2-3°", where="Sec. 3.3"),
+          f"median angle {angle:.2f}° (Gaussian reference {ref['angle_deg']:.2f}°)", 1.0 <= angle <= 6.0,
+          kind="paper claim", setting=SETTING,
           test="tolerance, no statistical test: the median angle inside [1, 6]° (around the paper's 2-3°); one run, "
-               "seed 0", scale="convnet"),
-    claim("per layer (median over steps and workers)", "paraphrase: Fig. 2 shows one conv and one fc layer's "
-          "histograms, clipped at 2.5σ", detail, None, kind="paper claim", setting="AlexNet; here seed 0",
-          scale="convnet"),
+               "seed 0", scale="convnet", rows=CLIP_ROWS),
+    claim("per layer (median over steps and workers)",
+          source("tg-body", "paraphrase: one conv and one fc layer's gradient histograms, clipped at 2.5σ",
+                 where="Fig. 2"),
+          detail, None, kind="paper claim", setting="AlexNet; here seed 0", scale="convnet", rows=CLIP_ROWS),
 ]
 save(fig, "fig01_gradient_histograms", df, QUICK, claims)

@@ -10,9 +10,11 @@
 # `EVERY` steps each worker's mini-batch gradient gives, per layer, E||Q(g)||^2 / ||g||^2 with
 # (a) the layer's own scaler, no clipping, (b) the layer's scaler after clipping, (c) one scaler for
 # the whole model (the model's max |g|) -- `tgsim.analysis.bound.step_points` and
-# `tgsim.analysis.common.terngrad_second_moment`. The clipping verdict judges the error
-# E||Q - g||² including clipping's bias (`terngrad_error`), not the gap: the clipped gap divides
-# E||Q(clip g)||² by the unclipped ||g||² and can fall below 1 through the bias alone.
+# `tgsim.analysis.common.terngrad_second_moment` -- and each variant's error E||Q - g||² / ||g||²
+# including clipping's bias (`terngrad_error`). Each panel draws what a verdict judges: (a) and (c)
+# the gap (the layer-wise verdict), (b) the error (the clipping verdict: the clipped gap divides
+# E||Q(clip g)||² by the unclipped ||g||² and can fall below 1 through the bias alone, so it does not
+# measure the error).
 # Full: 1000 steps, every 20;
 # `--quick`: 30 steps, every 5. Run times: docs/MEASUREMENTS.md.
 
@@ -25,7 +27,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, mnist1d_convnet_config  # noqa: E402
-from _theme import claim, plt, save, sns  # noqa: E402
+from _theme import claim, log_ticks, plt, save, sns, source  # noqa: E402
 
 from tgsim.analysis.bound import step_points  # noqa: E402
 from tgsim.analysis.common import single_thread, terngrad_error, terngrad_second_moment, trajectory  # noqa: E402
@@ -91,61 +93,72 @@ summary = (df.groupby(["layer", "variant"], sort=False)
            .reset_index())
 print(summary.round(2).to_string(index=False))
 
-# %% figure: (a) median gap per layer, (b) the whole model's gap over training
-fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
+# %% figure: (a) median gap per layer, (b) median error per layer, (c) the whole model's gap over training
+err = pd.DataFrame(mse)
 order = [*LAYERS, "whole model"]
 labels = [f"{layer}\n(n={int(df[df.layer == layer].n.iloc[0]):,})" for layer in order]
+fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1.3, 1.3, 1]})
 sns.barplot(data=df, x="layer", y="ratio", hue="variant", order=order, hue_order=VARIANTS, estimator="median",
             errorbar=("pi", 50), ax=axes[0])
 lim = df.drop_duplicates("layer").set_index("layer").loc[order, "sqrt_n"]
 axes[0].scatter(range(len(order)), lim, marker="_", s=600, color="black", zorder=5, label="upper limit √n")
-axes[0].set(yscale="log", xlabel="layer (elements)", ylabel="E||Q(g)||² / ||g||²  (dimensionless)",
+axes[0].set(yscale="log", xlabel="layer (elements)", ylabel="gap E||Q(g)||² / ||g||²  (dimensionless)",
             title="(a) gap per layer: median, bars 25-75 %")
-axes[0].set_xticks(range(len(order)), labels)
-h, l = axes[0].get_legend_handles_labels()
+log_ticks(axes[0], "y", [df.ratio.min(), lim.max()])
+h, lab = axes[0].get_legend_handles_labels()
+sns.barplot(data=err, x="layer", y="mse", hue="variant", order=order, hue_order=VARIANTS, estimator="median",
+            errorbar=("pi", 50), ax=axes[1], legend=False)
+axes[1].set(xlabel="layer (elements)", ylabel="error E||Q - g||² / ||g||²  (dimensionless)",
+            title="(b) error incl. clipping's bias: median, bars 25-75 %")
+for ax in axes[:2]:
+    ax.set_xticks(range(len(order)), labels, fontsize=8.5)
 axes[0].get_legend().remove()
-fig.legend(h, l, loc="lower center", bbox_to_anchor=(0.5, -0.08), ncol=4, title="ternarizing with")
+fig.legend(h, lab, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, title="ternarizing with")
 whole = df[df.layer == "whole model"]
 sns.lineplot(data=whole, x="step", y="ratio", hue="variant", hue_order=VARIANTS, estimator="median",
-             errorbar=("pi", 50), ax=axes[1], legend=False)
-axes[1].set(yscale="log", xlabel="training step (iterations)", ylabel="E||Q(g)||² / ||g||²  (dimensionless)",
-            title="(b) whole model over training (colors as in (a))")
-fig.suptitle(f"Bound gap of TernGrad, MNIST-1D convnet (23,882 parameters), 8 workers, {STEPS} steps, one run "
-             "(seed 0)", y=1.02)
+             errorbar=("pi", 50), ax=axes[2], legend=False)
+axes[2].set(yscale="log", xlabel="training step (iterations)", ylabel="gap E||Q(g)||² / ||g||²  (dimensionless)",
+            title="(c) whole model's gap over training")
+log_ticks(axes[2], "y", whole.ratio)
+fig.suptitle(f"Bound gap and error of TernGrad, MNIST-1D convnet (23,882 parameters), 8 workers, {STEPS} steps, one "
+             "run (seed 0); colours as in the legend", y=1.02)
 fig.tight_layout()
 
 # %% claims, from the data
 med = summary.set_index(["layer", "variant"])["median"]
 lw, gl = med["whole model", VARIANTS[0]], med["whole model", VARIANTS[2]]
-clip_better = [layer for layer in order if med[layer, VARIANTS[1]] < med[layer, VARIANTS[0]]]
 layer_better = [layer for layer in LAYERS if med[layer, VARIANTS[0]] < med[layer, VARIANTS[2]]]
 own = (df.variant == VARIANTS[0]) | ((df.variant == VARIANTS[2]) & (df.layer == "whole model"))  # own max |g|
 inside = bool(((df.ratio >= 1 - 1e-9) & (df.ratio <= df.sqrt_n * (1 + 1e-9)))[own].all())
-err = pd.DataFrame(mse)
 em = err.groupby(["layer", "variant"], sort=False).mse.median()
 clip_lower = [layer for layer in order if em[layer, VARIANTS[1]] < em[layer, VARIANTS[0]]]
 SETTING = "the paper: AlexNet, GoogLeNet on ImageNet; here 8 workers, total batch 64, momentum 0.9, c = 2.5"
 ONE_RUN = (f"median over {err.step.nunique()} recorded steps x 8 workers of one run (seed 0); no interval: the "
            "points of one run are not independent")
+GUIDED = source("tg-abstract", "Guided by the bound, we propose layer-wise ternarizing and gradient clipping to "
+                "improve its convergence.")
+GAP_ROWS = df[df.variant.isin([VARIANTS[0], VARIANTS[2]])]
+ERR_ROWS = pd.concat([err[err.variant.isin(VARIANTS[:2])].assign(measure="error incl. bias"),
+                      df[(df.layer == "whole model") & (df.variant == VARIANTS[1])].assign(measure="gap")],
+                     ignore_index=True)
 claims = [
-    claim("one scaler per layer narrows the gap (whole model)", "paraphrase: Sec. 3.3 proposes layer-wise "
-          "ternarizing (one scaler per layer) to narrow the bound's gap", f"median gap {lw:.1f} layer-wise vs "
-          f"{gl:.1f} with one scaler ({gl / lw:.1f}x); smaller in {len(layer_better)}/{len(LAYERS)} weight layers",
-          lw < gl, kind="paper claim", setting=SETTING, test=ONE_RUN + "; confirmed when the whole model's "
-          "median gap is smaller layer-wise", scale="convnet"),
-    claim("clipping at 2.5σ lowers the error E||Q - g||² (bias included)", "paraphrase: Sec. 3.3 proposes "
-          "gradient clipping to narrow the bound's gap and improve convergence",
+    claim("one scaler per layer narrows the gap (whole model)", GUIDED,
+          f"median gap {lw:.1f} layer-wise vs {gl:.1f} with one scaler ({gl / lw:.1f}x); smaller in "
+          f"{len(layer_better)}/{len(LAYERS)} weight layers", lw < gl, kind="paper claim", setting=SETTING,
+          test=ONE_RUN + "; confirmed when the whole model's median gap is smaller layer-wise", scale="convnet",
+          rows=GAP_ROWS),
+    claim("clipping at 2.5σ lowers the error E||Q - g||² (bias included)", GUIDED,
           "median E||Q - g||²/||g||², clipped / unclipped: " + ", ".join(
               f"{layer} {em[layer, VARIANTS[1]]:.2f}/{em[layer, VARIANTS[0]]:.2f}" for layer in order)
           + f"; lower in {len(clip_lower)}/{len(order)} (the gap E||Q(clip g)||²/||g||² "
           f"{med['whole model', VARIANTS[1]]:.2f} divides by the unclipped ||g||² and drops below 1 through the "
           "bias: not a measure of the error)", len(clip_lower) == len(order), kind="paper claim", setting=SETTING,
           test=ONE_RUN + "; confirmed when the clipped code's error incl. bias is lower in every layer and the "
-          "whole model", scale="convnet"),
+          "whole model", scale="convnet", rows=ERR_ROWS),
     claim("1 <= gap <= √n with the vector's own max |g|", "THEORY §1.7: the ratio lies in [1, √n]",
           "all points inside" if inside else "points outside", inside, kind="self-check",
           setting="every recorded point of the run", test="every point inside [1, √n] (exact inequality)",
-          scale="convnet"),
+          scale="convnet", rows=df[own]),
 ]
 save(fig, "fig02_bound_gap", pd.concat([df.assign(measure="gap"), err.assign(measure="error incl. bias")],
                                       ignore_index=True), QUICK, claims)

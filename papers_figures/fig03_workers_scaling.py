@@ -37,8 +37,9 @@ from matplotlib.ticker import NullLocator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import collapse_signs, command_line, t_half_width, train_many  # noqa: E402
-from _theme import claim, log_ticks, plt, save, seeds_note, sns  # noqa: E402
-from tgsim.analysis.verdicts import equivalence  # noqa: E402
+from _theme import claim, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
+from reviewers import margin, reading, words  # noqa: E402
+from tgsim.analysis.verdicts import combine, equivalence  # noqa: E402
 
 QUICK, OUT = command_line("Accuracy against workers at a fixed total batch, per sharing mode (from the sweep's CSV).")
 csv = OUT / "terngrad_workers_scaling.csv"
@@ -73,7 +74,8 @@ for m, r in zip(SHARING, runs):
     diag.append(d.assign(variant=f"terngrad, {m}"))
 diag = pd.concat(diag, ignore_index=True)
 
-# %% figure: (a) accuracy, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
+# %% figure: (a) accuracy gap to fp32, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
+MARGIN = margin("workers") / 100          # the claim's one margin (reviewers.WORDS), as a fraction
 fig = plt.figure(figsize=(13, 11.5))
 grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.5, wspace=0.7, top=0.92, bottom=0.11)
 axes = np.empty((2, 2), dtype=object)
@@ -83,7 +85,9 @@ for i in range(2):
 axc = [fig.add_subplot(grid[2, k]) for k in range(4)]
 workers = sorted(df.workers.unique())
 variants = list(dict.fromkeys(df.variant))
-pal = dict(zip(variants, sns.color_palette("colorblind", len(variants))))
+_cb = sns.color_palette("colorblind", 10)
+pal = {v: _cb[{"fp32": 0, "max": 1, "mean": 2, "none": 4}.get(v.split(", ")[-1], 7)] for v in variants}
+pal.update({f"terngrad, {m}": pal[v] for m in ("max", "mean") for v in variants if v.endswith(m)})
 marks = dict(zip(variants, ["o", "X", "s", "P", "D"]))
 def t_band(x):
     """The 95 % Student-t interval of the mean (the family of intervals the verdicts use)."""
@@ -91,16 +95,26 @@ def t_band(x):
     return (m - h, m + h) if np.isfinite(h) else (m, m)
 
 
-for i, (opt, d) in enumerate(df.groupby("optimizer", sort=False)):
-    sns.lineplot(data=d, x="workers", y="test_accuracy", hue="variant", style="variant", markers=marks, dashes=False,
+fp32_acc = df[df.variant == "fp32"].set_index(["optimizer", "workers", "seed"]).test_accuracy
+gap = df[df.variant != "fp32"].assign(
+    ref=lambda d: fp32_acc.reindex(pd.MultiIndex.from_frame(d[["optimizer", "workers", "seed"]])).to_numpy())
+gap["gap_points"] = 100 * (gap.test_accuracy - gap.ref)      # the paired difference the verdicts test
+for i, (opt, d) in enumerate(gap.groupby("optimizer", sort=False)):
+    ok = d.dropna(subset=["gap_points"])
+    sns.lineplot(data=ok, x="workers", y="gap_points", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=t_band, ax=axes[i, 0], legend=i == 0, palette=pal)
-    bad = d[d.test_accuracy.isna()]          # diverged runs: no accuracy; drawn at 0, never dropped silently
+    axes[i, 0].axhspan(-MARGIN * 100, MARGIN * 100, color="0.85", zorder=0, label="_margin")
+    axes[i, 0].axhline(0, color="black", lw=0.8)
+    bad = d[d.test_accuracy.isna()]          # diverged runs (the method's failure): drawn at the bottom, counted
+    lo = min(-3 * MARGIN * 100, float(np.nanmin(ok.gap_points)) - 1 if len(ok) else -3)
+    hi = max(3 * MARGIN * 100, float(np.nanmax(ok.gap_points)) + 1 if len(ok) else 3)
+    axes[i, 0].set_ylim(lo, hi)
     if len(bad):
-        axes[i, 0].scatter(bad.workers, np.zeros(len(bad)), marker="x", s=60, color=[pal[v] for v in bad.variant],
+        axes[i, 0].scatter(bad.workers, np.full(len(bad), lo), marker="x", s=60, color=[pal[v] for v in bad.variant],
                            zorder=6, clip_on=False)
-    axes[i, 0].set(ylabel="test accuracy (fraction)", ylim=(0, 1),
-                   title=f"({'ac'[i]}) {opt}: accuracy, mean and 95 % t-interval\n"
-                         f"(x at 0: a diverged run, {len(bad)} here)")
+    axes[i, 0].set(ylabel="accuracy - fp32's, same seed (points)",
+                   title=f"({'ac'[i]}) {opt}: accuracy gap to fp32, mean, 95 % t-interval;\n"
+                         f"grey: the ±{MARGIN * 100:g}-point margin; x at the bottom: a diverged run ({len(bad)})")
     r = d[d.variant.str.contains("max|mean")]
     sns.lineplot(data=r, x="workers", y="ratio_max", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=None, ax=axes[i, 1], legend=False, palette=pal)
@@ -133,11 +147,14 @@ fig.suptitle(f"MNIST-1D convnet (23,882 parameters), {steps} steps, {seeds_note(
              f"seed {SEEDS_C[0]}{' (quick: a smoke run)' if QUICK else ''}", y=0.985)
 
 # %% claims, from the data: TOST equivalence of each variant's accuracy to fp32's, paired by seed, per
-# (optimizer, N), margin 1 point, alpha 0.05; a diverged run (no accuracy) leaves its pair out and is counted
-MARGIN = 0.01
+# (optimizer, N), the claim's one margin, alpha 0.05; a diverged run is the failure of the method that
+# diverged (tgsim.analysis.verdicts, nonfinite="attribute"): in TernGrad's arm it refutes that setting,
+# in fp32's arm it leaves the pair out
 SETTING = ("the paper: CIFAR-10, up to 8 workers, MAX sharing; here MNIST-1D convnet, total batch "
            f"{int((df.workers * df.batch_per_worker).iloc[0])}, N = {min(workers)}..{max(workers)}, {steps} steps")
 div = df[df.test_accuracy.isna()].groupby(["variant", "optimizer", "workers"]).size()
+VARIANT_KIND = {"max": ("paper claim", "TernGrad as published (MAX sharing)"),
+                "mean": ("tgsim variant", "tgsim's MEAN sharing"), "none": ("tgsim variant", "no sharing")}
 claims = []
 for v in [x for x in df.variant.unique() if x != "fp32"]:
     res = []
@@ -146,32 +163,40 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
         b = d[d.variant == "fp32"].set_index("seed").test_accuracy.reindex(a.index)
         res.append((opt, n, equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, scale=100, unit=" points")))
     verdicts = [r["verdict"] for _, _, r in res]
-    joint = "not confirmed" if "not confirmed" in verdicts else \
-        "confirmed" if all(x == "confirmed" for x in verdicts) else "inconclusive"
-    worst = min(res, key=lambda x: x[2]["diff"] if np.isfinite(x[2]["diff"]) else np.inf)
+    joint = combine(verdicts, every=True)
+    kind, what = VARIANT_KIND.get(v.split(", ")[-1], ("tgsim variant", v))
+    finite = [x for x in res if np.isfinite(x[2]["diff"])]
+    worst = min(finite, key=lambda x: x[2]["diff"]) if finite else None
     need = [r["seeds_needed"] for _, _, r in res if r["verdict"] == "inconclusive"]
-    dropped = sum(r["dropped"] for _, _, r in res)
+    failed = [(o, n, r["failed"]) for o, n, r in res if r["failed"]]
+    ref_failed = sum(r["ref_failed"] for _, _, r in res)
     claims.append(claim(
-        f"{v}: within 1 point of fp32 at every N",
-        "paraphrase: Table 1 (CIFAR-10): TernGrad's accuracy within about 0.5 points of fp32's up to 8 workers",
+        f"{what}: within {MARGIN * 100:g} point of fp32 at every N",
+        words("workers"),
         f"{verdicts.count('confirmed')} settings equivalent, {verdicts.count('not confirmed')} not, "
-        f"{verdicts.count('inconclusive')} undecided of {len(res)}; worst gap {worst[2]['diff']:+.1f} points "
-        + (f"[{worst[2]['lo']:+.1f}, {worst[2]['hi']:+.1f}] " if np.isfinite(worst[2]["lo"]) else "(no interval) ")
-        + f"at N = {worst[1]} ({worst[0]})"
+        f"{verdicts.count('inconclusive')} undecided of {len(res)}"
+        + (f"; diverged (its failure): " + ", ".join(f"N = {n} ({o}) {k} run(s)" for o, n, k in failed)
+           if failed else "")
+        + (f"; worst finite gap {worst[2]['diff']:+.1f} points "
+           + (f"[{worst[2]['lo']:+.1f}, {worst[2]['hi']:+.1f}] " if np.isfinite(worst[2]["lo"]) else "(no interval) ")
+           + f"at N = {worst[1]} ({worst[0]})" if worst else "")
         + (f"; undecided settings need up to {max(x for x in need if x)} seeds at the observed spread"
            if any(need) else "")
         + (f"; {need.count(None)} undecided setting(s) no number of seeds would confirm (|gap| >= margin, or "
            "fewer than 2 seeds: no spread)" if None in need else "")
-        + (f"; {dropped} pair(s) left out for a diverged run" if dropped else ""),
-        joint, kind="paper claim", setting=SETTING,
-        test=f"TOST equivalence (paired t) per (optimizer, N), margin 1 point, alpha 0.05, "
-             f"{df.seed.nunique()} seed(s); confirmed when every setting is, not confirmed when any is",
-        scale="convnet"))
-claims.append(claim("fp32's diverged runs", "(the baseline's own failures, counted)",
+        + (f"; {ref_failed} pair(s) left out: fp32 diverged (fp32's failure)" if ref_failed else ""),
+        joint, kind=kind, setting=SETTING,
+        test=f"TOST equivalence (paired t) per (optimizer, N), {reading('workers')}, alpha 0.05, "
+             f"{df.seed.nunique()} seed(s); a diverged run fails its own method; confirmed when every setting is, "
+             "not confirmed when any is",
+        scale="convnet", rows=gap[gap.variant == v][["variant", "optimizer", "workers", "seed", "test_accuracy",
+                                                     "ref", "gap_points", "diverged"]]
+        .rename(columns={"ref": "fp32_accuracy"})))
+claims.append(claim("diverged runs, by the method that diverged", source("tgsim", where="sweep's runs"),
                     "; ".join(f"{v}, {o}, N = {n}: {k}" for (v, o, n), k in div.items()) or "none",
                     None, kind="self-check", setting=SETTING, scale="convnet"))
 mx = df[df.variant.str.contains("max")].groupby("workers").ratio_max.median()
-claims.append(claim("MAX sharing's scaler grows with N", "(not in the paper)",
+claims.append(claim("MAX sharing's scaler grows with N", source("tgsim", where="measurement"),
                     f"median largest shared/median ratio x{mx.iloc[0]:.3g} at N = {mx.index[0]}, x{mx.iloc[-1]:.3g} "
                     f"at N = {mx.index[-1]}", None, kind="self-check", setting=SETTING, scale="convnet"))
 small = df[df.variant.str.contains("max") & (df.batch_per_worker <= 8)]
@@ -179,31 +204,34 @@ fp_small = df[(df.variant == "fp32") & (df.batch_per_worker <= 8)].set_index(["o
 lost = (small.set_index(["optimizer", "workers", "seed"]).test_accuracy
         < fp_small.test_accuracy.reindex(small.set_index(["optimizer", "workers", "seed"]).index) - 0.05).fillna(True)
 collapsed = int((lost | small.dying.astype(bool).to_numpy()).sum())
-claims.append(claim("MAX sharing collapses at <= 8 samples per worker (the sweep)", "docs/THEORY.md §1.5 (not in the paper)",
+claims.append(claim("MAX sharing collapses at <= 8 samples per worker (the sweep)", source("tgsim", where="docs/THEORY.md §1.5"),
                     f"{collapsed} of {len(small)} runs at <= 8 samples per worker lost > 5 points against fp32's same "
                     f"seed or had dying units (run-health ALERT)" if len(small) else "no run at <= 8 samples per worker",
                     (collapsed * 2 > len(small)) if len(small) else None, kind="self-check", setting=SETTING,
                     test=f"count over {small.seed.nunique() if len(small) else 0} seed(s) x settings: confirmed when "
-                         "most runs collapse (> 5 points below fp32's run or dying units)", scale="convnet"))
+                         "most runs collapse (> 5 points below fp32's run or dying units)", scale="convnet",
+                    rows=small.assign(collapsed=(lost | small.dying.astype(bool).to_numpy()).to_numpy())[
+                        ["variant", "optimizer", "workers", "seed", "test_accuracy", "dying", "collapsed"]]))
 fp_c = recipe[recipe.variant == "fp32"].set_index("seed").test_accuracy
 lost_c = {m: recipe[recipe.variant == m].assign(
     gone=lambda d: (d.test_accuracy.to_numpy() < fp_c.reindex(d.seed).to_numpy() - 0.05) | d.dying.astype(bool)
     | d.test_accuracy.isna()) for m in SHARING}
 n_max = int(lost_c["max"].gone.sum())
 claims.append(claim(
-    "MAX sharing collapses in the demo recipe (8 workers x 8 samples)", "docs/THEORY.md §1.5: 2 of 3 runs (not in "
-    "the paper, which shares the MAX)",
+    "MAX sharing collapses in the demo recipe (8 workers x 8 samples)", source("tgsim", where="docs/THEORY.md §1.5: 2 of 3 runs; the paper shares the MAX"),
     "; ".join(f"{m.upper()}: {int(d.gone.sum())} of {len(d)} runs collapsed (accuracies "
               + ", ".join(f"{a:.3f}" for a in d.test_accuracy) + ")" for m, d in lost_c.items())
     + "; fp32: " + ", ".join(f"{a:.3f}" for a in fp_c), n_max * 2 > len(SEEDS_C), kind="self-check",
     setting=f"tgsim/configs/demo.toml: 8 workers, total batch 64, momentum 0.9, lr 0.1, {STEPS_C} steps",
     test=f"count over {len(SEEDS_C)} seed(s) ({', '.join(map(str, SEEDS_C))}): a run collapsed when its accuracy is "
          "> 5 points below fp32's same seed, it diverged, or run-health's dying ALERT fired; confirmed when most "
-         "MAX runs collapsed", scale="convnet"))
+         "MAX runs collapsed", scale="convnet",
+    rows=pd.concat([*lost_c.values(), recipe[recipe.variant == "fp32"]])[
+        ["variant", "seed", "test_accuracy", "dying", "diverged", "gone"]].rename(columns={"gone": "collapsed"})))
 last = diag.dropna(subset=["accuracy"]).groupby("variant").last()
 dead = diag.groupby("variant").zero_grad_fraction.max()
 ratio = diag.groupby("variant").scaler_ratio.max()
-claims.append(claim("one run: MAX sharing's collapse in its diagnostics (demo recipe)", "(not in the paper)",
+claims.append(claim("one run: MAX sharing's collapse in its diagnostics (demo recipe)", source("tgsim", where="measurement"),
                     "; ".join(f"{v}: final accuracy {last.accuracy[v]:.3f}, largest scaler ratio x{ratio[v]:.3g}, "
                               f"dead units up to {dead[v]:.2f}" for v in last.index), None, kind="self-check",
                     setting="8 workers, total batch 64, momentum 0.9, lr 0.1", scale="convnet"))

@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line  # noqa: E402
-from _theme import claim, plt, save, sns  # noqa: E402
+from _theme import source, claim, log_ticks, plt, save, sns  # noqa: E402
 
 from tgsim.analysis import convergence  # noqa: E402
 
@@ -63,6 +63,9 @@ for ax, codec in zip(axes, ("fp32", "terngrad")):
     ax.plot(t, ref, ":", color="black", lw=1.5, label="slope -1/2 (E||w-w*||² ∝ 1/t)")
     ax.set(xscale="log", yscale="log", xlabel="iteration t", ylabel="√ mean over seeds ||w_t - w*||²  (parameter units)",
            title=f"{codec}: RM tail slope of E||w-w*||² {s.slope_vs_t:.2f} [{s.slope_ci_low:.2f}, {s.slope_ci_high:.2f}]")
+log_ticks(axes[0], "y", pd.concat([df.dist, pd.Series(np.sqrt(floor.floor_pred.to_numpy(float)))]))   # shared y
+log_ticks(axes[0], "x", df.step[df.step > 0], pad=1.0)
+log_ticks(axes[1], "x", df.step[df.step > 0], pad=1.0)
 h, lab = axes[1].get_legend_handles_labels()
 axes[1].get_legend().remove()
 h.append(plt.Line2D([], [], ls="--", color="gray"))
@@ -78,13 +81,15 @@ tg, fp = rm.set_index("codec").loc["terngrad"], rm.set_index("codec").loc["fp32"
 ft = floor[floor.codec == "terngrad"]
 SETTING = f"noisy least squares (16 dimensions, condition 4), 4 workers x 8 samples, {STEPS} steps"
 claims = [
-    claim("TernGrad converges with Robbins-Monro steps", '"We mathematically prove the convergence of TernGrad under '
-          'the assumption of a bound on gradients." (abstract; Theorem 1 gives no rate)',
+    claim("TernGrad converges with Robbins-Monro steps", source("tg-abstract", "We mathematically prove the "
+          "convergence of TernGrad under the assumption of a bound on gradients."),
           f"E||w-w*||² tail slope {tg.slope_vs_t:.2f} [{tg.slope_ci_low:.2f}, {tg.slope_ci_high:.2f}] (fp32 "
           f"{fp.slope_vs_t:.2f}); final median ||w-w*||/||w*|| {tg.median_final_rel:.3f}", tg.slope_ci_high < 0,
-          kind="paper claim", setting="Assumptions 1-3 (one minimum, Σγ = ∞, Σγ² < ∞, the gradient bound); here "
+          kind="paper claim", setting="Assumptions 1-3 (one minimum, Σγ = ∞, Σγ² < ∞, the gradient bound; the theorem "
+          "gives no rate); here "
           + SETTING + ", γ_t = 0.5/(1 + t/50)",
           test=f"the 95 % t-interval of the tail slope of log E||w-w*||² on log t lies below 0; {SEEDS} seeds",
+          rows=rm,
           scale="16-dimensional least squares, where the assumptions hold"),
     claim("constant steps stall at the predicted floor", "paraphrase: SGD theory (not in the paper): with constant "
           "steps the error stalls at the floor tr P of the Lyapunov equation",
@@ -92,11 +97,12 @@ claims = [
           f"{floor[floor.codec == 'fp32'].floor_over_pred.min():.2f}-{floor[floor.codec == 'fp32'].floor_over_pred.max():.2f} (fp32)",
           bool(ft.floor_over_pred.between(0.5, 2).all()), kind="other paper's result", setting=SETTING,
           test=f"tolerance, no statistical test: floor / prediction inside [0.5, 2] at every γ; {FLOOR_SEEDS} seeds",
+          rows=floor,
           scale="16-dimensional least squares"),
-    claim("TernGrad's floor is above fp32's", "docs/THEORY.md §1.2: the ternary code's added variance",
+    claim("TernGrad's floor is above fp32's", source("tgsim", where="docs/THEORY.md §1.2: the ternary code's added variance"),
           f"TernGrad / fp32 floor {ft.floor_over_fp32.min():.2f}-{ft.floor_over_fp32.max():.2f} at γ = "
           + ", ".join(f"{x:g}" for x in LRS), bool((ft.floor_over_fp32 > 1).all()), kind="self-check",
-          setting=SETTING, test=f"every γ's floor ratio > 1 (means over {FLOOR_SEEDS} seeds, no interval)",
+          setting=SETTING, test=f"every γ's floor ratio > 1 (means over {FLOOR_SEEDS} seeds, no interval)", rows=ft,
           scale="16-dimensional least squares"),
 ]
 save(fig, "fig04_convergence", df, QUICK, claims)

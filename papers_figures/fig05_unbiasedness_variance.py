@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, compare_outputs  # noqa: E402
-from _theme import claim, plt, save, sns, theme  # noqa: E402
+from _theme import source, claim, log_ticks, plt, save, sns, theme  # noqa: E402
 
 from tgsim.analysis.common import gradient_shapes, single_thread  # noqa: E402
 from tgsim.analysis.unbiased_check import codec_table, power_curve  # noqa: E402
@@ -82,6 +82,8 @@ axes[1].set(xscale="log", yscale="log", xlabel="draws R of the binomial test",
             ylabel="smallest bias δ detected, power 0.9  (fraction)",
             title=f"(b) power of the exact test\n(n = {N}, α = 1e-3)")
 axes[1].legend(title="gradient shape", loc="lower left")
+log_ticks(axes[1], "x", b.R, pad=1.3)
+log_ticks(axes[1], "y", b.delta_power90, pad=1.3)
 c = df[df.panel == "c"].copy()
 c["declared"] = np.where(c.declared_unbiased.astype(bool), "declared unbiased", "declared biased")
 c["verdict"] = np.where(c.reject.astype(bool), "test rejects unbiasedness", "test accepts")
@@ -102,25 +104,25 @@ tern = a[a.label.str.startswith("terngrad")]
 tern_none = a_peer[a_peer.quantizer == "terngrad[none]"]
 p90 = b[b.R == max(RS)].set_index("shape").delta_power90
 claims = [
-    claim("TernGrad's error is s||g||_1 - ||g||² (unclipped)", "Sec. 3 / Eq. 5: unbiased, variance s||g||_1 - ||g||² "
-          "(docs/THEORY.md §1.2)",
+    claim("TernGrad's error is s||g||_1 - ||g||² (unclipped)", source("tgsim", where="docs/THEORY.md §1.2, from the paper's Sec. 3"),
           f"{int((~tern_none.reject).sum())}/{len(tern_none)} shapes inside the α = 1e-3 interval "
           f"(largest |measured/exact - 1| {np.max(np.abs(tern_none.measured / tern_none.exact - 1)):.3f})",
           not tern_none.reject.any(), kind="self-check", setting="synthetic vectors; tgsim's TernGrad codec",
           test="the measured mean error inside its alpha = 1e-3 interval around the exact formula, every shape",
+          rows=tern_none,
           scale="synthetic"),
-    claim("every codec's measured error matches its exact formula", "QSGD Lemma 3.1, Suresh et al., TernGrad §1.2",
+    claim("every codec's measured error matches its exact formula", source("tgsim", where="docs/THEORY.md: QSGD Lemma 3.1, Suresh et al., TernGrad §1.2"),
           f"{int((~a.reject).sum())}/{len(a)} rows accepted ({int(a.reject.sum())} rejected; TernGrad variants "
           f"{int((~tern.reject).sum())}/{len(tern)})", not a.reject.any(), kind="self-check",
           setting="every registered codec through its real encode/decode",
-          test="the measured mean error inside its alpha = 1e-3 interval around the exact formula, every row",
+          test="the measured mean error inside its alpha = 1e-3 interval around the exact formula, every row", rows=a,
           scale="synthetic"),
-    claim("declared unbiasedness agrees with the test", "TernGrad, QSGD, Suresh, random-k: unbiased",
+    claim("declared unbiasedness agrees with the test", source("tgsim", where="codec declarations: TernGrad, QSGD, Suresh, random-k unbiased"),
           f"{int(c.consistent.astype(bool).sum())}/{len(c)} registered codecs consistent",
           bool(c.consistent.astype(bool).all()), kind="self-check", setting="every registered codec, default options",
           test="exact binomial unbiasedness test (tgsim.analysis.unbiased_check.codec_table) against each codec's "
-               "declaration", scale="synthetic"),
-    claim("power of the unbiasedness test", "(not in the papers)",
+               "declaration", scale="synthetic", rows=c),
+    claim("power of the unbiasedness test", source("tgsim", where="unbiasedness test"),
           f"at R = {max(RS)} a bias of {p90.min():.2%}-{p90.max():.2%} is detected with power 0.9", None,
           kind="self-check", scale="synthetic"),
 ]

@@ -111,46 +111,56 @@ CAVEAT = [
     "not a measurement. A verdict says what the data show at this scale; each row's `scale` column says "
     "what it rests on.",
 ]
-KIND_TITLES = {"paper claim": "Claims of the two papers (Wen et al. 2017, Jiang & Agrawal 2018)",
+KIND_TITLES = {"paper claim": "The papers' claims about their own method, under their own rule (Wen et al. 2017, "
+                              "Jiang & Agrawal 2018)",
+               "model arithmetic": "The performance model's arithmetic (formulas, no measurement)",
+               "tgsim variant": "The claims tested on tgsim's variants (MEAN sharing, exact-sum downlink), not the "
+                                "papers' method",
+               "reviewer question": "The reviewers' questions, answered with data (16-bit baselines, tuned rates)",
                "other paper's result": "Other papers' results (QSGD, Stich et al., Suresh et al., SGD theory)",
                "self-check": "Self-checks of tgsim's code"}
-COLUMNS = ["claim", "paper", "setting", "measured", "test", "verdict", "scale"]
+SUMMARY_VERDICTS = ("confirmed", "not confirmed", "split", "inconclusive", "untestable here", "n/a")
+COLUMNS = ["claim", "paper", "setting", "measured", "test", "verdict", "scale", "rows"]
 
 
 def _cell(x) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 
 
-def claims_table(claims: pd.DataFrame) -> str:
-    """A claims CSV as a markdown table: claim, the paper's words, setting, measured, test, verdict
-    (bold unless confirmed or n/a), scale."""
-    c = claims.reindex(columns=COLUMNS).fillna("")
-    out = ["| claim | paper's words | setting | measured | test | verdict | scale |", "|---|---|---|---|---|---|---|"]
+def claims_table(claims: pd.DataFrame, rows_dir: str = "") -> str:
+    """A claims CSV as a markdown table: claim, the words tested and where they are, setting, measured,
+    test, verdict (bold unless confirmed or n/a), scale, and a link to the rows the verdict used
+    (`rows_dir`: their folder relative to the report, e.g. "out/")."""
+    c = claims.reindex(columns=COLUMNS).astype(object).fillna("")
+    out = ["| claim | words tested (source) | setting | measured | test | verdict | scale | rows |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in c.itertuples(index=False):
         cells = [_cell(getattr(r, k)) for k in COLUMNS]
         cells[5] = f"**{cells[5]}**" if cells[5] not in ("confirmed", "n/a", "") else cells[5]
+        cells[7] = f"[{cells[7].rsplit('/', 1)[-1]}]({rows_dir}{cells[7]})" if cells[7] else "-"
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def summary_lines(s: pd.DataFrame) -> list[str]:
-    """The summary: verdict counts per kind of claim (paper claims, other papers' results, self-checks),
-    then one table per kind (figure, claim, verdict, test)."""
+    """The summary: verdict counts per kind of row (`_theme.KINDS`: the papers' claims under their own
+    rule, the model's arithmetic, tgsim's variants, reviewers' questions, other papers' results,
+    self-checks), each kind counted apart, then one table per kind (figure, claim, verdict, test)."""
     s = s.fillna("")
-    out = ["## Summary", "", "| kind | confirmed | not confirmed | inconclusive | untestable here | n/a |",
-           "|---|---|---|---|---|---|"]
+    out = ["## Summary", "", "Each kind of row is counted apart: only the first line counts the papers' claims "
+           "about their own method under their own rule.", "",
+           "| kind | " + " | ".join(SUMMARY_VERDICTS) + " |", "|---" * (len(SUMMARY_VERDICTS) + 1) + "|"]
     for kind in KIND_TITLES:
         c = s[s.kind == kind].verdict.value_counts()
-        out.append(f"| {kind} | " + " | ".join(str(c.get(v, 0)) for v in
-                                                ("confirmed", "not confirmed", "inconclusive", "untestable here", "n/a"))
-                   + " |")
+        out.append(f"| {kind} | " + " | ".join(str(c.get(v, 0)) for v in SUMMARY_VERDICTS) + " |")
     out.append("")
     for kind, title in KIND_TITLES.items():
         k = s[s.kind == kind]
+        if k.empty:
+            continue
         c = k.verdict.value_counts()
-        out += [f"### {title}", "", f"{c.get('confirmed', 0)} confirmed, {c.get('not confirmed', 0)} not confirmed, "
-                f"{c.get('inconclusive', 0)} inconclusive, {c.get('untestable here', 0)} untestable here, "
-                f"{c.get('n/a', 0)} measured without a verdict.", "",
+        out += [f"### {title}", "", ", ".join(f"{c.get(v, 0)} {v}" for v in SUMMARY_VERDICTS[:-1])
+                + f", {c.get('n/a', 0)} measured without a verdict.", "",
                 "| figure | claim | verdict | test |", "|---|---|---|---|"]
         out += [f"| {r.figure} | {_cell(r.claim)} | {r.verdict} | {_cell(r.test)} |" for r in k.itertuples()]
         out.append("")
@@ -161,8 +171,9 @@ def reviewers_lines(s: pd.DataFrame, questions: list[dict]) -> list[str]:
     """The reviewers' questions: each with the figure rows that answer it (their verdicts), a row
     named but absent marked "(row missing)", and the note."""
     have = {(r.figure, r.claim): r.verdict for r in s.itertuples()}
-    out = ["## Reviewers' questions", "", "The public reviews of both papers (../shared/seeds/), each question "
-           "in a few words, with the rows of this report that answer it or why it cannot be answered here.", "",
+    out = ["## Reviewers' questions", "", "The public reviews of both papers (TernGrad: NIPS 2017, paper 970; Jiang "
+           "& Agrawal: NeurIPS 2018, paper 1261, on papers.nips.cc), each question in a few words, with the rows of "
+           "this report that answer it or why it cannot be answered here.", "",
            "| paper | reviewer | question | answered by | note |", "|---|---|---|---|---|"]
     for q in questions:
         rows = "; ".join(f"{f}: {c} ({have[(f, c)]})" if (f, c) in have else f"{f}: {c} (row missing)"
@@ -192,10 +203,11 @@ def report(paths: list[Path], timings: list[dict], out: Path, target: Path, quic
                          f"[data (CSV)]({rel(out / (p.stem + '.csv'))})\n")
         if claims_csv.exists():
             c = pd.read_csv(claims_csv, keep_default_na=False)
-            parts.append(claims_table(c) + "\n")
+            parts.append(claims_table(c, rows_dir=rel(out) + "/") + "\n")
             summary.append(c.assign(figure=p.stem[:5]))
     untestable = pd.DataFrame(UNTESTABLE).assign(figure="-")
-    parts += ["## Claims out of reach at this scale", "", claims_table(untestable), ""]
+    parts += ["## Claims out of reach at this scale", "", claims_table(untestable.drop(columns="rows", errors="ignore")),
+              ""]
     summary.append(untestable)
     lines = ([stamp_line(provenance)] if provenance else []) + [
              f"# The papers' claims, checked{' (QUICK form)' if quick else ''}", "",

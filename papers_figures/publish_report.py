@@ -20,7 +20,8 @@ is QUICK, ran a subset (--only), ran from a dirty tree or outside git, has faile
 a figure whose runs were not made (fig11 without `make figures-real`: `NOT_RUN`). It
 copies REPORT.md into the destination with every image link `out/NAME.png` rewritten to `NAME.png`
 and the lines linking the PDFs and CSVs (left in papers_figures/out/, not published) dropped, and
-copies those PNGs; the files it wrote before (REPORT.md, *.png) are replaced, nothing else.
+copies those PNGs, and the verdicts' input tables it links (out/inputs/NAME_K.csv -> inputs/NAME_K.csv);
+the files it wrote before (REPORT.md, *.png, inputs/*.csv) are replaced, nothing else.
 
 Check (`check_published`) lists what is wrong with a published report: no REPORT.md, no stamp, a
 stamp that is not a clean full run, a commit that is not a commit of this repository (`git cat-file
@@ -46,6 +47,7 @@ MAX_BYTES = 5_000_000
 STAMP_RE = re.compile(r"^<!-- tgsim-report (\{.*\}) -->$")
 NOT_RUN = "not run: make figures-real"     # fig11's mark for real-model runs it did not find
 IMAGE_RE = re.compile(r"!\[([^\]]*)\]\((?:out/)?([A-Za-z0-9_.-]+\.png)\)")
+ROWS_RE = re.compile(r"\]\((?:out/|\./)?(inputs/[A-Za-z0-9_.-]+\.csv)\)")   # a verdict's rows (_theme.INPUTS)
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -109,7 +111,13 @@ def content_problems(text: str) -> list[str]:
 def published_text(text: str) -> str:
     """REPORT.md as published: image links out/NAME.png -> NAME.png, the PDF / CSV link lines dropped."""
     lines = [ln for ln in text.split("\n") if not ln.startswith("[PDF](")]
-    return IMAGE_RE.sub(lambda m: f"![{m.group(1)}]({m.group(2)})", "\n".join(lines))
+    text = IMAGE_RE.sub(lambda m: f"![{m.group(1)}]({m.group(2)})", "\n".join(lines))
+    return ROWS_RE.sub(lambda m: f"]({m.group(1)})", text)
+
+
+def row_tables(text: str) -> list[str]:
+    """The verdicts' input tables a report links (inputs/NAME_K.csv), in order, once each."""
+    return list(dict.fromkeys(m.group(1) for m in ROWS_RE.finditer(text)))
 
 
 def images(text: str) -> list[str]:
@@ -126,7 +134,7 @@ def publish(report: Path, dest: Path, max_bytes: int = MAX_BYTES) -> list[Path]:
         raise ValueError(f"{report}: not published: " + "; ".join(problems))
     out_dir = report.parent / "out" if (report.parent / "out").is_dir() else report.parent
     text = published_text(text)
-    pngs = images(text)
+    pngs = images(text) + row_tables(text)
     missing = [p for p in pngs if not (out_dir / p).is_file()]
     if missing:
         raise ValueError(f"{report}: not published: the report shows {missing[:3]}, missing in {out_dir}")
@@ -134,8 +142,9 @@ def publish(report: Path, dest: Path, max_bytes: int = MAX_BYTES) -> list[Path]:
     if size > max_bytes:
         raise ValueError(f"{report}: not published: {size:,} bytes with its PNGs, more than {max_bytes:,}")
     dest.mkdir(parents=True, exist_ok=True)
-    for old in [dest / "REPORT.md", *dest.glob("*.png")]:
+    for old in [dest / "REPORT.md", *dest.glob("*.png"), *dest.glob("inputs/*.csv")]:
         old.unlink(missing_ok=True)
+    (dest / "inputs").mkdir(exist_ok=True)
     written = [dest / "REPORT.md"]
     written[0].write_text(text)
     for p in pngs:
@@ -155,11 +164,13 @@ def check_published(dest: Path, repo: Path = ROOT, max_bytes: int = MAX_BYTES) -
     if s is not None and re.fullmatch(r"[0-9a-f]{40}", str(s.get("commit", ""))):
         if _git(repo, "cat-file", "-e", f"{s['commit']}^{{commit}}").returncode != 0:
             problems.append(f"commit {s['commit']} is not a commit of the repository at {repo}")
-    shown = images(text)
+    shown = images(text) + row_tables(text)
     problems += [f"the report shows {p}, which is not in {dest}" for p in shown if not (dest / p).is_file()]
-    extra = sorted(p.name for p in dest.iterdir() if p.name != "REPORT.md" and p.name not in shown)
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    extra = sorted(str(p.relative_to(dest)) for p in files if p.name != "REPORT.md" and str(p.relative_to(dest))
+                   not in shown)
     problems += [f"{dest / name} is not shown by the report" for name in extra]
-    size = sum(p.stat().st_size for p in dest.iterdir() if p.is_file())
+    size = sum(p.stat().st_size for p in files)
     if size > max_bytes:
         problems.append(f"{dest} holds {size:,} bytes, more than {max_bytes:,}")
     return problems

@@ -9,11 +9,66 @@ the question cannot be answered at this scale.
 
 UNTESTABLE: the papers' claims this repository cannot test at its scale, as `_theme.untestable` rows
 (verdict "untestable here", with what would test them).
+
+WORDS: the words each claim row tests, quoted once, with where a reader finds them (`words(key)`
+gives the `paper` cell) and, for an accuracy claim, its one margin in points with the reading of the
+words that gives it (`margin(key)`, `reading(key)`): every figure that tests the claim uses it.
 """
 
 from __future__ import annotations
 
-from _theme import untestable
+from _theme import source, untestable
+
+WORDS = {
+    "no-loss": dict(src="tg-abstract", words="Our experiments show that applying TernGrad on AlexNet does not incur "
+                    "any accuracy loss and can even improve accuracy.", margin=0.0,
+                    reading="\"does not incur any accuracy loss\": the method's accuracy is not below fp32's "
+                            "(non-inferiority, margin 0 points)"),
+    "under-2": dict(src="tg-abstract", words="The accuracy loss of GoogLeNet induced by TernGrad is less than 2% on "
+                    "average.", margin=2.0,
+                    reading="\"less than 2% on average\": the mean loss over seeds under 2 points of accuracy "
+                            "(non-inferiority, margin 2 points)"),
+    "workers": dict(src="tg-body", where="Table 1 (CIFAR-10)", words="paraphrase: TernGrad's accuracy stays within "
+                    "about 0.5 points of fp32's up to 8 workers", margin=1.0,
+                    reading="\"within about 0.5 points\" read as within 1 point (equivalence, margin 1 point; "
+                            "the paper's 0.5 is one run per setting)"),
+    "comm": dict(src="tg-abstract", words="Our approach requires only three numerical levels {-1,0,1}, which can "
+                 "aggressively reduce the communication time."),
+    "speed": dict(src="tg-abstract", words="Experiments show significant speed gains for various deep neural "
+                  "networks."),
+    "fp16": dict(src="tg-review", n=2, words="You compare this to 32bit floats, but for many setups, quantizing to "
+                 "16bit is reasonably safe and training converges to same accuracy than when using floats for the "
+                 "gradient."),
+    "layerwise": dict(src="tg-review", n=1, words="The authors should elaborate the choices made in layer-wise "
+                      "ternarizing in the experiments reported."),
+    "tuned": dict(src="ja-review", n=1, words="Eg were the learning rates optimized individually for both QSGD and "
+                  "terngrad, and all setups of compute nodes?"),
+    "fixed-error": dict(src="ja-review", n=2, words="It will be good if the authors can compare in future versions of "
+                        "the paper through simulations, the total communication for a fixed error threshold, of "
+                        "various algorithms."),
+    "diverge": dict(src="ja-review", n=3, words="according to [5], simply averaging the parameters in a period may "
+                    "lead to divergence. Did you meet this problem? Can you report the accuracies of the compared "
+                    "methods?"),
+    "pqasgd": dict(src="ja-abstract", words="our PQASGD can converge as fast as full-communication SGD with only "
+                   "3%-5% communication data size."),
+    "qsgd-bits": dict(src="ja-review", n=4, words="What is the exact number of bits used for QSGD in the experiments?"),
+}
+
+
+def words(key: str) -> str:
+    """The `paper` cell of claim `key` (WORDS): the quoted words and their source."""
+    w = WORDS[key]
+    return source(w["src"], w["words"], **{k: w[k] for k in ("n", "where") if k in w})
+
+
+def margin(key: str) -> float:
+    """The one margin (points of accuracy) of claim `key`, from its own words (WORDS)."""
+    return WORDS[key]["margin"]
+
+
+def reading(key: str) -> str:
+    """How claim `key`'s words give its margin, stated once in its test column."""
+    return WORDS[key]["reading"]
 
 TERNGRAD = "Wen et al. 2017 (TernGrad)"
 JIANG = "Jiang & Agrawal 2018"
@@ -21,7 +76,8 @@ JIANG = "Jiang & Agrawal 2018"
 QUESTIONS = [
     dict(paper=TERNGRAD, reviewer="R1", question="elaborate the choices made in layer-wise ternarizing",
          rows=(("fig02", "one scaler per layer narrows the gap (whole model)"),
-               ("fig10", "one scaler per layer lowers the error (MLP, clipping 2.5σ)")),
+               ("fig10", "one scaler per layer lowers the error (MLP, clipping 2.5σ)"),
+               ("fig11", "one scaler per layer beats one for the whole model (paper recipe; own-lr)")),
          note="the gap on the convnet; on an MLP over seeds the error incl. the bias of clipping, with and "
               "without clipping"),
     dict(paper=TERNGRAD, reviewer="R1", question="an analysis of lines 168-169 and their trade-offs",
@@ -40,7 +96,7 @@ QUESTIONS = [
          note="measured rates: the tail slope of ||w-w*||² on least squares, and iterations against workers"),
     dict(paper=TERNGRAD, reviewer="R3", question="the single-minimum (convex-like) assumption is too strong",
          rows=(("fig04", "TernGrad converges with Robbins-Monro steps"),
-               ("fig03", "terngrad, max: within 1 point of fp32 at every N")),
+               ("fig03", "TernGrad as published (MAX sharing): within 1 point of fp32 at every N")),
          note="fig04 runs where the assumption holds (least squares); fig03 and fig08 run the non-convex "
               "convnet, where it does not, and report what happens there"),
     dict(paper=TERNGRAD, reviewer="R3", question="more metrics than accuracy",
@@ -61,7 +117,8 @@ QUESTIONS = [
          note="fig09 (a) iterations against M, (b) against the compression ratio at a fixed M"),
     dict(paper=JIANG, reviewer="R1", question="were the learning rates tuned for every method and worker count?",
          rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss (each method's tuned rate)"),
-               ("fig11", "TernGrad loses under 2 points of accuracy (paper recipe; own-lr)")),
+               ("fig11", "TernGrad needs fewer bits in total to reach the loss (paper recipe; own-lr)"),
+               ("fig11", "accuracy loss under 2 points (GoogLeNet's sentence) (paper recipe; own-lr)")),
          note="every method at fp32's tuned rate and at its own (tuned on a validation split at one M; "
               "not re-tuned per worker count)"),
     dict(paper=JIANG, reviewer="R1", question="show the linear speedup experimentally against prior art",
@@ -75,17 +132,22 @@ QUESTIONS = [
                ("fig08", "PQASGD needs 3-5 % of fp32's communication")),
          note="bits up + down until the loss reaches 1.25x fp32's minimum"),
     dict(paper=JIANG, reviewer="R3", question="sparse parameter averaging is elastic-averaging-like; cite it",
-         rows=(), note="about citations, not an experiment"),
+         rows=(("fig09", "sparse parameter averaging keeps the linear speedup"),),
+         note="the citation is for the paper; fig09 measures sparse parameter averaging (fp32, every 4 steps)"),
     dict(paper=JIANG, reviewer="R3", question="periodic parameter averaging may diverge; report accuracies",
          rows=(("fig08", "PQASGD's accuracy against fp32's"),
                ("fig08", "every method reaches fp32's loss target")),
          note="PQASGD's accuracy against fp32's (each at its own stopping step), and the seeds that missed the target"),
     dict(paper=JIANG, reviewer="R4", question="can the quantization factor exceed √M (q grows with the dimension)?",
-         rows=(("fig09", "TernGrad keeps the linear speedup"),),
-         note="partly: one dimension (64) only, one row per codec in fig09; a sweep over the dimension is not run"),
+         rows=(("fig09", "qsgd[levels=8] keeps the linear speedup (Jiang & Agrawal's rate)"),
+               ("fig09", "TernGrad keeps the linear speedup")),
+         note="partly: one dimension (64) only; QSGD at the s = sqrt(d) = 8 levels the theorem needs against 2-bit "
+              "TernGrad, each over the range of M where fp32 itself is linear; a sweep over the dimension is not run"),
     dict(paper=JIANG, reviewer="R4", question="how many bits does the O(1/√MK) rate need; how many are used?",
-         rows=(("fig07", "QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance"),),
-         note="fig09 (b) plots iterations against the measured bits of each level count"),
+         rows=(("fig07", "QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance"),
+               ("fig09", "qsgd[levels=8] keeps the linear speedup (Jiang & Agrawal's rate)")),
+         note="fig09 (b) plots iterations against the measured bits of each level count; QSGD at s = sqrt(64) = 8 "
+              "levels (its measured bits per element in fig09's rows) is the level count the rate needs here"),
     dict(paper=JIANG, reviewer="R4", question="networks faster than 1 Gb/s",
          rows=(("fig06", "the gain grows as the bandwidth falls"),
                ("fig11", "significant speed gains (paper recipe; modeled, 1 Gb/s)")),
@@ -110,14 +172,6 @@ UNTESTABLE = [
                "no GPU cluster; fig06 evaluates the performance model only",
                "measured throughput on 2-512 GPUs over 1 Gb/s Ethernet and 100 Gb/s InfiniBand",
                setting="GPU clusters (4 GPUs per node), AlexNet, GoogLeNet, VGG-A"),
-    untestable("sparse parameter averaging keeps the O(1/√MK) rate",
-               '"We show that $O(1/\\sqrt{MK})$ convergence rate can be achieved if the sparsification and '
-               'quantization hyperparameters are configured properly." (abstract, LaTeX as on papers.nips.cc)',
-               "sparse parameter averaging (local SGD, Q = identity in tgsim/train/local_sgd.py) is implemented "
-               "but not among the methods the figures' compare runs sweep",
-               "`tgsim compare speedup` with fp32 local steps every p steps as a method: its slope over the "
-               "common range of M against fp32's (tgsim.analysis.verdicts.slopes_common_range)",
-               setting="non-convex, L-smooth objectives; CIFAR-10 and speech experiments"),
     untestable("PQASGD as fast as full-communication SGD in wall-clock time",
                '"our PQASGD can converge as fast as full-communication SGD with only 3%-5% communication data '
                'size." (abstract)',

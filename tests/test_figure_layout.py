@@ -1,6 +1,7 @@
-"""papers_figures/_layout.check_layout finds overlapping tick labels, axes with data but no label and
-repeated panel letters, and passes a clean figure; `_theme.save_figure` refuses a figure with a
-problem and stamps a quick run's figure with the QUICK mark; `_common.write_csv` marks quick CSVs.
+"""papers_figures/_layout.check_layout finds overlapping tick labels, axes with data but no label,
+repeated panel letters, log axes with fewer than 3 tick labels, a line drawn exactly over another and
+a panel's text reaching outside it, and passes a clean figure (each check with a figure that passes);
+`_theme.save_figure` refuses a figure with a problem and stamps a quick run's figure with the QUICK mark; `_common.write_csv` marks quick CSVs.
 The figure scripts call `save_figure` before writing any PNG, so every script run in
 tests/test_figures.py and tests/test_figures_report.py runs the check on its own figures.
 """
@@ -155,3 +156,88 @@ def test_log_ticks_cover_the_data():
     lo, hi = ax.get_xlim()
     assert len(ticks) >= 3 and lo <= 3.5 and hi >= 4.6 and all(lo <= t <= hi for t in ticks)
     assert _layout.check_layout(fig) == []
+
+
+def _log_panel(lo: float, hi: float):
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([lo, hi], [1, 2], marker="o")
+    ax.set(xscale="log", xlim=(lo, hi), xlabel="bits", ylabel="error")
+    return fig, ax
+
+
+def test_a_log_axis_with_fewer_than_three_labels_is_reported():
+    """Over 0.5-20 matplotlib's default log formatter labels only 10^0 and 10^1; over 1-100 it labels
+    three decades, and `_theme.log_ticks` labels 0.5-20 at 1-2-5 x 10^k: both pass."""
+    fig, ax = _log_panel(0.5, 20)
+    problems = _layout.check_layout(fig)
+    assert len(problems) == 1 and problems[0].startswith("axes 0: log x axis shows 2 tick label(s)"), problems
+    assert problems[0].endswith("(needs 3)")
+    _theme.log_ticks(ax, "x", [0.5, 20], pad=1.0)
+    assert _layout.check_layout(fig) == []
+    fig, ax = _log_panel(1, 100)
+    assert _layout.check_layout(fig) == []
+
+
+def test_shared_log_axes_with_hidden_inner_labels_pass():
+    """An inner panel of a shared log axis shows no labels and passes while its neighbour labels the
+    axis; with the neighbour's labels hidden too, both are reported."""
+    fig, axes = plt.subplots(1, 2, sharey=True, figsize=(6, 3))
+    for ax in axes:
+        ax.plot([1, 2, 3], [1, 50, 1000])
+        ax.set(yscale="log", xlabel="step")
+    axes[0].set_ylabel("loss")
+    assert _layout.check_layout(fig) == []
+    assert not [lab for lab in axes[1].get_yticklabels() if lab.get_visible() and lab.get_text()]
+    axes[0].tick_params(labelleft=False)                     # no axes of the pair labels the shared axis
+    problems = _layout.check_layout(fig)
+    assert [p.split(" [")[0] for p in problems] == ["axes 0: log y axis shows 0 tick label(s)",
+                                                    "axes 1: log y axis shows 0 tick label(s)"], problems
+
+
+def test_a_line_drawn_exactly_over_another_is_reported():
+    fig, ax = _clean()
+    ax.plot([1, 2, 3], [1, 4, 9 * (1 + 1e-9)], label="fp16")
+    ax.lines[0].set_label("bf16")
+    problems = _layout.check_layout(fig)
+    assert problems == ["axes 0 ('(a) clean'): line 'fp16' is drawn exactly over line 'bf16' (same x and y "
+                        "data), which it hides"], problems
+    ax.lines[1].set_ydata([1, 4, 9.1])                        # differs at one point: both visible
+    assert _layout.check_layout(fig) == []
+    ax.lines[1].set_ydata([1, 4, 9])
+    ax.lines[1].set_visible(False)                           # a hidden duplicate hides nothing
+    assert _layout.check_layout(fig) == []
+
+
+@pytest.mark.parametrize("how", ["text", "annotate"])
+def test_text_outside_its_panel_is_reported(how):
+    fig, ax = _clean()
+    if how == "text":
+        ax.text(0.98, 0.05, "a note that runs on past the edge", transform=ax.transAxes, ha="left")
+    else:
+        ax.annotate("a label above the top", (2, 9), xytext=(0, 30), textcoords="offset points", ha="center")
+    problems = _layout.check_layout(fig)
+    assert len(problems) == 1 and "outside its panel" in problems[0], problems
+
+
+def test_text_inside_its_panel_and_an_outside_legend_pass():
+    """Texts inside the axes pass; a title, axis labels and a legend placed outside the axes
+    (bbox_to_anchor) are not the panel's texts."""
+    fig, ax = _clean()
+    ax.text(0.02, 0.98, "inside, top left", transform=ax.transAxes, va="top")
+    ax.annotate("9", (3, 9), xytext=(-4, -4), textcoords="offset points", ha="right", va="top")
+    ax.legend(["series"], loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    ax.set_title("(a) a title wider than the panel it sits above, by far")
+    assert _layout.check_layout(fig) == []
+
+
+def test_zero_length_error_bars_are_not_a_hidden_series():
+    """An error bar of length zero draws its two caps at one place: caps are not series, so the
+    check passes; two real lines with the same data still fail."""
+    fig, ax = plt.subplots()
+    ax.errorbar([1, 2], [1, 2], yerr=[0, 0], capsize=2)
+    ax.set(xlabel="x", ylabel="y")
+    assert _layout.check_layout(fig) == []
+    ax.plot([1, 2], [1, 2])
+    ax.plot([1, 2], [1, 2])
+    assert any("drawn exactly over" in p for p in _layout.check_layout(fig))
+    plt.close(fig)

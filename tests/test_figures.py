@@ -177,8 +177,9 @@ def test_progress_disabled_reads_ci(monkeypatch, value, disabled):
 def test_fig06_names_the_bench_csv_it_read_when_it_was_written_and_quick(tmp_path):
     """fig06(g) reads results/bench_exchange.csv when the repository has one, else an earlier run's
     OUT/quick/bench_exchange_quick.csv (planted here: the --quick grid, 3 timed steps, dated
-    2026-11-20 10:00 UTC); its claim and CSV name that file, its modification time (ISO 8601) and
-    QUICK when a --quick benchmark wrote it (the planted one)."""
+    2026-11-20 10:00 UTC); its claim and CSV name that file (outside the repository: relative to
+    TGSIM_FIGURES_OUT), its modification time (ISO 8601) and QUICK when a --quick benchmark wrote it
+    (the planted one)."""
     rows = [dict(topology="shared", rate="1gbit", ranks=n, params=p, mode=m, steps=3, byte_ratio=br, speedup=sp,
                  pct_of_ratio=sp / br)
             for n in (2, 4) for p in (1_000_000, 4_000_000)
@@ -193,7 +194,8 @@ def test_fig06_names_the_bench_csv_it_read_when_it_was_written_and_quick(tmp_pat
     when = datetime.fromtimestamp(read.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")   # TZ=UTC
     claims = pd.read_csv(tmp_path / "quick" / "fig06_perfmodel_claims.csv")
     measured = claims[claims.claim.str.contains("emulated")].measured.iloc[0]
-    assert f"from {os.path.relpath(read, FIGURES.parent)}, written {when}" in measured, measured
+    shown = os.path.relpath(read, FIGURES.parent) if read == repo else "TGSIM_FIGURES_OUT/quick/bench_exchange_quick.csv"
+    assert f"from {shown}, written {when}" in measured, measured      # never a path outside the repository
     if read == planted:
         assert "written 2026-11-20T10:00:00+00:00, QUICK (tgsim bench exchange --quick)" in measured, measured
     data = pd.read_csv(tmp_path / "quick" / "fig06_perfmodel.csv", low_memory=False)

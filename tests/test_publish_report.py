@@ -27,11 +27,15 @@ def _full(**changes) -> dict:
     return {**s, **changes}
 
 
-def _run(tmp_path: Path, s: dict, pngs=("fig01_a.png", "fig02_b.png")) -> Path:
-    """A report as make_report writes it (stamp, image links into out/, PDF / CSV link lines) and its PNGs."""
+def _run(tmp_path: Path, s: dict, pngs=("fig01_a.png", "fig02_b.png"), rows=("fig01_a_1.csv",)) -> Path:
+    """A report as make_report writes it (stamp, image links into out/, PDF / CSV link lines, links to
+    the verdicts' rows in out/inputs/) and its PNGs and rows."""
     out = tmp_path / "run" / "out"
-    out.mkdir(parents=True)
+    (out / "inputs").mkdir(parents=True)
     body = [pr.stamp_line(s), "# The papers' claims, checked", ""]
+    for r in rows:
+        (out / "inputs" / r).write_text("seed,x\n0,1\n")
+        body += [f"| claim | confirmed | [{r}](out/inputs/{r}) |", ""]
     for p in pngs:
         (out / p).write_bytes(b"\x89PNG" + p.encode() * 10)
         stem = p[:-4]
@@ -62,10 +66,14 @@ def test_publish_copies_a_full_run_and_the_check_passes(tmp_path):
     dest = tmp_path / "docs" / "report"
     dest.mkdir(parents=True)
     (dest / "old.png").write_bytes(b"old")
+    (dest / "inputs").mkdir()
+    (dest / "inputs" / "old_1.csv").write_text("old")
     written = pr.publish(report, dest)
-    assert sorted(p.name for p in written) == ["REPORT.md", "fig01_a.png", "fig02_b.png"]
+    assert sorted(p.name for p in written) == ["REPORT.md", "fig01_a.png", "fig01_a_1.csv", "fig02_b.png"]
     text = (dest / "REPORT.md").read_text()
     assert "![fig01_a](fig01_a.png)" in text and "out/" not in text and "[PDF]" not in text
+    assert "[fig01_a_1.csv](inputs/fig01_a_1.csv)" in text and (dest / "inputs" / "fig01_a_1.csv").is_file()
+    assert not (dest / "inputs" / "old_1.csv").exists()
     assert not (dest / "old.png").exists()
     assert pr.check_published(dest, ROOT) == []
 
@@ -116,8 +124,12 @@ def test_check_finds_a_foreign_commit_a_missing_or_extra_file_and_the_size(tmp_p
     (dest / "REPORT.md").write_text(text)
     (dest / "fig01_a.png").unlink()
     (dest / "stray.png").write_bytes(b"x")
+    (dest / "inputs" / "fig01_a_1.csv").unlink()
+    (dest / "inputs" / "stray_1.csv").write_text("x")
     problems = pr.check_published(dest, ROOT)
     assert any("fig01_a.png, which is not" in p for p in problems) and any("stray.png" in p for p in problems)
+    assert any("inputs/fig01_a_1.csv, which is not" in p for p in problems)
+    assert any("stray_1.csv is not shown" in p for p in problems)
     assert any("more than 5" in p for p in pr.check_published(dest, ROOT, max_bytes=5))
     assert pr.check_published(tmp_path / "none", ROOT) == [f"{tmp_path / 'none' / 'REPORT.md'} does not exist"]
 

@@ -45,7 +45,7 @@ def test_equivalence_seeds_needed_is_the_first_n_that_decides():
 def test_equivalence_nonfinite_runs_are_counted_not_hidden():
     a = np.array([0.9, 0.91, np.nan, 0.9])
     b = np.array([0.9, 0.9, 0.9, 0.91])
-    r = V.equivalence(a, b, margin=0.05)
+    r = V.equivalence(a, b, margin=0.05, nonfinite="drop")
     assert r["dropped"] == 1 and r["n"] == 3 and "1 non-finite" in r["test"]
     assert V.equivalence(a, b, margin=0.05, nonfinite="fail")["verdict"] == "not confirmed"
 
@@ -130,3 +130,56 @@ def test_interval_verdict_three_outcomes():
     assert V.interval_verdict(-1.02, -0.82, -1.15, -0.85) == "inconclusive"
     assert V.interval_verdict(-0.4, -0.3, low=-0.5) == "confirmed"
     assert V.interval_verdict(float("nan"), 1.0, 0.0, 2.0) == "inconclusive"
+
+
+# The report's one rule (module docstring of tgsim.analysis.verdicts), fed small hand-made tables.
+
+def test_a_divergence_is_the_failure_of_the_method_that_diverged():
+    """fig03's case: TernGrad diverged on one seed while fp32 did not. The default rule charges it to
+    TernGrad ("not confirmed"), however close the other seeds are; when fp32 diverged instead, the
+    pair is left out and counted as fp32's, not TernGrad's."""
+    fp32 = np.array([0.90, 0.91, 0.92, 0.90])
+    tg_diverged = np.array([0.90, np.nan, 0.92, 0.90])
+    r = V.equivalence(tg_diverged, fp32, margin=0.01)
+    assert r["verdict"] == "not confirmed" and r["failed"] == 1, r
+    assert "diverged in 1 of 4" in r["test"]
+    assert V.noninferiority(tg_diverged, fp32, margin=0.01)["verdict"] == "not confirmed"
+    fp32_diverged = np.array([0.90, np.nan, 0.92, 0.90])
+    same = np.array([0.9001, 0.95, 0.9199, 0.9002])
+    r = V.equivalence(same, fp32_diverged, margin=0.01)
+    assert r["verdict"] == "confirmed" and r["ref_failed"] == 1 and r["n"] == 3, r
+    assert "the reference diverged" in r["test"]
+
+
+def test_identical_arms_are_equivalent_and_not_inferior():
+    x = np.array([0.90, 0.91, 0.92])
+    assert V.equivalence(x, x.copy(), margin=0.01)["verdict"] == "confirmed"
+    assert V.noninferiority(x, x.copy(), margin=0.01)["verdict"] == "confirmed"
+
+
+def test_a_missed_target_gets_no_ratio():
+    """fig08's case: the reference (fp32) missed the target on every seed: no ratio is printed and the
+    verdict is undecided; the method missing it is the method's failure."""
+    bits, ref = np.array([1.0, 1.1, 0.9]), np.array([7.0, 7.5, 7.2])
+    r = V.reached_ratio(bits, ref, [True] * 3, [False] * 3)
+    assert r["verdict"] == "inconclusive" and r["text"] == "reference missed (3/3)" and np.isnan(r["ratio"]), r
+    r = V.reached_ratio(bits, ref, [True, False, True], [True] * 3)
+    assert r["verdict"] == "not confirmed" and r["text"] == "missed (1/3)" and np.isnan(r["ratio"]), r
+    r = V.reached_ratio(bits, ref, [True] * 3, [True] * 3)            # positive control
+    assert r["verdict"] == "confirmed" and abs(r["ratio"] - np.mean(bits / ref)) < 1e-12 and r["hi"] < 1, r
+    r = V.reached_ratio(ref, bits, [True] * 3, [True] * 3)            # negative control: 7x more bits
+    assert r["verdict"] == "not confirmed" and r["lo"] > 1, r
+
+
+def test_settings_that_disagree_are_a_split():
+    """fig11's case: one model refutes, the other confirms: "split", not "inconclusive"."""
+    assert V.combine(["not confirmed", "confirmed"]) == "split"
+    assert V.combine(["confirmed", "confirmed"]) == "confirmed"
+    assert V.combine(["not confirmed", "not confirmed"]) == "not confirmed"
+    assert V.combine(["confirmed", "inconclusive"]) == "inconclusive"
+    assert V.combine(["confirmed", "inconclusive", "not confirmed"]) == "split"
+    assert V.combine(["confirmed", "not confirmed"], every=True) == "not confirmed"     # "at every N"
+    assert V.combine(["confirmed", "inconclusive"], every=True) == "inconclusive"
+    assert V.combine([]) == "n/a"
+    with pytest.raises(ValueError, match="not a verdict"):
+        V.combine(["maybe"])
