@@ -49,13 +49,14 @@ for (n, codec), r in zip(runs, res):
 write_csv(pd.DataFrame(rows), OUT / "least_squares_robbins_monro.csv", QUICK)
 
 # %% figure: one colour per N (light to dark, workers = 1 as visible as the rest), one dash per codec
-from _theme import save_figure, sns  # noqa: E402
+from _theme import log_ticks, save_figure, sns  # noqa: E402
 
 curves = pd.concat(curves, ignore_index=True)
 curves["workers N"] = curves.workers.astype(str)
 g = sns.relplot(data=curves, x="step", y="dist_opt", hue="workers N", style="codec", kind="line", lw=1.8,
                 palette=sns.color_palette("colorblind", 3), height=4, aspect=1.4)
 g.set(yscale="log")
+log_ticks(g.ax, "y", pd.concat([curves.dist_opt, pd.Series([1e-3])]))     # one panel; the line at 1e-3 shown
 g.set_axis_labels("training step (iterations)", "||w - w*|| / ||w*|| (relative distance)")
 g.refline(y=1e-3, color="black", lw=1)
 reached = {c: ", ".join(str(r["workers"]) for r in rows if r["codec"] == c and r["steps_to_1e-3"] is not None)

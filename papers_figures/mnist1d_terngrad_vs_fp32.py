@@ -112,12 +112,13 @@ print(summary.to_string())
 # %% figure: validation accuracy against the learning rate, and the test accuracies
 import textwrap  # noqa: E402
 
-from _theme import plt, save_figure, sns  # noqa: E402
+from _theme import log_ticks, plt, save_figure, sns  # noqa: E402
 
 fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
 sns.lineplot(data=tuning, x="lr", y="val_accuracy", hue="codec", style="codec", markers=True, dashes=False,
              errorbar="sd", ax=a)
 a.set_xscale("log")
+log_ticks(a, "x", tuning.lr, pad=1.3)
 a.axvline(best["fp32"], color="grey", ls=":", label=f"fp32's best lr ({best['fp32']:g})")
 a.set(xlabel="learning rate (log scale)", ylabel="validation accuracy (fraction)",
       title=f"(a) validation accuracy (mean ± sd of {len(SEEDS)} seeds)")
