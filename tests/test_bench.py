@@ -97,7 +97,8 @@ def test_bench_codec_quick_prints_every_row(capsys):
     assert head.split() == ["what", "ms", "min", "ms", "spread", "x", "floor", "speedup", "wire", "bytes", "identical",
                             "warning"]
     assert "load average " in out and " cores; clock perf_counter, resolution " in out
-    for key in ("floor read g (float32, 1 pass)", "fused moments+encode 2bit clip=explicit",
+    for key in ("floor read g (float32, 1 pass)", "floor philox words (n words, none stored)",
+                "floor encode = max(read g, philox words): ", "fused moments+encode 2bit clip=explicit",
                 "fused moments+encode base3 clip=none", "floor wsum = read payloads + write out",
                 "fused weighted_sum 8 x 2bit, per-worker scalers, out= preallocated", "fused sum_codes 8 x 2bit"):
         assert key in out, key
@@ -141,6 +142,36 @@ def test_floor_is_one_process_sgd_on_the_whole_batch():
 
 
 # netem.sh in the installed package (a wheel, not editable): tests/test_wheel.py
+
+
+def test_philox_floor_draws_every_word_the_encode_draws():
+    """The Philox floor folds the xor of every block's four words: the same sum as the stream's words
+    (tgsim.rng.random_words) folded in NumPy, so it computes every word and skips none."""
+    from tgsim.bench.codec import _philox_floor
+    from tgsim.rng import StreamKey, random_words
+    from tgsim.rng.numba_philox import _stream_args
+
+    key = StreamKey(seed=11, step=2, worker=1, layer=3)
+    n = 4 * 1000
+    w = random_words(n, key).reshape(-1, 4)
+    expect = int(np.bitwise_xor.reduce(w, axis=1).astype(np.uint64).sum())
+    assert int(_philox_floor(np.int64(n // 4), *_stream_args(key))) == expect
+    assert int(_philox_floor(np.int64(n // 4 - 1), *_stream_args(key))) != expect
+
+
+def test_bench_codec_layers_splits_the_same_elements():
+    """`--layers K`: the same n elements as K layers (sizes differ by at most one), every codec's row
+    gains the K-layer encode and aggregate times over the one layer's; K outside 1..n is one line, exit 2."""
+    from tgsim.bench import codecs_all
+
+    g = np.arange(10, dtype=np.float32)
+    parts = codecs_all.split_layers(g, 2, 3)
+    assert [p.shape for p in parts.values()] == [(2, 4), (2, 3), (2, 3)]
+    assert np.array_equal(np.concatenate([p[1] for p in parts.values()]), g)
+    rows = codecs_all.run(("terngrad", "fp16"), n_elements=1 << 10, workers=2, repeats=1, layers=8)
+    for r in rows:
+        assert r["encode_8_x_one"] > 0 and r["aggregate_8_x_one"] > 0, r
+    assert main(["bench", "codec", "--quick", "--layers", "0"]) == 2
 
 
 def test_bench_every_codec_gives_a_row_of_ratios():

@@ -134,16 +134,21 @@ def _cmd_bench_codec(args) -> int:
         return 0
     from tgsim.bench import codec
 
-    if args.codec:
+    if args.codec or args.layers is not None:
         from tgsim.bench import codecs_all
         from tgsim.codecs import registry
 
-        names = registry.names() if args.codec == "all" else (args.codec,)
+        names = registry.names() if (args.codec or "all") == "all" else (args.codec,)
         for name in names:
             registry.codec_class(name)
         n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 1 << 22)
         repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
-        print(codecs_all.format_rows(codecs_all.run(names, n, args.workers, repeats), n, args.workers))
+        k = 1 if args.layers is None else args.layers
+        if not 1 <= k <= n:
+            print(f"tgsim bench codec: --layers {k} must be between 1 and the elements ({n})", file=sys.stderr)
+            return 2
+        print(codecs_all.format_rows(codecs_all.run(names, n, args.workers, repeats, layers=k), n, args.workers,
+                                     layers=k))
         return 0
     n = args.elements or (BENCH_CODEC_QUICK["elements"] if args.quick else 16_777_216)
     repeats = args.repeats or (BENCH_CODEC_QUICK["repeats"] if args.quick else 5)
@@ -262,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--quick", action="store_true", help="2^18 elements, 2 repeats: a smoke test, not a measurement")
     bc.add_argument("--codec", help="'all' or a registered codec: encode and aggregate of every codec as ratios "
                     "(default 2^22 elements; tgsim.bench.codecs_all) instead of TernGrad's kernels")
+    bc.add_argument("--layers", type=int, help="K: also encode and aggregate the same elements as K layers, and "
+                    "print their times over the one layer's, per codec (implies --codec all unless one is named)")
     bc.add_argument("--backend", choices=("cupy", "numpy"), help="TernGrad's whole encode (one 64M layer and a "
                     "100 x 100k step) and aggregate of 8 against read passes, on CuPy (GPU) or NumPy "
                     "(tgsim.bench.codec_gpu)")

@@ -1,6 +1,6 @@
 """Every registered codec, one run: encode and decode-sum throughput as ratios.
 
-    tgsim bench codec --codec all|NAME [--elements N] [--workers W] [--repeats R] [--quick]
+    tgsim bench codec --codec all|NAME [--layers K] [--elements N] [--workers W] [--repeats R] [--quick]
 
 For each codec (its default config, tgsim.codecs.registry) on one Gaussian float32 layer of n
 elements, in the same process and run:
@@ -19,6 +19,11 @@ elements, in the same process and run:
               default's (kernels = "auto": Numba on the host), and `ref x read` / `ref x floor` the
               reference's own time over the same read pass / floor, so one run shows the reference,
               the Numba kernels and the read pass side by side.
+
+With `--layers K` (K > 1), the same encode and aggregate of K layers of n/K elements each (the
+first n mod K layers one element longer: n in all), in the same run: `encode_K_x_one` and
+`aggregate_K_x_one` are their times over the one-layer times. A codec whose passes run once over
+all of a step's layers (one compiled call per pass) stays near 1; one launch per layer grows with K.
 
 Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing). Each row also
 has load_avg, spread (the largest (max - min) / median over its timings: encode, aggregate, the floors
@@ -48,12 +53,20 @@ def _steps(codec, layers: dict, workers: np.ndarray):
     return encode
 
 
-def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) -> list[dict]:
+def split_layers(g: np.ndarray, workers: int, k: int) -> dict:
+    """{"l0000": (workers, n_0), ...}: `g` cut into k consecutive layers (sizes differ by at most one
+    element), each repeated for every worker."""
+    parts = np.array_split(g, k)
+    return {f"l{i:04d}": np.repeat(p[None], workers, axis=0) for i, p in enumerate(parts)}
+
+
+def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5, layers: int = 1) -> list[dict]:
     from tgsim.codecs import registry
     from tgsim.train.config import CodecConfig
 
     g = np.random.default_rng(0).standard_normal(n_elements).astype(np.float32)
-    layers = {"g": np.repeat(g[None], workers, axis=0)}
+    one = {"g": np.repeat(g[None], workers, axis=0)}
+    many = split_layers(g, workers, layers) if layers > 1 else None
     ids = np.arange(workers)
     cores, resolution = timing.core_count(), timing.clock_resolution()
     t_read = time_call(lambda: np.add.reduce(g), repeats)
@@ -68,7 +81,7 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
             variants["reference"] = registry.make_codec(dataclasses.replace(cfg, kernels="reference"))
         t, used = {}, [t_read, t_write]
         for label, codec in variants.items():
-            encode = _steps(codec, layers, ids)
+            encode = _steps(codec, one, ids)
             te = time_call(encode, repeats if label == "default" else min(repeats, 2))
             msgs = te.result
             ta = time_call(lambda: codec.aggregate(msgs, divide_by=workers), repeats if label == "default" else
@@ -82,6 +95,14 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
         floor_agg = t_or.median + floor_write
         ref = t.get("reference")
         nan = float("nan")
+        k_cols = {}
+        if many is not None:
+            codec = variants["default"]
+            tk = time_call(_steps(codec, many, ids), repeats)
+            mk = tk.result
+            tka = time_call(lambda: codec.aggregate(mk, divide_by=workers), repeats)
+            used += [tk, tka]
+            k_cols = {f"encode_{layers}_x_one": tk.median / enc, f"aggregate_{layers}_x_one": tka.median / agg}
         rows.append(dict(
             codec=name, encode_ms_per_worker=1e3 * enc / workers,
             encode_x_read=enc / workers / floor_read,
@@ -90,17 +111,19 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5) ->
             aggregate_ms=1e3 * agg, aggregate_x_floor=agg / floor_agg,
             aggregate_x_reference=(ref[1] / agg) if ref else nan,
             aggregate_ref_x_floor=(ref[1] / floor_agg) if ref else nan,
-            bits_per_element=8 * wire / n_elements,
+            bits_per_element=8 * wire / n_elements, **k_cols,
             **timing.row_check(used + [t_or], timing.load_average(), cores, resolution)))
     return rows
 
 
-def format_rows(rows: list[dict], n_elements: int, workers: int) -> str:
+def format_rows(rows: list[dict], n_elements: int, workers: int, layers: int = 1) -> str:
     head = (f"every codec (default config), a Gaussian layer of {n_elements:,} float32 elements, {workers} "
             "workers; x read / x floor: times the read pass of the layer (encode, per worker) and the read of "
             "the messages + write of the mean (aggregate) measured in this run; x reference: the array code's "
             "time / the default kernels' (codecs with a kernels option; the default, 'auto', is Numba on the host); "
-            "ref x read / ref x floor: the array code's time over the same read pass / floor")
+            "ref x read / ref x floor: the array code's time over the same read pass / floor"
+            + (f"; encode_{layers}_x_one / aggregate_{layers}_x_one: the same elements as {layers} layers, "
+               "time over the one layer's" if layers > 1 else ""))
     cols = list(rows[0])
     fmt = {c: (lambda v: f"{v:.3g}") for c in cols if c != "codec"}
     fmt.update(load_avg=lambda v: f"{v:.2f}", spread=lambda v: "" if v != v else f"{100 * v:.0f}%",
