@@ -78,6 +78,9 @@ QUICK = {
                                     ["fused moments+encode 2bit clip=explicit", "floor read g"]),
     ".venv/bin/tgsim bench codec --codec all": (lambda t: _tgsim("bench", "codec", "--codec", "all", "--quick"),
                                                 ["encode_x_read", "randomk"]),
+    ".venv/bin/tgsim bench codec --codec terngrad --layers 100": (
+        lambda t: _tgsim("bench", "codec", "--codec", "terngrad", "--layers", "100", "--quick"),
+        ["encode_100_x_one", "aggregate_100_x_one", "terngrad"]),
     ".venv/bin/tgsim bench sim": (lambda t: _tgsim("bench", "sim", "--quick"),
                                   ["simulator throughput", "peak memory of one step"]),
     # --quick at one point of its grid (N = 2, 1M elements; the whole --quick grid: make test-slow's
