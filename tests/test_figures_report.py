@@ -89,7 +89,7 @@ def test_report_links_every_png_and_its_claims(quick_report):
     assert sorted(links) == sorted(f"{name}.png" for name in EXPECTED)       # relative to REPORT.md
     for link in links:
         assert (out / link).stat().st_size > 0
-    header = "| claim | paper's words | setting | measured | test | verdict | scale |"
+    header = "| claim | words tested (source) | setting | measured | test | verdict | scale | rows |"
     assert "QUICK form" in text and text.count(header) == len(EXPECTED) + 1      # + the untestable claims
     for kind in ("paper claim", "other paper's result", "self-check"):
         assert re.search(rf"\| {kind} \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \|", text), kind
