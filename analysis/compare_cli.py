@@ -35,7 +35,7 @@ SPEEDUP_QUICK_PROBLEM = dict(n=32768, noise=5.5, batch=32, eps=0.05)
 # --quick sweeps the first registered codec with a numeric knob at two of its values: the first and the middle one
 BITS = {"seeds": (3, 1), "steps": (0, 0), "problems": ("logistic,convnet", "logistic,convnet"),
         "methods": ("", "quick"), "lr_grid": ("0.025,0.05,0.1,0.2", "0.05,0.1"), "jobs": (0, 1)}
-BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30, "resnet": 40, "transformer": 30}  # --quick's steps per problem
+BITS_QUICK_STEPS = {"logistic": 100, "convnet": 30, "resnet": 24, "transformer": 20}  # --quick's steps per problem
 
 
 def _resolve(args, table: dict) -> None:

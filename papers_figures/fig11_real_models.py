@@ -31,7 +31,7 @@
 # The full form runs only when asked (`make figures-real`: TGSIM_FIGURES_REAL=1, worker counts
 # TGSIM_REAL_WORKERS, default 4,8) or reuses its earlier run in out/real-models/; otherwise its table
 # says "not run". `--quick`: 1 seed, 5 methods
-# (the three floats and TernGrad per layer and whole-model), 8 workers, 40 / 30 steps. fig10 (a) and fig02 measure the
+# (the three floats and TernGrad per layer and whole-model), 8 workers, 24 / 20 steps. fig10 (a) and fig02 measure the
 # quantizer's error of one scaler per layer against one for the whole model on the MLP and convnet.
 
 # %%
