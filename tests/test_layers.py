@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LAYER = {"tgsim.errors": 0, "tgsim.backend": 0, "tgsim.rng": 0, "tgsim.blas": 0,
          "tgsim.codecs": 1, "tgsim.models": 2, "tgsim.data": 2, "tgsim.torch": 2, "tgsim.exchange": 3,
-         "tgsim.train": 4, "tgsim.torch.ddp": 4,
+         "tgsim.train": 4, "tgsim.torch.ddp": 4, "tgsim.torch.ddp_bucket": 4,
          "tgsim.bench": 5}
 
 

@@ -2,15 +2,19 @@
 
 One mpiexec job of 2 ranks (tests/torch_ddp_driver.py) trains the example MLP on MNIST-1D through DDP
 over Gloo with the hook, each rank on the simulator's batches of its worker, for TernGrad (shared
-scalers, integer all-reduce of the codes) and top-k with error feedback (parameter server,
-`gradient_as_bucket_view=True`), with a bucket cap small enough that DDP rebuilds its one bucket of
-step 0 into two at step 1. The parameters after every step equal those of tgsim's simulator
-(checkpoints of a 2-worker run of the same config) on both ranks. Planted defects in the same job,
+scalers, integer all-reduce of the codes), QSGD, top-k with error feedback (parameter server,
+`gradient_as_bucket_view=True`) and rotated Suresh with error feedback, exchanged per bucket on the
+hook's worker thread, and PowerSGD and TernGrad's scope = "model" (declared whole_step) in one step
+at the last bucket, with a bucket cap small enough that DDP rebuilds its one bucket of step 0 into
+two at step 1. The parameters after every step equal those of tgsim's simulator (checkpoints of a
+2-worker run of the same config) on both ranks. Planted defects in the same job,
 as positive controls: layers keyed by bucket index (fails at step 1, after the rebuild) and error
 feedback without its residuals (other parameters from step 1 on). Then the checks: a misnamed hook
 argument, modules that differ across ranks (the same error on every rank), NaN gradients. Without
-MPI: the hook in one process on hand-made buckets of three layouts gives a 1-worker simulator's bits,
-NaN gradients raise or skip the step, bad configs are refused. Skipped, with the reason, without
+MPI: the hook in one process on hand-made buckets of three layouts gives a 1-worker simulator's bits
+(and loses them when each bucket's layers are numbered from 0: a positive control), each bucket is
+exchanged before the next is handed over, NaN gradients raise or skip the step (a NaN in a later
+bucket leaves the residuals of error feedback as they were), bad configs are refused. Skipped, with the reason, without
 torch (the mpiexec tests without MPI).
 """
 
@@ -274,13 +278,16 @@ def _one_worker(codec: dict, mode: str, **run) -> dict:
     return d
 
 
-@pytest.mark.parametrize("codec,mode", [({"name": "terngrad"}, "allreduce"),
-                                        ({"name": "topk", "error_feedback": True}, "ps")])
-def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(tmp_path, codec, mode):
-    """One worker, the hook called on hand-made buckets of three layouts (all layers in model order;
-    two buckets in reverse order; one bucket per layer, shuffled): the parameters after each of 3
-    steps equal a 1-worker simulator run's, bit for bit (the layers reach the codec in name order
-    whatever the buckets)."""
+ONE_PROCESS = [({"name": "terngrad"}, "allreduce"), ({"name": "topk", "error_feedback": True}, "ps"),
+               ({"name": "qsgd"}, "ps"), ({"name": "suresh", "rotate": True, "error_feedback": True}, "allgather"),
+               ({"name": "randomk", "error_feedback": True}, "ps"),
+               ({"name": "terngrad", "scope": "model"}, "allreduce")]
+
+
+def _one_process_run(tmp_path, codec: dict, mode: str) -> tuple:
+    """A 1-worker simulator run of 3 steps and the hook in one process on hand-made buckets of three
+    layouts (all layers in model order; two buckets in reverse order; one bucket per layer,
+    shuffled): (the hook's digests after each step, the simulator's, its run, the state, the optimizer)."""
     from tgsim.exchange import InProcessExchange
     from tgsim.train.config import from_dict
     from tgsim.train.loop import build
@@ -310,10 +317,38 @@ def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(
             digests.append(tgddp.digest(module))
     finally:
         torch.set_num_threads(before)
+    return digests, sim, run, state, opt
+
+
+@pytest.mark.parametrize("codec,mode", ONE_PROCESS, ids=lambda v: v if isinstance(v, str) else "+".join(
+    f"{k}={x}" for k, x in v.items()))
+def test_in_one_process_the_hook_gives_the_simulators_bits_whatever_the_buckets(tmp_path, codec, mode):
+    """One worker, the hook called on hand-made buckets of three layouts (`_one_process_run`): the
+    parameters after each of 3 steps equal a 1-worker simulator run's, bit for bit: per bucket, each
+    layer drawn under its index in name order whatever bucket holds it (TernGrad, QSGD, Suresh's
+    rotation, random-k; error feedback's residuals per bucket), and TernGrad's scope = "model"
+    (declared whole_step) in one step at the last bucket."""
+    digests, sim, run, state, opt = _one_process_run(tmp_path, codec, mode)
     assert digests == sim and digests[-1] == digest(run.params)
     assert state.step == 3 and (state.codec_state is not None) == bool(codec.get("error_feedback"))
+    assert state.per_bucket == (codec.get("scope") != "model")
     with pytest.raises(ValueError, match="call step\\(\\) once after each backward pass"):
         opt.step()
+
+
+@pytest.mark.parametrize("codec,mode", [({"name": "qsgd"}, "ps"),
+                                        ({"name": "suresh", "rotate": True, "error_feedback": True}, "allgather")])
+def test_layers_renumbered_per_bucket_are_caught(tmp_path, monkeypatch, codec, mode):
+    """Positive control of the test above: the hook numbering each bucket's layers from 0 (the
+    layer's position in its bucket, not in the model) keeps the simulator's bits at step 0 (one
+    bucket of all layers) and loses them at step 1 (two buckets)."""
+    from tgsim.codecs.base import IndexedLayers
+    from tgsim.torch import ddp_bucket
+
+    monkeypatch.setattr(ddp_bucket, "IndexedLayers", lambda layers, ids: IndexedLayers(
+        layers, {k: i for i, k in enumerate(layers)}))
+    digests, sim, _, state, _ = _one_process_run(tmp_path, codec, mode)
+    assert state.per_bucket and digests[0] == sim[0] and digests[1] != sim[1]
 
 
 def test_the_hooks_step_draws_no_batch_and_averages_no_loss(monkeypatch):
@@ -378,6 +413,102 @@ def test_nan_gradients_raise_or_skip_the_step():
             assert not any(moved)
         else:
             assert all(moved)
+
+
+def test_a_nan_in_a_later_bucket_skips_the_step_and_keeps_the_codec_state():
+    """Random-k with error feedback, two buckets a step ([2.*] then [0.*], as DDP orders them).
+    Step 0 is good (residuals nonzero). Step 1 has a NaN in the LAST bucket's 0.bias, after the first
+    bucket was already exchanged: on_nonfinite = 'skip' leaves the residuals bit for bit as after step
+    0 (the first bucket's new residuals are dropped), every bucket gets zeros, the parameters do not
+    move; step 2 runs from the kept residuals. 'raise' names the layer, worker 0 and step 0."""
+    from tgsim.errors import NonFiniteGradientError
+    from tgsim.exchange import InProcessExchange
+
+    module = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    layout = [["2.weight", "2.bias"], ["0.weight", "0.bias"]]
+
+    def fill(state, bad: bool, step: int):
+        g = torch.Generator().manual_seed(step)
+        for k, p in state.params.items():
+            p.grad = torch.randn(p.shape, generator=g)
+            if bad and k == "0.bias":
+                p.grad[1] = float("nan")
+
+    d = _one_worker({"name": "randomk", "error_feedback": True}, "ps", on_nonfinite="skip")
+    state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+    opt = tgddp.TgsimOptimizer(state)
+    assert state.per_bucket
+    for step, bad in enumerate((False, True, False)):
+        fill(state, bad, step)
+        kept = {k: v.copy() for k, v in state.codec_state.items()}
+        before = {k: p.detach().clone() for k, p in state.params.items()}
+        _exchange_buckets(state, layout)
+        opt.step()
+        assert state.skipped == bad and state.step == step + 1
+        same = [np.array_equal(state.codec_state[k], kept[k]) for k in kept]
+        moved = [not torch.equal(p, before[k]) for k, p in state.params.items()]
+        if bad:
+            assert all(same), [k for k, ok in zip(kept, same) if not ok]
+            assert all(torch.count_nonzero(p.grad) == 0 for p in state.params.values())
+            assert not any(moved)
+        else:
+            assert not any(same) and any(moved)
+
+    d = _one_worker({"name": "randomk", "error_feedback": True}, "ps", on_nonfinite="raise")
+    state = tgddp.TgsimHookState.create(module, d, exchange=InProcessExchange(1))
+    fill(state, True, 0)
+    with pytest.raises(NonFiniteGradientError, match=r"layer '0\.bias'.*worker 0, step 0"):
+        _exchange_buckets(state, layout)
+    assert state.step == 1
+
+
+class _Watched:
+    """InProcessExchange(1) whose `aggregate` records the thread it runs on."""
+
+    def __init__(self):
+        from tgsim.exchange import InProcessExchange
+
+        self.inner, self.threads = InProcessExchange(1), []
+
+    def aggregate(self, *args, **kwargs):
+        import threading
+
+        self.threads.append(threading.current_thread())
+        return self.inner.aggregate(*args, **kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+@pytest.mark.parametrize("codec,thread", [({"name": "qsgd"}, True), ({"name": "qsgd"}, False),
+                                          ({"name": "terngrad", "scope": "model"}, True)])
+def test_each_bucket_is_exchanged_before_the_next_is_handed_over(codec, thread):
+    """Per bucket, the first bucket's exchange runs, and its future completes, before the last bucket
+    is handed over: on the worker thread (thread=True), or inline in the hook (thread=False). A
+    whole-step codec (TernGrad scope = 'model') exchanges nothing until the last bucket."""
+    import threading
+    import time
+
+    module = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    ex = _Watched()
+    state = tgddp.TgsimHookState.create(module, _one_worker(codec, "ps"), exchange=ex, thread=thread)
+    assert state.per_bucket == (codec.get("scope") != "model")
+    for p in state.params.values():
+        p.grad = torch.ones_like(p)
+    first = _Bucket(0, False, [state.params["2.weight"], state.params["2.bias"]])
+    fut = tgddp.tgsim_hook(state, first)
+    deadline = time.monotonic() + (20 if state.per_bucket else 1)
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not state.per_bucket:
+        assert not fut.done() and ex.threads == []
+    else:
+        assert fut.done() and len(ex.threads) == 1
+        assert (ex.threads[0] is threading.main_thread()) == (not thread)
+        assert torch.equal(fut.wait(), first.buffer())
+    last = _Bucket(1, True, [state.params["0.weight"], state.params["0.bias"]])
+    tgddp.tgsim_hook(state, last).wait()
+    assert fut.done() and len(ex.threads) == (2 if state.per_bucket else 1) and state.step == 1
 
 
 def _steps(state, opt, module, setup, cfg, steps) -> list:

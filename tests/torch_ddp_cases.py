@@ -34,7 +34,10 @@ CODECS = {     # name -> config: the cases checked bit for bit against the simul
     "qsgd": ddp_config({"name": "qsgd"}, "ps"),
     "topk-ef": TOPK_EF,
     "powersgd": ddp_config({"name": "powersgd", "rank": 2}, "allreduce"),
+    "suresh-ef": ddp_config({"name": "suresh", "rotate": True, "error_feedback": True}, "allgather"),
+    "terngrad-model": ddp_config({"name": "terngrad", "scope": "model"}, "allreduce"),
 }
+WHOLE_STEP = ("powersgd", "terngrad-model")     # codecs that declare properties.whole_step (or take rounds)
 
 
 def digest(params: dict) -> str:
@@ -44,7 +47,8 @@ def digest(params: dict) -> str:
 def check_bits(job, name: str, ranks: int, rebuilt_at: int = 1) -> None:
     """After every step, on every rank, DDP's parameters are the simulator's (one bucket before DDP's
     rebuild at step `rebuilt_at`, two from it on); rank 0's final parameters equal the simulator's
-    array by array."""
+    array by array. A per-bucket codec's exchange, on the hook's worker thread, was entered before DDP
+    handed over the last bucket at every step of two buckets; a whole-step codec's never."""
     steps, params = job.sim[name]
     assert len(job.ranks) == ranks
     for r in job.ranks:
@@ -54,5 +58,8 @@ def check_bits(job, name: str, ranks: int, rebuilt_at: int = 1) -> None:
         assert case["digests"] == steps, f"rank {r['rank']}: first step that differs: " + \
             str(next((i for i, (a, b) in enumerate(zip(case["digests"], steps)) if a != b), None))
         assert case["sent"] > 0
+        per_bucket = name not in WHOLE_STEP
+        assert case["per_bucket"] == per_bucket and case["threaded"] == per_bucket    # the jobs on a worker thread
+        assert case["early"] == [False] * rebuilt_at + [per_bucket] * (STEPS - rebuilt_at), case["early"]
     assert params_bits(load_params(job.out / f"{name}.npz")) == params_bits(params)
     assert steps[0] != steps[1]                        # the parameters move

@@ -7,7 +7,9 @@ CASES.json: {"train": {name: {"config": tgsim config dict, "steps": k, "bucket_c
 "bucket_view": bool, "static_graph": bool, "no_sync": bool, "defect": null | "bucket_index" |
 "no_residual"}}, and optionally "mismatch"
 and "nan": a config dict each, for the checks below. Per training case: the sha256 of the
-parameters (name order) after every step on every rank, the bucket count of every step, the final
+parameters (name order) after every step on every rank, the bucket count of every step, whether the
+hook runs per bucket and, per step, whether its exchange was entered before DDP handed over the last
+bucket ("early": per bucket, the last bucket's handover waits up to 30 s for it), the final
 parameters (rank 0, OUT/NAME.npz).
 Each rank trains worker `rank` of the simulator: the module TorchModel builds from the config's
 factory and seed, the batches `tgsim.data.batch_indices(shard, B, seed, step, rank)`, cross-entropy.
@@ -33,6 +35,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -51,25 +54,14 @@ from tgsim.train.loop import build
 class BucketIndexState(tgddp.TgsimHookState):
     """Planted defect: layers keyed by (bucket index, position), named as in the first step's buckets."""
 
-    def collect(self, bucket):
+    def bucket_grads(self, bucket):
         if not hasattr(self, "by_index"):
             self.by_index = {}
-        for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients())):
-            self._grads[self.by_index.setdefault((bucket.index(), i), self.name_of(p))] = g
-        self._pending.append(bucket.buffer())
+        return {self.by_index.setdefault((bucket.index(), i), self.name_of(p)): g
+                for i, (p, g) in enumerate(zip(bucket.parameters(), bucket.gradients()))}
 
 
-class NoResidualState(tgddp.TgsimHookState):
-    """Planted defect: error feedback's residuals zeroed after every step."""
-
-    def finish(self):
-        out = super().finish()
-        for v in self.codec_state.values():
-            v[...] = 0
-        return out
-
-
-DEFECTS = {None: tgddp.TgsimHookState, "bucket_index": BucketIndexState, "no_residual": NoResidualState}
+DEFECTS = {None: tgddp.TgsimHookState, "bucket_index": BucketIndexState, "no_residual": tgddp.TgsimHookState}
 
 
 TRANSPORT = "torch" if sys.argv[3:5] == ["--transport", "torch"] else "mpi"
@@ -89,11 +81,27 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
     model = DDP(module, bucket_cap_mb=case["bucket_cap_mb"], gradient_as_bucket_view=case["bucket_view"],
                 static_graph=case.get("static_graph", False))
     buckets: list[int] = []
+    early: list[bool] = []                   # per step: an exchange entered before the last bucket came
+    entered = threading.Event()
+    aggregate = state.exchange.aggregate
+
+    def watched(*args, **kwargs):
+        entered.set()
+        return aggregate(*args, **kwargs)
+
+    state.exchange.aggregate = watched
 
     def hook(state, bucket):
         if bucket.is_last():
             buckets.append(bucket.index() + 1)
-        return tgddp.tgsim_hook(state, bucket)
+            early.append(entered.wait(30) if state.per_bucket and bucket.index() > 0 else entered.is_set())
+        fut = tgddp.tgsim_hook(state, bucket)
+        if bucket.is_last():
+            entered.clear()
+            if case.get("defect") == "no_residual":          # planted defect: the residuals zeroed every step
+                for v in state.codec_state.values():
+                    v[...] = 0
+        return fut
 
     tgddp.register(model, state, hook)
     opt = tgddp.TgsimOptimizer(state)
@@ -123,7 +131,9 @@ def train_case(case: dict, rank: int, out: Path, name: str) -> dict:
         digests.append(tgddp.digest(module))
     if rank == 0:
         np.savez(out / f"{name}.npz", **{k: p.detach().cpu().numpy() for k, p in tgddp.named_parameters(module).items()})
-    return {"digests": digests, "buckets": buckets, "sent": state.sent, "error": error, "hook_steps": state.step,
+    threaded = state.per_bucket and state.buckets.pool is not None
+    return {"digests": digests, "buckets": buckets, "early": early, "per_bucket": state.per_bucket,
+            "threaded": threaded, "sent": state.sent, "error": error, "hook_steps": state.step,
             "refused": refused, "comm": type(state.exchange.comm).__module__}
 
 

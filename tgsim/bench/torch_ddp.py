@@ -27,13 +27,17 @@ torch's intra-op threads to 1, as the hook's users do).
 
 Ratios added to every row (same run, same network setting):
 
-  hook_over_backward       t_hook / t_backward(local): the hook's encode + exchange + decode (all
-                           the time spent inside tgsim's hook in a step) over the backward pass of the
-                           module alone (no DDP, no communication); target <= TARGET (10 %). tgsim rows
+  hook_over_backward       t_hook / t_backward(local): the time the tgsim hook's calls hold the backward
+                           pass in a step (its encode + exchange + decode, less what its worker thread
+                           did while the backward pass went on: tgsim.torch.ddp_bucket) over the backward
+                           pass of the module alone (no DDP, no communication); target <= TARGET (10 %).
+                           tgsim rows
   hook_over_backward_best  the same ratio of the fastest rounds (the least disturbed)
   codec_over_backward      t_hook_codec / t_backward(local): the hook's own computing (t_hook less
                            its time inside MPI calls, transfers and waits; the busiest rank) over the
-                           backward pass: the part of the target the codec and the hook control
+                           backward pass: the part of the target the codec and the hook control (with
+                           several DDP buckets the MPI calls on the hook's worker thread overlap the
+                           backward pass, and the difference understates it)
   comm_over_backward       (t_backward - t_backward(local)) / t_backward(local): what DDP's backward
                            pass (with its hook or all-reduce) adds to the module's own, over it; every
                            row but `local` (noise can make it negative)

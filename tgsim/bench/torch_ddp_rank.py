@@ -30,10 +30,13 @@ Variants (`VARIANTS`):
 A round runs every variant once, in an order rotated by one each round (no variant always first),
 each step after an MPI barrier: t_forward (zero_grad, forward, loss), t_backward (loss.backward(),
 which for DDP includes waiting for its communication), t_optimizer (SGD step), t_step their sum;
-t_hook the seconds spent inside the tgsim hook's calls of the step (collecting every bucket, then at
-the last one the tgsim step: encode, exchange, decode, writing the mean into the buckets), nan for
-the others; t_comm the part of t_hook spent inside the exchange's mpi4py calls (`TimedComm`: the
-transfers and the waits for the other ranks). Per round every rank's numbers are gathered; a
+t_hook the seconds spent inside the tgsim hook's calls of the step (handing each bucket over, and at
+the last one the step's encode, exchange and decode that the hook's worker thread had not finished,
+or the whole tgsim step for a whole-step codec: tgsim.torch.ddp), nan for the others; t_comm the
+seconds inside the exchange's mpi4py calls (`TimedComm`: the transfers and the waits for the other
+ranks), made on the hook's worker thread where it exchanges per bucket: with one DDP bucket (the
+default cap and a model under 1 MiB) a part of t_hook, with several partly overlapping the backward
+pass. Per round every rank's numbers are gathered; a
 round's t_forward, t_backward and t_optimizer are the max over ranks (the step ends for all when
 the slowest rank ends), its t_hook the min over ranks (the hook's exchange is a collective: a rank
 that reaches it first also waits there for the others' backward passes; the last to arrive waits

@@ -70,6 +70,13 @@ class CodecProperties:
     rounds:           communication rounds per step: 1, or R > 1 for a codec of the `MultiRound`
                       sub-protocol (its messages are float32 layers averaged by the exchange each
                       round; such a codec is stateful)
+    whole_step:       a layer's message depends on the other layers of the step (one statistic over
+                      all layers, rounds over all of them): the codec encodes and exchanges every
+                      layer of a step in one call. False: each layer's message is a function of that
+                      layer alone and its stream key StreamKey(seed, step, worker, layer index), the
+                      index read from `layer_ids(layers)`, so any subset of the layers (a DDP bucket,
+                      tgsim.torch.ddp) can be encoded and exchanged on its own with the same bits;
+                      a stateful such codec keeps its state under keys "<kind>/<layer name>"
     wire:             derived, for display only (nothing in the exchange or trainer branches on it):
                       "float32" where float_mean, "tgm1" where sums_exactly, else "own" (the codec's
                       own bytes, exchanged whole and combined by `codec.aggregate`). A codec may still
@@ -87,6 +94,7 @@ class CodecProperties:
     rounds: int = 1
     float_mean: bool | None = None
     defers_encode: bool = False
+    whole_step: bool = False
 
     def __post_init__(self):
         if self.wire is not None and self.wire not in WIRES:
@@ -112,6 +120,31 @@ class CodecProperties:
             raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
         if self.rounds > 1 and not self.stateful:
             raise ValueError("a codec with rounds > 1 is stateful (its state goes through init_state)")
+
+
+class IndexedLayers(dict):
+    """One worker's (or W workers') layers {name: array}, a subset of a step's layers, with each
+    layer's index in the step's full layer order: `ids` {name: index}. A codec draws layer `name`'s
+    random stream from StreamKey(seed, step, worker, ids[name]) (`layer_ids`), so encoding the subset
+    gives each layer the bits it has when the whole step is encoded in one call."""
+
+    def __init__(self, layers: Mapping, ids: Mapping):
+        super().__init__(layers)
+        self.ids = {k: int(ids[k]) for k in self}
+
+
+def layer_ids(layers: Mapping) -> list[int]:
+    """The stream-key layer index of each layer of `layers`, in its iteration order: `layers.ids[name]`
+    for an `IndexedLayers`, else the positions 0, 1, ..., L-1 (the layers are the whole step)."""
+    ids = getattr(layers, "ids", None)
+    return list(range(len(layers))) if ids is None else [ids[k] for k in layers]
+
+
+def with_ids(layers: dict, like: Mapping):
+    """`layers` (made from `like`, the same names) with `like`'s layer indices where `like` is an
+    IndexedLayers; `layers` itself otherwise."""
+    ids = getattr(like, "ids", None)
+    return layers if ids is None else IndexedLayers(layers, ids)
 
 
 def layer_shapes(layers_or_shapes: Mapping) -> dict[str, tuple[int, ...]]:

@@ -44,7 +44,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.backend import array_module, to_numpy
-from tgsim.codecs.base import CodecProperties
+from tgsim.codecs.base import CodecProperties, with_ids
 from tgsim.errors import ConfigError
 
 SUFFIX = "+ef"                 # "qsgd+ef": the name of an EF-wrapped codec (tables, error messages)
@@ -170,8 +170,9 @@ class ErrorFeedback:
         return as_state(zeros(shapes, n_local))
 
     def encoder_inputs(self, layers: Mapping, state: Mapping) -> dict:
-        """p = f32(g) + e per layer (W, *shape): what the inner codec encodes."""
-        return compensate(layers, residuals(state))
+        """p = f32(g) + e per layer (W, *shape): what the inner codec encodes (with the layer indices
+        of `layers` where it is an IndexedLayers)."""
+        return with_ids(compensate(layers, residuals(state)), layers)
 
     def encode_stateful(self, layers: Mapping, seed: int, step: int, workers, state: Mapping,
                         shared_scalers=None, stats=None) -> tuple[list, dict]:

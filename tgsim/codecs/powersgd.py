@@ -43,7 +43,8 @@ State (`init_state`, every array with the leading local-worker axis, float32, fo
 checkpoint): "residual/<layer>" (W, *shape), e_w; "q/<layer>" (W, m, r_l), the warm-start Q (the
 same rows on every worker). Compressed layers only.
 
-Driver (tgsim.codecs.base.MultiRound; `properties.rounds` = 2):
+Driver (tgsim.codecs.base.MultiRound; `properties.rounds` = 2; `properties.whole_step`: the rounds
+run over all layers of a step at once, Q drawn under each layer's position among them):
 
     msgs, ctx = codec.start_rounds(layers, seed, step, workers, state)  # {"p/<l>": P_w, "<l>": f32(g_w)}
     msgs, ctx = codec.next_round(ctx, mean)                             # {"q/<l>": Q_w}
@@ -225,7 +226,7 @@ class PowerSGD:
             2.0, "a layer (n x m) is compressed only where rate · r (n + m) < n m, else sent as float32", min=1.0)
         warm_start: bool = options.option(True, "start each step's power iteration from the previous step's Q")
 
-    properties = CodecProperties(unbiased=False, float_mean=True, stateful=True, rounds=2)
+    properties = CodecProperties(unbiased=False, float_mean=True, stateful=True, rounds=2, whole_step=True)
 
     def __init__(self, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True):
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:

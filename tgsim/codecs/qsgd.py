@@ -81,7 +81,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import elias, options, qsgd_paper_coding as paper
-from tgsim.codecs.base import CodecProperties, encode_one, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, encode_one, layer_ids, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -363,12 +363,14 @@ class QSGD:
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[QSGDMessage]:
         """One message per local worker; layer i of worker workers[w] draws from StreamKey(seed, step,
-        workers[w], i)."""
+        workers[w], i), i = the layer's index `layer_ids(layers)` (its position unless `layers` is an
+        IndexedLayers)."""
         shapes = {k: tuple(g.shape[1:]) for k, g in layers.items()}
+        ids = layer_ids(layers)
         msgs = []
         for i, worker in enumerate(workers):
             norms, levels, payload, nbits = {}, {}, {}, {}
-            for li, (k, g) in enumerate(layers.items()):
+            for li, (k, g) in zip(ids, layers.items()):
                 key = StreamKey(int(seed), int(step), int(worker), li)
                 if self._numba(isinstance(g, np.ndarray)):
                     from tgsim.codecs import numba_qsgd

@@ -73,7 +73,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, PlainCodec, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, PlainCodec, layer_ids, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -299,12 +299,13 @@ class _Sparse(PlainCodec):
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[SparseMessage]:
         """One message per local worker; layer i of worker workers[w] draws (randomk) from
-        StreamKey(seed, step, workers[w], i)."""
+        StreamKey(seed, step, workers[w], i), i = the layer's index `layer_ids(layers)`."""
         shapes = {k: tuple(g.shape[1:]) for k, g in layers.items()}
+        ids = layer_ids(layers)
         msgs = []
         for i, worker in enumerate(workers):
             indices, values = {}, {}
-            for li, (name, g) in enumerate(layers.items()):
+            for li, (name, g) in zip(ids, layers.items()):
                 select = self._select_numba if self._numba(isinstance(g, np.ndarray)) else self._select
                 v = _host(g[i]).reshape(-1)
                 idx, val = select(v, StreamKey(int(seed), int(step), int(worker), li))

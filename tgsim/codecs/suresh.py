@@ -80,7 +80,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, encode_one, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, encode_one, layer_ids, layer_shapes, per_element_bits
 from tgsim.codecs.fp32 import first_beyond_float32, first_nonfinite
 from tgsim.codecs.framing import HEADER, frame, unframe
 from tgsim.codecs.ordered_mean import ordered_mean
@@ -230,6 +230,7 @@ class SureshMessage:
     ranges: dict          # name -> float32 (2,) [lo, hi] ((0,) for an empty layer)
     levels: dict          # name -> levels (m,), uint8 or uint16
     payload: dict         # name -> uint8 payload bytes
+    ids: tuple | None = None   # the layers' stream-key indices in `shapes` order (None: 0, 1, ...); not on the wire
 
     def to_bytes(self) -> bytes:
         parts = [PARAMS.pack(*self.params)]
@@ -244,6 +245,11 @@ class SureshMessage:
     def wire_bytes(self) -> int:
         return (HEADER.size + PARAMS.size + (KEY.size if self.key is not None else 0)
                 + sum(4 * int(self.ranges[k].size) + int(self.payload[k].size) for k in self.shapes))
+
+
+def _ids(message: SureshMessage) -> list[int]:
+    """The stream-key layer index of each layer of `message`, in its order."""
+    return list(range(len(message.shapes))) if message.ids is None else list(message.ids)
 
 
 class Suresh:
@@ -340,13 +346,16 @@ class Suresh:
     def encode_many(self, layers: Mapping, seed: int, step: int, workers, shared_scalers=None, stats=None,
                     **_) -> list[SureshMessage]:
         """One message per local worker; layer i of worker workers[w] draws from StreamKey(seed, step,
-        workers[w], i) (rounding: words [0, m); rotation signs: words [2^33, 2^33 + d))."""
+        workers[w], i) (rounding: words [0, m); rotation signs: words [2^33, 2^33 + d)), i = the layer's
+        index `layer_ids(layers)`, which the message keeps (`ids`) for the rotation's inverse."""
         shapes = {k: tuple(g.shape[1:]) for k, g in layers.items()}
         b = code_bits(self.levels)
+        ids = layer_ids(layers)
+        kept = None if ids == list(range(len(ids))) else tuple(ids)
         msgs = []
         for i, worker in enumerate(workers):
             ranges, levels, payload = {}, {}, {}
-            for li, (k, g) in enumerate(layers.items()):
+            for li, (k, g) in zip(ids, layers.items()):
                 key = StreamKey(int(seed), int(step), int(worker), li)
                 if g[i].size == 0:
                     ranges[k], levels[k] = np.zeros(0, np.float32), np.zeros(0, np.uint8)
@@ -365,7 +374,7 @@ class Suresh:
                     ranges[k], levels[k] = np.array([lo, hi], np.float32), to_numpy(q)
                 payload[k] = pack_uint(levels[k], b)
             key = (int(seed), int(step), int(worker)) if self.rotate else None
-            msgs.append(SureshMessage(self._params, key, shapes, ranges, levels, payload))
+            msgs.append(SureshMessage(self._params, key, shapes, ranges, levels, payload, kept))
         return msgs
 
     # -- bytes ----------------------------------------------------------------------------------
@@ -421,7 +430,7 @@ class Suresh:
             ranges[name], levels[name], payload[name] = rng, q, pay
         if off != len(body):
             raise PayloadError(f"suresh message: {len(body) - off} bytes after the last layer")
-        return SureshMessage(got, key, shapes, ranges, levels, payload)
+        return SureshMessage(got, key, shapes, ranges, levels, payload, like.ids)   # the receiver's layer indices
 
     # -- decode and combine -------------------------------------------------------------------
     def decode_layer(self, message: SureshMessage, name: str, index: int, xp=np):
@@ -438,7 +447,7 @@ class Suresh:
 
     def decode(self, message: SureshMessage) -> dict:
         return {k: self.decode_layer(message, k, i).reshape(shape)
-                for i, (k, shape) in enumerate(message.shapes.items())}
+                for i, (k, shape) in zip(_ids(message), message.shapes.items())}
 
     def aggregate(self, messages: Sequence[SureshMessage], divide_by: int | None = None) -> dict:
         divide_by = len(messages) if divide_by is None else divide_by
@@ -446,7 +455,7 @@ class Suresh:
             from tgsim.codecs import numba_suresh
 
             out = {}
-            for li, (k, shape) in enumerate(messages[0].shapes.items()):
+            for li, (k, shape) in zip(_ids(messages[0]), messages[0].shapes.items()):
                 n = int(np.prod(shape, dtype=np.int64))
                 keys, scale = None, 1.0
                 if self.rotate and n:

@@ -35,21 +35,34 @@ host buffers go over a Gloo group the comm makes, device (CuPy) buffers over NCC
 hook reads [run] seed and on_nonfinite, [workers] n (= the number of ranks), [codec] and
 [exchange]; TgsimOptimizer reads [optimizer], [schedule] and [run] steps.
 
-The step (whole-step)
----------------------
-DDP calls `tgsim_hook(state, bucket)` once per gradient bucket, in bucket order. The hook keeps the
+The step
+--------
+DDP calls `tgsim_hook(state, bucket)` once per gradient bucket, in bucket order, and the hook
+returns a torch Future that DDP waits for at the end of the backward pass. The hook takes the
 bucket's gradients (float32 views of its buffer) under their parameter names, found by the
-parameters' storage addresses (`data_ptr`), and returns a pending torch Future. DDP rebuilds its
-buckets after the first step (other members, another order), so nothing is keyed by the bucket's
-index. At the last bucket (`bucket.is_last()`) it runs ONE tgsim step over all layers in the order
-of their names (TorchModel's order): `tgsim.train.loop.train_step`, the trainer's own step, with this
-rank as worker `rank` of N, the step counter `state.step` and the run seed, so the counter-based
-random keys (seed, step, worker, layer), the shared scalers, the error-feedback residuals
-(`state.codec_state`), the NaN checks and the exchange's aggregation are exactly those of an MPI
-rank of `tgsim.mpi_runs.train`. The gradients enter it as the model's output and the aggregated mean
-leaves it through the optimizer's place (`_HookModel`, `_capture`): the hook runs no optimizer. It
-writes the mean into every bucket's buffer and fills every future with that buffer; DDP copies it
-into the parameters' `.grad` (with `gradient_as_bucket_view=True` the buffer is the `.grad`).
+parameters' storage addresses (`data_ptr`): DDP rebuilds its buckets after the first step (other
+members, another order), so nothing is keyed by the bucket's index. The layers are numbered by
+their names' order (TorchModel's): layer l has index i_l in the step's full order whatever bucket
+it is in. It writes the aggregated mean into the bucket's buffer and fills the future with that
+buffer; DDP copies it into the parameters' `.grad` (with `gradient_as_bucket_view=True` the buffer
+is the `.grad`). The hook runs no optimizer. Two forms, with the same bits:
+
+* per bucket (`state.per_bucket`; tgsim/torch/ddp_bucket.py): where every layer's message is a
+  function of that layer alone (the codec does not declare `properties.whole_step`), each bucket is
+  checked, encoded and exchanged when DDP hands it over, on a worker thread of this rank, so the link
+  works while the backward pass goes on; the codec draws layer l from StreamKey(seed, step, rank,
+  i_l) (tgsim.codecs.base.IndexedLayers). At the last bucket the hook waits for the step's buckets
+  and commits the step (counter, bytes, codec state).
+* whole step (`state.whole_step`: the reason): TernGrad's scope = "model" (one scaler for all
+  layers), a codec of several rounds (PowerSGD), a re-encoded downlink. The hook keeps the buckets'
+  views and at the last bucket runs ONE tgsim step over all layers: `tgsim.train.loop.train_step`,
+  the trainer's own step, the gradients entering as the model's output and the mean leaving through
+  the optimizer's place (tgsim.torch.ddp_bucket.hook_setup).
+
+Either way this rank is worker `rank` of N at step `state.step` with the run seed, so the
+counter-based random keys (seed, step, worker, layer), the shared scalers, the error-feedback
+residuals (`state.codec_state`), the NaN checks and the exchange's aggregation are exactly those of
+an MPI rank of `tgsim.mpi_runs.train`.
 
 On GPUs
 -------
@@ -75,9 +88,11 @@ and the config's digest; where they differ, every rank raises the same RankConfi
 naming the first difference (before DDP is built, nothing sent). A non-finite gradient raises
 tgsim's NonFiniteGradientError naming the layer, worker and step (run.on_nonfinite = "raise"; on
 the other ranks a ValueError pointing to it), or skips the step (on_nonfinite = "skip": the buckets
-get zeros, `state.skipped` is set and TgsimOptimizer leaves parameters and optimizer state as they
-are, as the simulator does). `register` refuses a hook whose second argument is not named `bucket`
-(DDP itself then says only `KeyError: 'bucket'`).
+get zeros, `state.skipped` is set, the codec state stays as it was and TgsimOptimizer leaves
+parameters and optimizer state as they are, as the simulator does; per bucket, the bytes of the
+buckets exchanged before the bad one still count in `state.sent`, where the simulator counts none).
+`register` refuses a hook whose second argument is not named `bucket` (DDP itself then says only
+`KeyError: 'bucket'`).
 """
 
 from __future__ import annotations
@@ -92,10 +107,11 @@ import numpy as np
 from tgsim.backend import get_xp, to_numpy
 from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, RankConfigMismatchError
+from tgsim.torch.ddp_bucket import Buckets, hook_setup, thread_allowed, whole_step_reason
 from tgsim.torch.model import THREADS, ForwardWatch, _check_stateless, import_torch, torch_threads_kept
 from tgsim.train.config import Config, config_hash, from_dict
 from tgsim.train.loop import Setup, start_codec_state, train_step
-from tgsim.train.optim import Optimizer, make_optimizer
+from tgsim.train.optim import make_optimizer
 from tgsim.train.schedules import learning_rate
 
 
@@ -186,41 +202,6 @@ def parameter_mismatch(everyone: list[list]) -> str | None:
             "). Build the same module (factory, arguments) on every rank.")
 
 
-# -- the trainer's step, fed by DDP -----------------------------------------------------------------------
-
-class _HookModel:
-    """The model of the hook's Setup: its gradients are the ones DDP handed over ({name: (1, *shape)}),
-    its losses None (the hook does not see the loss, so the step averages none)."""
-
-    def __init__(self, shapes: dict):
-        self.shapes = dict(shapes)
-        self.grads: dict | None = None
-
-    def layer_shapes(self) -> dict:
-        return dict(self.shapes)
-
-    def loss_and_grad(self, params, x, y):
-        return None, self.grads
-
-
-def _capture(box: dict) -> Optimizer:
-    """An Optimizer whose update stores the aggregated mean in box["mean"] and changes nothing."""
-
-    def update(grads, state, params, lr):
-        box["mean"] = grads
-        return params, state
-
-    return Optimizer(lambda params: {}, update)
-
-
-def _hook_setup(cfg: Config, shapes: dict, codec, exchange, box: dict) -> Setup:
-    """The trainer's Setup for `train_step` inside the hook: the model is `_HookModel` (DDP's
-    gradients), the optimizer `_capture(box)`; no data set, so `local_batch` draws no batch (the
-    model ignores x, y)."""
-    xp = get_xp(cfg.run.backend)
-    return Setup(cfg, None, [None] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange, xp=xp)
-
-
 def _config(config) -> Config:
     if isinstance(config, Config):
         return config
@@ -261,7 +242,9 @@ class TgsimHookState:
     ErrorFeedback where the config asks); codec_state: a stateful codec's state of this rank ({key:
     (1, ...)}, error feedback's residuals), else None; step: the step the next exchange runs;
     skipped: whether the last step was skipped (non-finite gradient, on_nonfinite = "skip"); sent /
-    received: this rank's bytes over all steps."""
+    received: this rank's bytes over all steps; index: {name: the layer's index in name order};
+    whole_step: why the hook runs one step over all layers at the last bucket, or None where it
+    exchanges per bucket (`buckets`: tgsim.torch.ddp_bucket.Buckets)."""
 
     cfg: Config
     exchange: object
@@ -280,6 +263,13 @@ class TgsimHookState:
     _pending: list = field(default_factory=list, repr=False)
     _futures: list = field(default_factory=list, repr=False)
     _box: dict = field(default_factory=dict, repr=False)
+    index: dict = field(default_factory=dict, repr=False)
+    whole_step: str | None = None
+    buckets: Buckets | None = field(default=None, repr=False)
+
+    @property
+    def per_bucket(self) -> bool:
+        return self.buckets is not None
 
     @property
     def seed(self) -> int:
@@ -294,7 +284,7 @@ class TgsimHookState:
         return int(self.exchange.n_workers)
 
     @classmethod
-    def create(cls, module, config, exchange=None, transport: str = "mpi") -> "TgsimHookState":
+    def create(cls, module, config, exchange=None, transport: str = "mpi", thread: bool = True) -> "TgsimHookState":
         """The state of the hook for `module` (an nn.Module or the DDP wrapping it) under the tgsim
         `config`, over `exchange` (default, by `transport`: "mpi", tgsim.exchange.mpi.MPIExchange on
         mpi4py's COMM_WORLD; "torch", `torch_exchange()` over torch.distributed's default process
@@ -304,11 +294,13 @@ class TgsimHookState:
         same parameters and config (the same RankConfigMismatchError on every rank otherwise).
         ConfigError for a config the hook cannot run: [workers] n other than the number of ranks,
         local steps, a [run] backend that is not the parameters' device ("numpy" for CPU parameters,
-        "cupy" for CUDA ones: CuPy's current device is then set to theirs)."""
+        "cupy" for CUDA ones: CuPy's current device is then set to theirs). thread: run the per-bucket
+        exchanges on a worker thread where the transport allows it (tgsim.torch.ddp_bucket), else inline
+        in the hook (the same bits)."""
         torch = import_torch()
         threads = torch.get_num_threads()                # the user's, before Numba's layer could reset it
         with torch_threads_kept(torch):
-            state = cls._create(module, config, exchange, transport)
+            state = cls._create(module, config, exchange, transport, thread)
         if threads != THREADS and state.setup.xp is np:
             warnings.warn(f"tgsim DDP hook: torch runs at {threads} intra-op threads; the simulator's TorchModel "
                           "computes each worker's gradient at 1, and torch's CPU kernels reduce in another order "
@@ -317,7 +309,7 @@ class TgsimHookState:
         return state
 
     @classmethod
-    def _create(cls, module, config, exchange, transport):
+    def _create(cls, module, config, exchange, transport, thread):
         torch = import_torch()
         cfg = _config(config)
         params = named_parameters(module)
@@ -360,10 +352,14 @@ class TgsimHookState:
         if cfg.codec.error_feedback:
             codec = error_feedback.ErrorFeedback(codec)
         box: dict = {}
-        setup = _hook_setup(cfg, {k: tuple(p.shape) for k, p in params.items()}, codec, exchange, box)
+        setup = hook_setup(cfg, {k: tuple(p.shape) for k, p in params.items()}, codec, exchange, box)
         state = cls(cfg, exchange, params, {p.data_ptr(): k for k, p in params.items()}, codec, setup=setup,
                     _box=box)
         state.codec_state = start_codec_state(setup, {})
+        state.index = {k: i for i, k in enumerate(params)}
+        state.whole_step = whole_step_reason(cfg, codec, list(params))
+        if state.whole_step is None:
+            state.buckets = Buckets(state, thread and thread_allowed(exchange, setup.xp))
         state.watch = ForwardWatch(torch, dict(inner.named_buffers()), f"module {type(inner).__name__}")
         inner.register_forward_pre_hook(lambda mod, args: state.watch.start())
         inner.register_forward_hook(lambda mod, args, out: state.watch.check())
@@ -419,10 +415,13 @@ class TgsimHookState:
                              "not one of the module's the state was created for (create the state from the "
                              "module DDP wraps; parameters must be updated in place)") from None
 
+    def bucket_grads(self, bucket) -> dict:
+        """{parameter name: the bucket's gradient view} of the bucket's parameters."""
+        return {self.name_of(p): g for p, g in zip(bucket.parameters(), bucket.gradients())}
+
     def collect(self, bucket) -> None:
         """Keep the bucket's gradients under their parameter names, and its buffer for the result."""
-        for p, g in zip(bucket.parameters(), bucket.gradients()):
-            self._grads[self.name_of(p)] = g
+        self._grads.update(self.bucket_grads(bucket))
         self._pending.append(bucket.buffer())
 
     def finish(self) -> list:
@@ -457,10 +456,19 @@ class TgsimHookState:
 
 
 def tgsim_hook(state: TgsimHookState, bucket):
-    """DDP comm hook: a pending Future per bucket; at the last bucket one tgsim step over all layers
-    fills them all with the aggregated mean (module docstring). The argument must be named `bucket`."""
+    """DDP comm hook: a Future per bucket, filled with the bucket's aggregated mean; per bucket, by the
+    bucket's own exchange (on a worker thread where allowed), the last bucket waiting for the step's;
+    whole step, all at the last bucket by one tgsim step over all layers (module docstring). The
+    argument must be named `bucket`."""
     torch = import_torch()
     fut = torch.futures.Future()
+    if state.buckets is not None:
+        with torch_threads_kept(torch):
+            grads = {k: _array(g) for k, g in state.bucket_grads(bucket).items()}
+            state.buckets.submit(grads, bucket.buffer(), fut, state.setup.xp, bucket.is_last())
+            if bucket.is_last():
+                state.buckets.finish()
+        return fut
     state._futures.append(fut)
     state.collect(bucket)
     if bucket.is_last():

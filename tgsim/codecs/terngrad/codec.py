@@ -14,12 +14,13 @@ Batched over the W workers of one process (layers carry a leading worker axis, (
 with exactly the bits of the per-worker calls (message w = encode of worker workers[w]'s layers
 with StreamKey(seed, step, workers[w])), one kernel call per layer for all W workers.
 
-Layer i of a message is drawn from the stream key.with_layer(i) (see tgsim.rng). Layers named in
+Layer i of a message is drawn from the stream key.with_layer(i) (see tgsim.rng), i its index
+`tgsim.codecs.base.layer_ids(layers)` (its position, or an IndexedLayers' index). Layers named in
 `float_layers`, or with fewer than `min_size` elements, travel as float32 (the public code keeps
 small layers in float, `size_to_binarize`). Option `scope = "model"` gives every ternary layer the
 scaling of the whole model (its ternary layers concatenated: one max |g|, one σ, one clip bound per
 worker) instead of the paper's one per layer (Sec. 3.3); the message still carries one scaler per
-layer, all equal.
+layer, all equal, and the codec declares `properties.whole_step` (a layer's message depends on all).
 
 Input dtypes: float32 as is; float16 widened exactly; float64 rounded to float32 (values beyond
 float32's range are an error). Integer, boolean and complex gradients raise TypeError; NaN/Inf raise
@@ -37,7 +38,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, layer_shapes, per_element_bits
+from tgsim.codecs.base import CodecProperties, layer_ids, layer_shapes, per_element_bits, with_ids
 from tgsim.codecs.terngrad.inputs import as_float32_layer, as_float32_rows
 from tgsim.codecs.terngrad.kernels import get_kernels
 from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch, from_bytes,
@@ -93,9 +94,11 @@ class DeferredMessage:
 
     batch = None
 
-    def __init__(self, layout: Layout, scalers: np.ndarray, flats: list, clip_bounds: list, key: StreamKey):
+    def __init__(self, layout: Layout, scalers: np.ndarray, flats: list, clip_bounds: list, key: StreamKey,
+                 ids: Sequence[int] | None = None):
         self.layout, self.scalers = layout, scalers
         self._flats, self._clip, self._key = flats, clip_bounds, key
+        self._ids = list(range(len(layout.layers))) if ids is None else list(ids)   # stream-key layer indices
         self._parts = None
 
     @property
@@ -119,7 +122,7 @@ class DeferredMessage:
             out[:] = np.ascontiguousarray(self._flats[i].reshape(-1)[e0:e1]).view(np.uint8)
             return out
         return _numba.encode_range(self._flats[i].reshape(-1)[e0:e1], e0, float(self.scalers[i]), self._clip[i],
-                                   self._key.with_layer(i), self.layout.packing, out=out)
+                                   self._key.with_layer(self._ids[i]), self.layout.packing, out=out)
 
     to_bytes = Message.to_bytes
     wire_bytes = Message.wire_bytes
@@ -197,7 +200,7 @@ class TernGrad:
     def properties(self) -> CodecProperties:
         return CodecProperties(unbiased=self.unbiased, sums_exactly=True, defers_encode=True,
                                shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True,
-                               backends=("numpy", "cupy"))
+                               backends=("numpy", "cupy"), whole_step=self.scope == "model")
 
     @property
     def unbiased(self) -> bool:
@@ -493,22 +496,23 @@ class TernGrad:
         # x >= s are kept with probability 1 by the rule (t s < x 2^24 for every t < 2^24), which is
         # clipping at s (the same codes as min(x, s)).
         bounds = [None if sc is None else sc.clip_bound for sc in scalings]
+        ids = layer_ids(layers)             # the stream keys' layer indices (positions, or an IndexedLayers')
         if deferred and self._defers(flats):
             return [DeferredMessage(layout, msg_scalers[w], [f[w] for f in flats],
                                     [None if b is None else float(b[w]) for b in bounds],
-                                    StreamKey(int(seed), int(step), int(workers[w]))) for w in range(nw)]
+                                    StreamKey(int(seed), int(step), int(workers[w])), ids) for w in range(nw)]
         parts = list(flats)                  # float layers: the float32 rows
         tern = [i for i, spec in enumerate(layout.layers) if spec.kind == KIND_TERNARY]
         whole = self._whole_step([flats[i] for i in tern], "encode_layers")
         if whole is not None:       # the whole step in one call (Numba) or launch (CUDA)
             got = whole([flats[i] for i in tern], scalers[:, tern], [bounds[i] for i in tern], seed, step, workers,
-                        tern, self.packing)
+                        [ids[i] for i in tern], self.packing)
             for i, p in zip(tern, got):
                 parts[i] = p
         else:
             for i in tern:
                 kern = self.kernels_for(array_module(flats[i]))
-                parts[i] = kern.encode_many(flats[i], scalers[:, i], bounds[i], seed, step, workers, i,
+                parts[i] = kern.encode_many(flats[i], scalers[:, i], bounds[i], seed, step, workers, ids[i],
                                             self.packing)
         rows = [tuple(p) for p in parts]         # row w of each layer (iterating the first axis)
         batch = PayloadBatch([p if spec.kind == KIND_TERNARY else None for spec, p in zip(layout.layers, parts)],
@@ -525,7 +529,7 @@ class TernGrad:
         scalings = stats
         if scalings is None:
             scalings = self.scaling(layers)      # the checks and errors of one worker's layers
-        rows = {name: array_module(g).asarray(g)[None] for name, g in layers.items()}
+        rows = with_ids({name: array_module(g).asarray(g)[None] for name, g in layers.items()}, layers)
         batch = [None if s is None else ScalingBatch(*(np.array([v], dtype=np.float64) for v in s))
                  for s in scalings]
         return self.encode_many(rows, key.seed, key.step, np.array([key.worker], dtype=np.uint32),

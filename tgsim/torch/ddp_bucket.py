@@ -1,0 +1,249 @@
+"""The DDP hook's two forms of a step (tgsim.torch.ddp): per bucket (`Buckets`), each bucket's layers
+checked, encoded and exchanged when DDP hands the bucket over, on a worker thread, while the backward
+pass goes on; and the whole step (`hook_setup`: the trainer's `train_step` over all layers at the last
+bucket), for what `whole_step_reason` names.
+
+For one step `t` of rank r (worker r of N), a bucket B (a subset of the layers, in any order):
+
+    g      = {l: the bucket's gradient view of layer l}        as (1, *shape), l in B, ordered by i_l
+    i_l    = layer l's position in the step's full layer order (parameter names sorted: TorchModel's)
+    p      = codec.encoder_inputs(g, e_B)                       stateful: e_B = the state of B's layers
+    stats  = codec.prepare_many(p)                              NaN/Inf checks, local statistics
+    bad    = exchange.any_true(a layer of B is non-finite)      a collective
+    shared = MAX/mean over workers of codec.local_scalers_many(stats)   per layer, where shared
+    msgs   = codec.encode_many(g, seed, t, [r], shared, stats)  IndexedLayers: StreamKey(seed, t, r, i_l)
+    mean   = exchange.aggregate(codec, msgs, mode, shared)      written into the bucket's views
+
+Every quantity is per layer (a codec that does not declare `properties.whole_step` promises it:
+tgsim.codecs.base), the stream keys carry the layer's index i_l in the full order, so each layer's
+mean has the bits of the simulator's one call over all layers (`tgsim.train.loop.train_step`).
+
+Order and threads: DDP hands the buckets over in increasing bucket index on every rank; each is one
+job on this rank's single worker thread (FIFO), so every rank issues the same collectives in the same
+order, all on that thread; meanwhile the hook itself, on the thread DDP calls it on (the "main
+thread"), issues none. The job completes the bucket's torch Future (`set_result(buffer)`, or
+`set_exception`). At the last bucket the main thread waits for every job of the step, runs the last
+bucket's job itself (nothing is left for it to overlap), then commits: the step counter, the bytes,
+and the codec state (error feedback's residuals) of all buckets, kept pending until then.
+
+Non-finite gradients: on_nonfinite = "raise" raises in the bucket where the NaN is (the same
+NonFiniteGradientError as the simulator's, naming layer, worker and step; a ValueError on the other
+ranks), the later buckets are not exchanged, and the hook raises it at the last bucket. "skip": the
+bucket of the NaN and every later one are not exchanged, and at the last bucket every bucket's
+buffer is zeroed, the pending codec state is dropped (the state stays that of the step before, as in
+the simulator) and `state.skipped` is set. The buckets exchanged before the NaN's bucket count in
+`state.sent` / `received`: on a skipped step those are the bytes that went over the wire, where the
+simulator counts none.
+
+The thread runs where the transport allows it: NumPy arrays (the CPU) and an exchange over
+torch.distributed or an mpi4py communicator initialized at MPI_THREAD_SERIALIZED or above
+(`MPI.Query_thread()`); otherwise (CuPy arrays, a lower MPI thread level, `thread=False`) each
+bucket's job runs inline in the hook, in the same order, with the same bits. The CuPy path (inline,
+CuPy's stream synchronized before each future completes) is not covered by this repository's CPU
+tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tgsim.backend import get_xp
+from tgsim.codecs.base import IndexedLayers
+from tgsim.errors import NonFiniteGradientError, nonfinite_elsewhere
+from tgsim.train.loop import Setup, shared_scalers
+from tgsim.train.optim import Optimizer
+
+
+# -- the whole step: the trainer's step, fed by DDP -------------------------------------------------------
+
+class _HookModel:
+    """The model of the hook's Setup: its gradients are the ones DDP handed over ({name: (1, *shape)}),
+    its losses None (the hook does not see the loss, so the step averages none)."""
+
+    def __init__(self, shapes: dict):
+        self.shapes = dict(shapes)
+        self.grads: dict | None = None
+
+    def layer_shapes(self) -> dict:
+        return dict(self.shapes)
+
+    def loss_and_grad(self, params, x, y):
+        return None, self.grads
+
+
+def _capture(box: dict) -> Optimizer:
+    """An Optimizer whose update stores the aggregated mean in box["mean"] and changes nothing."""
+
+    def update(grads, state, params, lr):
+        box["mean"] = grads
+        return params, state
+
+    return Optimizer(lambda params: {}, update)
+
+
+def hook_setup(cfg, shapes: dict, codec, exchange, box: dict) -> Setup:
+    """The trainer's Setup for `train_step` inside the hook: the model is `_HookModel` (DDP's
+    gradients {name: (1, *shape)}, `shapes` {name: shape}), the optimizer `_capture(box)`; no data
+    set, so `local_batch` draws no batch (the model ignores x, y). Both forms of the step read the
+    config, codec, exchange, array module and layer shapes from it."""
+    xp = get_xp(cfg.run.backend)
+    return Setup(cfg, None, [None] * cfg.workers.n, _HookModel(shapes), codec, _capture(box), exchange, xp=xp)
+
+
+# -- per bucket -------------------------------------------------------------------------------------------
+
+
+def whole_step_reason(cfg, codec, names) -> str | None:
+    """Why the hook must run one step over all layers at the last bucket (None: it runs per bucket):
+    the codec declares `whole_step` or takes several rounds, the downlink is re-encoded (the
+    parameter server draws under the mean's layer positions), or a stateful codec's state has a key
+    that is not "<kind>/<layer name>"."""
+    props = codec.properties
+    if props.whole_step:
+        return f"codec {codec.name!r} declares whole_step"
+    if props.rounds > 1:
+        return f"codec {codec.name!r} runs {props.rounds} rounds"
+    if cfg.exchange.reternarize_downlink:
+        return "[exchange] reternarize_downlink re-encodes the mean of all layers"
+    if props.stateful:
+        keys = codec.init_state({k: (1,) for k in names}, 1)
+        odd = [k for k in keys if k.partition("/")[2] not in names]
+        if odd:
+            return f"codec {codec.name!r} keeps state {odd[0]!r} that is not per layer"
+    return None
+
+
+def thread_allowed(exchange, xp) -> bool:
+    """Whether the bucket jobs may run on a worker thread: NumPy arrays, and an exchange whose comm
+    is not an mpi4py communicator below MPI_THREAD_SERIALIZED (only one thread calls MPI at a time)."""
+    if xp is not np:
+        return False
+    mpi = sys.modules.get("mpi4py.MPI")             # loaded where the comm is mpi4py's
+    if mpi is not None and isinstance(getattr(exchange, "comm", None), mpi.Comm):
+        return mpi.Query_thread() >= mpi.THREAD_SERIALIZED
+    return True
+
+
+class Buckets:
+    """One rank's buckets of the step in flight (module docstring). state: the TgsimHookState;
+    threaded: run the jobs on one worker thread (else inline)."""
+
+    def __init__(self, state, threaded: bool):
+        self.state = state
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tgsim-ddp-bucket") if threaded else None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.jobs: list = []
+        self.views: dict = {}            # layer name -> its view in a bucket's buffer (gradient, then mean)
+        self.error: BaseException | None = None
+        self.bad = False
+        self.new_state: dict = {}
+        self.sent = self.received = 0.0
+
+    def submit(self, grads: dict, buffer, fut, xp, last: bool) -> None:
+        """Queue the bucket of gradient views `grads` {name: array} whose buffer fills `fut`. The last
+        bucket runs on the calling thread after the step's other jobs (nothing is left to overlap)."""
+        index = self.state.index
+        layers = {k: grads[k] for k in sorted(grads, key=index.__getitem__)}
+        self.views.update(layers)
+        if self.pool is None or last:
+            for j in self.jobs:
+                j.result()
+            self._job(layers, buffer, fut, xp)
+        else:
+            self.jobs.append(self.pool.submit(self._job, layers, buffer, fut, xp))
+
+    def _job(self, layers: dict, buffer, fut, xp) -> None:
+        try:
+            if self.error is None and not self.bad:
+                self._exchange(layers)
+            if self.error is not None:
+                fut.set_exception(self.error)
+                return
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+            fut.set_result(buffer)
+        except BaseException as e:  # noqa: BLE001  (raised on the main thread at the last bucket)
+            self.error = e
+            fut.set_exception(e)
+
+    def _exchange(self, layers: dict) -> None:
+        """The bucket's check, encode and exchange (module docstring); its mean into `layers`' views."""
+        st = self.state
+        setup = st.setup
+        cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
+        shapes = setup.model.shapes
+        grads = IndexedLayers({k: a.reshape((1,) + shapes[k]) for k, a in layers.items()}, st.index)
+        state_in = None
+        if st.codec_state is not None:
+            state_in = {k: v for k, v in st.codec_state.items() if k.partition("/")[2] in layers}
+        inputs = codec.encoder_inputs(grads, state_in) if state_in is not None else grads
+        bad = stats = None
+        try:
+            stats = codec.prepare_many(inputs)
+        except NonFiniteGradientError as e:
+            bad = e
+        del inputs
+        local = ex.local_workers
+        if ex.any_true(bad is not None):
+            if cfg.run.on_nonfinite == "raise":
+                if bad is not None:
+                    w = getattr(bad, "worker", None)
+                    where = f"step {st.step}" if w is None else f"worker {local[w]}, step {st.step}"
+                    raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
+                raise nonfinite_elsewhere(st.step)
+            self.bad = True
+            return
+        workers = np.asarray(local, dtype=np.int64)
+        share, shared = shared_scalers(setup, stats)
+        props = codec.properties
+        defers = getattr(ex, "defers_encode", None)
+        deferred = bool(props.defers_encode and defers and state_in is None and
+                        defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
+        if state_in is not None:
+            msgs, new = codec.encode_stateful(grads, cfg.run.seed, st.step, workers, state_in, shared, stats)
+            self.new_state.update(new)
+        else:
+            msgs = codec.encode_many(grads, cfg.run.seed, st.step, workers, shared, stats,
+                                     **({"deferred": True} if deferred else {}))
+        del grads
+        mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, None)
+        self.sent += comm.sent
+        self.received += comm.received
+        xp = setup.xp
+        for k, out in layers.items():
+            out[...] = xp.asarray(mean[k]).reshape(out.shape)
+
+    def finish(self) -> None:
+        """At the last bucket, on the main thread: wait for every job of the step, then commit it
+        (module docstring); raises the step's error, if any, after counting the step."""
+        st = self.state
+        for j in self.jobs:
+            j.result()
+        views, error, bad, new_state = self.views, self.error, self.bad, self.new_state
+        sent, received = self.sent, self.received
+        self._reset()
+        st.step += 1
+        st.sent += sent
+        st.received += received
+        if error is not None:
+            raise error
+        missing = [k for k in st.params if k not in views]
+        if missing:
+            raise ValueError(f"tgsim DDP hook: step {st.step - 1}: no gradient reached the hook for {missing[:5]}")
+        st.skipped = bad
+        if bad:
+            for a in views.values():
+                a[...] = 0
+            if st.setup.xp is not np:
+                st.setup.xp.cuda.get_current_stream().synchronize()
+        elif st.codec_state is not None:
+            st.codec_state.update(new_state)
+        st.mean = {k: views[k] for k in st.params}
+
+
+__all__ = ["Buckets", "hook_setup", "thread_allowed", "whole_step_reason"]
