@@ -52,8 +52,7 @@ import numpy as np
 
 from tgsim.backend import get_xp
 from tgsim.codecs.base import IndexedLayers
-from tgsim.errors import NonFiniteGradientError, nonfinite_elsewhere
-from tgsim.train.loop import Setup, shared_scalers
+from tgsim.train.loop import Setup, prepare_checked, shared_scalers
 from tgsim.train.optim import Optimizer
 
 
@@ -182,20 +181,10 @@ class Buckets:
         if st.codec_state is not None:
             state_in = {k: v for k, v in st.codec_state.items() if k.partition("/")[2] in layers}
         inputs = codec.encoder_inputs(grads, state_in) if state_in is not None else grads
-        bad = stats = None
-        try:
-            stats = codec.prepare_many(inputs)
-        except NonFiniteGradientError as e:
-            bad = e
+        stats, skip = prepare_checked(codec, inputs, ex, cfg.run.on_nonfinite, st.step)
         del inputs
         local = ex.local_workers
-        if ex.any_true(bad is not None):
-            if cfg.run.on_nonfinite == "raise":
-                if bad is not None:
-                    w = getattr(bad, "worker", None)
-                    where = f"step {st.step}" if w is None else f"worker {local[w]}, step {st.step}"
-                    raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
-                raise nonfinite_elsewhere(st.step)
+        if skip:
             self.bad = True
             return
         workers = np.asarray(local, dtype=np.int64)

@@ -260,19 +260,8 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     multi = props.rounds > 1
     inputs = codec.encoder_inputs(grads, codec_state) if codec_state is not None and not multi else grads
 
-    bad = None
-    stats = None
-    try:
-        stats = codec.prepare_many(inputs)
-    except NonFiniteGradientError as e:
-        bad = e
-    if ex.any_true(bad is not None):
-        if cfg.run.on_nonfinite == "raise":
-            if bad is not None:
-                w = getattr(bad, "worker", None)
-                where = f"step {step}" if w is None else f"worker {local[w]}, step {step}"
-                raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
-            raise nonfinite_elsewhere(step)
+    stats, skip = prepare_checked(codec, inputs, ex, cfg.run.on_nonfinite, step)
+    if skip:
         return params, opt_state, StepInfo(float("nan"), 0.0, 0.0, True)
 
     workers = np.asarray(local, dtype=np.int64)
@@ -306,6 +295,28 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     layer_rows = _layer_stats(inputs, shared, stats, decoded, mean, ex) if with_stats else []
     loss = _mean_loss(ex, losses)
     return params, opt_state, StepInfo(loss, comm.sent, comm.received, False, layer_rows)
+
+
+def prepare_checked(codec, inputs, ex, on_nonfinite: str, step: int):
+    """(stats, skip): `codec.prepare_many(inputs)` with its non-finite check agreed over the exchange
+    `ex` (a collective: `ex.any_true`). Where no worker's input is finite-checked bad: (stats, False).
+    Where some is: on_nonfinite "skip" gives (None, True); "raise" raises NonFiniteGradientError
+    naming this process's bad layer, worker and step, or, on a process whose inputs are finite,
+    `nonfinite_elsewhere(step)`."""
+    bad = stats = None
+    try:
+        stats = codec.prepare_many(inputs)
+    except NonFiniteGradientError as e:
+        bad = e
+    if not ex.any_true(bad is not None):
+        return stats, False
+    if on_nonfinite == "raise":
+        if bad is not None:
+            w = getattr(bad, "worker", None)
+            where = f"step {step}" if w is None else f"worker {ex.local_workers[w]}, step {step}"
+            raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
+        raise nonfinite_elsewhere(step)
+    return None, True
 
 
 def _mean_loss(ex, losses) -> float:
