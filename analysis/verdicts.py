@@ -45,8 +45,8 @@ The report's other rules, shared by every figure (`papers_figures/`):
   up linearly; `keeps_speedup(runs, method, reference, Ms)`: a method's slope against the
   reference's over that range (one-sided: a steeper slope is no loss of speedup).
 - `combine(verdicts)`: the summary of one claim judged per model or setting: the common verdict
-  when all agree, "split" when some setting confirms and another refutes, "inconclusive" otherwise
-  (some undecided); `combine(verdicts, every=True)` for a claim worded "at every N": any refuted
+  when all agree, "split" when they disagree (any two different verdicts);
+  `combine(verdicts, every=True)` for a claim worded "at every N": any refuted
   setting refutes it.
 """
 
@@ -314,8 +314,8 @@ def interval_verdict(lo: float, hi: float, low: float = -math.inf, high: float =
 
 def combine(verdicts, every: bool = False) -> str:
     """One claim's summary over its per-model (or per-setting) verdicts (module docstring): the
-    common verdict when all agree; "split" when one setting confirms and another refutes; otherwise
-    "inconclusive". `every=True` (a claim worded "at every N"): any "not confirmed" refutes it, all
+    common verdict when all agree; "split" when any two differ (the per-setting verdicts, printed
+    beside it, say how). `every=True` (a claim worded "at every N"): any "not confirmed" refutes it, all
     "confirmed" confirm it, else "inconclusive". No verdicts: "n/a"."""
     v = [x for x in verdicts if x != "n/a"]
     if not v:
@@ -327,7 +327,7 @@ def combine(verdicts, every: bool = False) -> str:
         return v[0]
     if every:
         return "not confirmed" if "not confirmed" in v else "inconclusive"
-    return "split" if "confirmed" in v and "not confirmed" in v else "inconclusive"
+    return "split"
 
 
 def missed(k: int, n: int, who: str = "") -> str:

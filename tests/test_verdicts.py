@@ -176,7 +176,8 @@ def test_settings_that_disagree_are_a_split():
     assert V.combine(["not confirmed", "confirmed"]) == "split"
     assert V.combine(["confirmed", "confirmed"]) == "confirmed"
     assert V.combine(["not confirmed", "not confirmed"]) == "not confirmed"
-    assert V.combine(["confirmed", "inconclusive"]) == "inconclusive"
+    assert V.combine(["confirmed", "inconclusive"]) == "split"           # they disagree: the rows say how
+    assert V.combine(["not confirmed", "inconclusive"]) == "split"       # a real loss is not hidden
     assert V.combine(["confirmed", "inconclusive", "not confirmed"]) == "split"
     assert V.combine(["confirmed", "not confirmed"], every=True) == "not confirmed"     # "at every N"
     assert V.combine(["confirmed", "inconclusive"], every=True) == "inconclusive"
