@@ -52,7 +52,7 @@ import numpy as np
 
 from tgsim.backend import get_xp
 from tgsim.codecs.base import IndexedLayers
-from tgsim.train.loop import Setup, prepare_checked, shared_scalers
+from tgsim.train.loop import Setup, encode_messages, prepare_checked, shared_scalers
 from tgsim.train.optim import Optimizer
 
 
@@ -183,22 +183,14 @@ class Buckets:
         inputs = codec.encoder_inputs(grads, state_in) if state_in is not None else grads
         stats, skip = prepare_checked(codec, inputs, ex, cfg.run.on_nonfinite, st.step)
         del inputs
-        local = ex.local_workers
         if skip:
             self.bad = True
             return
-        workers = np.asarray(local, dtype=np.int64)
+        workers = np.asarray(ex.local_workers, dtype=np.int64)
         share, shared = shared_scalers(setup, stats)
-        props = codec.properties
-        defers = getattr(ex, "defers_encode", None)
-        deferred = bool(props.defers_encode and defers and state_in is None and
-                        defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
-        if state_in is not None:
-            msgs, new = codec.encode_stateful(grads, cfg.run.seed, st.step, workers, state_in, shared, stats)
+        msgs, new = encode_messages(setup, grads, st.step, workers, state_in, share, shared, stats)
+        if new is not None:
             self.new_state.update(new)
-        else:
-            msgs = codec.encode_many(grads, cfg.run.seed, st.step, workers, shared, stats,
-                                     **({"deferred": True} if deferred else {}))
         del grads
         mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, None)
         self.sent += comm.sent

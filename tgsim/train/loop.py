@@ -277,15 +277,9 @@ def train_step(setup: Setup, params: dict, opt_state, step: int, with_stats: boo
     share, shared = shared_scalers(setup, stats)
     if not with_stats:
         inputs = None               # (error feedback: encode_stateful forms p again, one float32 add)
-    defers = getattr(ex, "defers_encode", None)     # MPI, pipelined: codes encoded as pieces are sent
-    deferred = bool(props.defers_encode and defers and codec_state is None and   # a stateful codec decodes them
-                    defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
-    if codec_state is not None:
-        msgs, new_state = codec.encode_stateful(grads, cfg.run.seed, step, workers, codec_state, shared, stats)
+    msgs, new_state = encode_messages(setup, grads, step, workers, codec_state, share, shared, stats)
+    if new_state is not None:
         _replace(codec_state, new_state)
-    else:
-        msgs = codec.encode_many(grads, cfg.run.seed, step, workers, shared, stats,
-                                 **({"deferred": True} if deferred else {}))
     del grads                       # the messages hold what the exchange needs; `inputs` the statistics'
     rkey = StreamKey(cfg.run.seed, step, ex.n_workers, 0) if cfg.exchange.reternarize_downlink else None
     mean, comm = ex.aggregate(codec, msgs, cfg.exchange.mode, share, rkey)
@@ -317,6 +311,21 @@ def prepare_checked(codec, inputs, ex, on_nonfinite: str, step: int):
             raise NonFiniteGradientError(bad.layer, bad.count, where) from bad
         raise nonfinite_elsewhere(step)
     return None, True
+
+
+def encode_messages(setup: Setup, grads, step: int, workers, codec_state, share: bool, shared, stats):
+    """(messages, new codec state or None) of the local workers' `grads` at `step`: a stateful codec's
+    `encode_stateful` from `codec_state`, else `encode_many`, deferred (codes encoded piece by piece
+    as the pipelined MPI exchange sends them, the same bits) where the codec and the exchange allow
+    it for this mode and sharing (`share`, the shared scalers `shared`)."""
+    cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
+    if codec_state is not None:         # a stateful codec decodes its own messages: never deferred
+        return codec.encode_stateful(grads, cfg.run.seed, step, workers, codec_state, shared, stats)
+    defers = getattr(ex, "defers_encode", None)
+    deferred = bool(codec.properties.defers_encode and defers and
+                    defers(cfg.exchange.mode, share, cfg.exchange.reternarize_downlink))
+    return codec.encode_many(grads, cfg.run.seed, step, workers, shared, stats,
+                             **({"deferred": True} if deferred else {})), None
 
 
 def _mean_loss(ex, losses) -> float:
