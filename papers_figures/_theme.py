@@ -20,6 +20,10 @@ with TGSIM_FIGURES_OUT, as `_common` does):
 KINDS, what a row tests (the report counts each kind apart):
     paper claim           a claim of Wen et al. 2017 or Jiang & Agrawal 2018 about their own method,
                           under their own rule (TernGrad as published: MAX sharing, fp32's rate)
+    paper claim (proxy)   such a claim judged on a stand-in: a quantity it implies rather than the one
+                          it states (the quantizer's error or gap for "improves convergence"), or this
+                          repository's small models for a sentence that names the paper's (AlexNet's
+                          and GoogLeNet's accuracy)
     model arithmetic      the performance model's own formulas (no measurement)
     tgsim variant         a claim tested on tgsim's variants, not the paper's method (MEAN sharing,
                           the exact-sum downlink)
@@ -49,6 +53,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
@@ -58,7 +63,8 @@ from _layout import LayoutError, check_layout  # noqa: E402,F401
 
 CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows"]
 INPUTS = "inputs"       # the folder beside the claims CSVs (and REPORT.md) holding each verdict's rows
-KINDS = ("paper claim", "model arithmetic", "tgsim variant", "reviewer question", "other paper's result", "self-check")
+KINDS = ("paper claim", "paper claim (proxy)", "model arithmetic", "tgsim variant", "reviewer question",
+         "other paper's result", "self-check")
 VERDICTS = ("confirmed", "not confirmed", "inconclusive", "split", "n/a", "untestable here")
 # Where a reader finds the words a row tests. The texts at hand when the report was made: TernGrad's
 # abstract (arXiv 1705.07878) and the public reviews of both papers (NIPS 2017 paper 970, NeurIPS 2018
@@ -148,10 +154,11 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
     v = verdict(ok)
     if v in ("confirmed", "not confirmed", "inconclusive") and not test.strip():
         raise ValueError(f"claim {claim!r}: a verdict ({v}) needs the test it came from")
-    if kind in ("paper claim", "reviewer question", "other paper's result", "tgsim variant", "model arithmetic") \
+    if kind in ("paper claim", "paper claim (proxy)", "reviewer question", "other paper's result", "tgsim variant",
+                "model arithmetic") \
             and not (paper.lstrip().startswith(('"', "“")) or paper.startswith("paraphrase:")):
         raise ValueError(f"claim {claim!r}: the paper's words must be quoted or marked 'paraphrase:'")
-    if kind in ("paper claim", "reviewer question") and not paper.rstrip().endswith(")"):
+    if kind in ("paper claim", "paper claim (proxy)", "reviewer question") and not paper.rstrip().endswith(")"):
         raise ValueError(f"claim {claim!r}: the words must name where a reader finds them (`source`)")
     if "../" in paper + measured + test + setting:
         raise ValueError(f"claim {claim!r}: a path outside the repository")
@@ -254,6 +261,22 @@ def log_ticks(ax, which: str, values, pad: float = 1.25) -> list[float]:
     axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.4g}"))
     axis.set_minor_locator(NullLocator())
     return ticks
+
+
+def gap_axis(ax, gaps: pd.DataFrame, x: str, y: str, order, floor: float = -10.0, top: float = 5.0) -> None:
+    """Limit an accuracy-gap axis (points) to [floor, top] around its margins (0 and -2 points), so that
+    the gaps the verdicts judge stay readable, and write below the axis each method whose mean gap lies
+    under `floor` with that mean ("off axis: topk -45.2"). `gaps`: the rows drawn (columns x, y);
+    `order`: the x categories in drawn order. The axis keeps the data's range when it fits inside."""
+    vals = gaps[y].to_numpy(dtype=float)
+    vals = vals[np.isfinite(vals)]
+    lo = min(float(vals.min()) - 1.0, -3.0) if vals.size else -3.0
+    hi = max(float(vals.max()) + 1.0, 1.0) if vals.size else 1.0
+    ax.set_ylim(max(lo, floor), min(hi, top))
+    means = gaps.groupby(x)[y].mean()
+    off = [f"{m} {means[m]:+.1f}" for m in order if m in means.index and np.isfinite(means[m]) and means[m] < floor]
+    if off:
+        ax.text(0.01, 0.02, "off axis (mean): " + ", ".join(off), transform=ax.transAxes, fontsize=7, va="bottom")
 
 
 def mark_quick(fig, quick: bool) -> None:

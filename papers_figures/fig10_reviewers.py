@@ -116,7 +116,7 @@ def layerwise_row(clip: str) -> dict:
     return claim(f"one scaler per layer lowers the error (MLP, {clip})", GUIDED,
                  "median E||Q - g||²/||g||² per layer vs one scaler, per seed: " + ", ".join(
                      f"{a:.2f}/{b:.2f}" for a, b in zip(d["one per layer"], d["one for the model"])),
-                 r, kind="paper claim", setting=SETTING + (", the paper's recipe" if clip != "no clipping" else ""),
+                 r, kind="paper claim (proxy)", setting=SETTING + (", the paper's recipe" if clip != "no clipping" else ""),
                  test=f"one-sided t-test over seeds of log(error per layer / error with one scaler) < 0 (error incl. "
                       f"the bias of clipping; median over steps and workers per seed), alpha 0.05, {len(d)} seed(s)",
                  scale="mlp", rows=errs[errs["clip"] == clip])

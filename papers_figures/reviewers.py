@@ -51,6 +51,8 @@ WORDS = {
                     "methods?"),
     "pqasgd": dict(src="ja-abstract", words="our PQASGD can converge as fast as full-communication SGD with only "
                    "3%-5% communication data size."),
+    "links": dict(src="ja-review", n=4, words="Currently, there exists much wider bandwidth networks than 1Gbps, what is "
+                  "the performance of the proposed method using network with larger bandwidth?"),
     "qsgd-bits": dict(src="ja-review", n=4, words="What is the exact number of bits used for QSGD in the experiments?"),
 }
 
@@ -83,7 +85,7 @@ QUESTIONS = [
     dict(paper=TERNGRAD, reviewer="R1", question="an analysis of lines 168-169 and their trade-offs",
          rows=(), note="cannot be answered here: the review cites the submission's line numbers, whose text "
                        "this repository does not carry"),
-    dict(paper=TERNGRAD, reviewer="R2", question="compare against 16-bit floats, not 32-bit (a 4x, not 16x, saving)",
+    dict(paper=TERNGRAD, reviewer="R2", question="compare against 16-bit floats, not 32-bit (\"If you use then 4 bit for your gradient, you get a factor of 4\")",
          rows=(("fig08", "TernGrad's saving against fp16"), ("fig10", "fp16's error is negligible"),
                ("fig11", "TernGrad's saving against fp16 (paper recipe; own-lr)")),
          note="bits to the same loss against fp16's, and fp16's rounding error"),
@@ -122,8 +124,8 @@ QUESTIONS = [
          note="every method at fp32's tuned rate and at its own (tuned on a validation split at one M; "
               "not re-tuned per worker count)"),
     dict(paper=JIANG, reviewer="R1", question="show the linear speedup experimentally against prior art",
-         rows=(("fig09", "fp32 has linear speedup in M"), ("fig09", "TernGrad keeps the linear speedup"),
-               ("fig09", "PQASGD keeps the linear speedup")),
+         rows=(("fig09", "fp32's linear range in M (where the other methods are judged)"),
+               ("fig09", "TernGrad keeps the linear speedup"), ("fig09", "PQASGD keeps the linear speedup")),
          note="slopes over one common range of M, each against fp32's; one row per other codec in fig09"),
     dict(paper=JIANG, reviewer="R2", question="the proofs lack structure", rows=(),
          note="about the supplement's writing, not an experiment"),
@@ -137,7 +139,7 @@ QUESTIONS = [
     dict(paper=JIANG, reviewer="R3", question="periodic parameter averaging may diverge; report accuracies",
          rows=(("fig08", "PQASGD's accuracy against fp32's"),
                ("fig08", "every method reaches fp32's loss target")),
-         note="PQASGD's accuracy against fp32's (each at its own stopping step), and the seeds that missed the target"),
+         note="PQASGD's accuracy against fp32's at the common step (fp32's step budget), and the seeds that missed the target"),
     dict(paper=JIANG, reviewer="R4", question="can the quantization factor exceed √M (q grows with the dimension)?",
          rows=(("fig09", "qsgd[levels=8] keeps the linear speedup (Jiang & Agrawal's rate)"),
                ("fig09", "TernGrad keeps the linear speedup")),
@@ -150,8 +152,10 @@ QUESTIONS = [
               "levels (its measured bits per element in fig09's rows) is the level count the rate needs here"),
     dict(paper=JIANG, reviewer="R4", question="networks faster than 1 Gb/s",
          rows=(("fig06", "the gain grows as the bandwidth falls"),
-               ("fig11", "significant speed gains (paper recipe; modeled, 1 Gb/s)")),
-         note="model only (fig06: 1 Gb/s Ethernet and 100 Gb/s InfiniBand); no measured fast link here"),
+               ("fig11", "significant speed gains (paper recipe; modeled, 1 Gb/s)"),
+               ("fig11", "speedup on faster links (paper recipe; modeled, 10 and 100 Gb/s)")),
+         note="model only (fig06: 1 Gb/s Ethernet and 100 Gb/s InfiniBand; fig11: 10 and 100 Gb/s at the measured "
+              "N); no measured fast link here"),
     dict(paper=JIANG, reviewer="R4", question="results on ImageNet", rows=(),
          note="cannot be answered at this scale (see the untestable claims)"),
     dict(paper=JIANG, reviewer="R4", question="QSGD's number of bits; fewer bits for QSGD",

@@ -72,7 +72,7 @@ def test_figure_files_exist_and_are_not_empty(quick_report, name):
     assert claims.quick.astype(str).eq("True").all()
     assert pd.read_csv(out / f"{name}.csv", low_memory=False).quick.astype(bool).all()
     assert set(claims.verdict) <= {"confirmed", "not confirmed", "inconclusive", "split", "n/a", "untestable here"}
-    assert set(claims.kind) <= {"paper claim", "model arithmetic", "tgsim variant", "reviewer question",
+    assert set(claims.kind) <= {"paper claim", "paper claim (proxy)", "model arithmetic", "tgsim variant", "reviewer question",
                                 "other paper's result", "self-check"}
     assert (claims.measured.str.len() > 0).all()
     decided = claims[claims.verdict.isin(["confirmed", "not confirmed", "inconclusive", "split"])]
