@@ -41,6 +41,9 @@ def test_ratios_from_raw_rows():
                  _raw(rate, "ddp_allreduce", t_step=0.02 * scale, t_backward=0.015, t_backward_min=0.014,
                       t_backward_max=0.016, t_step_min=0.019, t_step_max=0.021,
                       bits_per_step=model_bits("ddp_allreduce", 1000, 2)),
+                 _raw(rate, "ddp_fp16", t_step=0.018 * scale, t_backward=0.012, t_backward_min=0.012,
+                      t_backward_max=0.012, t_step_min=0.018, t_step_max=0.018,
+                      bits_per_step=model_bits("ddp_fp16", 1000, 2)),
                  _raw(rate, "tgsim_terngrad", t_step=0.03, t_backward=0.02, t_backward_min=0.019, t_backward_max=0.021,
                       t_hook=0.0006 * scale, t_hook_min=0.0004 * scale, t_hook_max=0.0007 * scale,
                       t_hook_codec=0.00015 * scale, t_hook_comm=0.0004 * scale,
@@ -66,6 +69,13 @@ def test_ratios_from_raw_rows():
     assert df.loc[("none", "tgsim_fp32"), "step_vs_allreduce"] == pytest.approx(2.0)
     assert df.loc[("none", "tgsim_terngrad"), "bits_ratio"] == pytest.approx(16.0)
     assert math.isnan(df.loc[("none", "local"), "bits_ratio"])
+    # exposed communication: step - local's step - own work (the hook's codec; none on DDP's rows), against fp16's
+    assert df.loc[("none", "ddp_fp16"), "t_exposed"] == pytest.approx(0.008)                      # 0.018 - 0.010
+    assert df.loc[("none", "tgsim_terngrad"), "t_exposed"] == pytest.approx(0.01985)              # 0.03 - 0.01 - 0.00015
+    assert df.loc[("none", "tgsim_terngrad"), "exposed_vs_fp16"] == pytest.approx(0.01985 / 0.008)
+    assert df.loc[("1gbit", "tgsim_terngrad"), "exposed_vs_fp16"] == pytest.approx(0.0097 / 0.016)  # that rate's
+    assert df.loc[("none", "ddp_fp16"), "exposed_vs_fp16"] == pytest.approx(1.0)
+    assert math.isnan(df.loc[("none", "local"), "t_exposed"]) and math.isnan(df.loc[("none", "local"), "exposed_vs_fp16"])
     assert df.loc[("none", "tgsim_fp32"), "warning"] == ""
     assert "spread 33 %" in df.loc[("none", "local"), "warning"]       # (max - min) / median of its t_backward
 

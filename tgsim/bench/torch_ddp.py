@@ -1,7 +1,7 @@
 """`tgsim bench torch`: tgsim's DDP comm hook against the backward pass and against DDP's own
 all-reduce and fp16 hooks, on the CPU over Gloo, as ratios measured in one run.
 
-    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit] [--width 16]
+    tgsim bench torch [--quick] [--out results/bench_torch.csv] [--rates none,10gbit,1gbit,100mbit] [--width 16]
                       [--input digits|cifar10] [--model package.module:function [--input-shape 1,8,8]
                       [--classes 10]] [...]
     python -m tgsim.bench.torch_ddp [...]
@@ -41,6 +41,11 @@ Ratios added to every row (same run, same network setting):
   comm_over_backward       (t_backward - t_backward(local)) / t_backward(local): what DDP's backward
                            pass (with its hook or all-reduce) adds to the module's own, over it; every
                            row but `local` (noise can make it negative)
+  t_exposed                t_step - t_step(local) - own work: the communication the step waits for
+                           (own work: t_hook_codec on tgsim rows, 0 on DDP's, whose casts are few); the
+                           rest of the exchange overlapped the backward pass
+  exposed_vs_fp16          t_exposed / t_exposed(ddp_fp16), same rate: at most 1 is the issue's target
+                           at 1 Gb/s and 100 Mb/s (noise can make either negative: then it is empty)
   step_vs_allreduce        t_step / t_step(ddp_allreduce): the whole training step (forward, backward
                            with DDP's communication, SGD step) against DDP's default all-reduce
   bits_ratio               bits_per_step(ddp_allreduce) / bits_per_step: how many times fewer bits a
@@ -64,19 +69,20 @@ from pathlib import Path
 
 from tgsim.bench.torch_ddp_rank import DIGITS, INPUTS, RESNET, VARIANTS, parse_shape
 
-FULL = dict(rates=("none", "10gbit", "1gbit"), ranks=2, steps=100, warmup=5)
+FULL = dict(rates=("none", "10gbit", "1gbit", "100mbit"), ranks=2, steps=100, warmup=5)
 QUICK = dict(rates=("none",), ranks=2, steps=3, warmup=1)
 TARGET = 0.10
 WIDTH = 16
 INPUT = DIGITS
 BASELINE = "ddp_allreduce"
+FP16 = "ddp_fp16"
 REFERENCE = "local"
 QUICK_COLUMN = "quick"
 QUICK_MARK = "QUICK (tgsim bench torch --quick: a smoke test, numbers not for reporting)"
 MPI_OVER_TCP = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo",
                 "GLOO_SOCKET_IFNAME": "lo"}     # no thread variables: the ranks run in the user's environment
 COLUMNS = ["hook_over_backward", "hook_over_backward_best", "codec_over_backward", "comm_over_backward",
-           "step_vs_allreduce", "bits_ratio",
+           "t_exposed", "exposed_vs_fp16", "step_vs_allreduce", "bits_ratio",
            "meets_target",
            "load_avg", "spread", "warning", QUICK_COLUMN]
 
@@ -151,12 +157,22 @@ def summarize(raw):
     def per_rate(frame, col):
         return df["rate"].map(frame[col]).astype(float).to_numpy() if col in frame else np.full(len(df), np.nan)
 
+    def per_rate_of(frame, rates, col):
+        return rates.map(frame[col]).astype(float).to_numpy() if col in frame else np.full(len(rates), np.nan)
+
     tgsim = df["variant"].str.startswith("tgsim_")
     df["hook_over_backward"] = np.where(tgsim, df["t_hook"] / per_rate(ref, "t_backward"), np.nan)
     df["hook_over_backward_best"] = np.where(tgsim, df["t_hook_min"] / per_rate(ref, "t_backward_min"), np.nan)
     local_bwd = per_rate(ref, "t_backward")
     df["codec_over_backward"] = np.where(tgsim, df["t_hook_codec"] / local_bwd, np.nan)
     df["comm_over_backward"] = np.where(df["variant"] != REFERENCE, (df["t_backward"] - local_bwd) / local_bwd, np.nan)
+    own = np.where(tgsim, df["t_hook_codec"].astype(float), 0.0)
+    df["t_exposed"] = np.where(df["variant"] != REFERENCE, df["t_step"] - per_rate(ref, "t_step") - own, np.nan)
+    fp16 = df[df["variant"] == FP16].set_index("rate")
+    fp16_exposed = per_rate(fp16.assign(t_exposed=fp16["t_step"] - per_rate_of(ref, fp16.index, "t_step")),
+                            "t_exposed")
+    df["exposed_vs_fp16"] = np.where((df["t_exposed"] > 0) & (fp16_exposed > 0), df["t_exposed"] / fp16_exposed,
+                                     np.nan)
     df["step_vs_allreduce"] = df["t_step"] / per_rate(base, "t_step")
     bits = df["bits_per_step"].astype(float)
     df["bits_ratio"] = per_rate(base, "bits_per_step") / bits.where(bits > 0)     # nan for `local` (sends none)
@@ -248,7 +264,7 @@ def print_table(df, file=None) -> None:
           "waited least in it; codec: the hook less its MPI calls, over bwd, the busiest rank)", file=file)
     print(f"{'rate':7} {'variant':25} {'step ms':>8} {'fwd ms':>7} {'bwd ms':>7} {'hook ms':>8} "
           f"{'hook/bwd':>8} {'best':>6} {'ok':>3} {'codec':>6} {'+bwd':>7} {'step/ar':>7} {'kbit/step':>10} "
-          f"{'bits x':>7}  source",
+          f"{'bits x':>7} {'exp ms':>7} {'exp/f16':>7}  source",
           file=file)
 
     def pct(v):
@@ -261,7 +277,8 @@ def print_table(df, file=None) -> None:
               f"{hook:>8} {pct(r.hook_over_backward):>8} {pct(r.hook_over_backward_best):>6} {ok:>3} "
               f"{pct(r.codec_over_backward):>6} {pct(r.comm_over_backward):>7} {r.step_vs_allreduce:7.2f} "
               f"{r.bits_per_step / 1e3:10.1f} "
-              f"{r.bits_ratio:7.2f}  {r.bits_source}",
+              f"{r.bits_ratio:7.2f} {'' if r.t_exposed != r.t_exposed else f'{r.t_exposed * 1e3:.2f}':>7} "
+              f"{'' if r.exposed_vs_fp16 != r.exposed_vs_fp16 else f'{r.exposed_vs_fp16:.2f}':>7}  {r.bits_source}",
               file=file)
     warned = [r for r in df.itertuples(index=False) if isinstance(r.warning, str) and r.warning]
     for r in warned:
@@ -276,7 +293,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `tgsim bench torch` (for tgsim/cli.py)."""
     p.add_argument("--quick", action="store_true", help="unshaped loopback only, 3 timed rounds: a smoke test; "
                    "every row of the CSV gets quick = True")
-    p.add_argument("--rates", help="comma list: none (the loopback unshaped) and tc rates (default none,10gbit,1gbit; "
+    p.add_argument("--rates", help="comma list: none (the loopback unshaped) and tc rates (default none,10gbit,1gbit,100mbit; "
                    "shaped ones need root)")
     p.add_argument("--ranks", type=int, help="MPI ranks (default 2)")
     p.add_argument("--steps", type=int, help="timed rounds per setting (default 100)")
