@@ -3,6 +3,7 @@
     mpiexec -n N python -m tgsim.mpi_runs.train CONFIG.toml [--out DIR] [--resume] [--set section.key=value]
     srun python -m tgsim.mpi_runs.train CONFIG.toml --out DIR          # one task per GPU; see slurm_job.sh
     mpiexec -n N python -m tgsim.mpi_runs.train --resume --out DIR     # continue from DIR's newest checkpoint
+    mpiexec -n N python -m tgsim.mpi_runs.train CONFIG.toml --tensorboard DIR   # rank 0 writes event files too
 
 [workers] n of the config must equal the number of ranks. Rank 0 writes the results directory
 (config.toml, manifest.json, metrics.csv with rank 0's bytes, checkpoints/, params.npz, and
@@ -41,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-change", action="append", default=[], metavar="SECTION.KEY",
                    help="with --resume: accept this key's change against the run's config.toml (as tgsim run)")
     p.add_argument("--results", default="results", help="where a default results directory goes")
+    p.add_argument("--tensorboard", metavar="DIR", help="rank 0 also writes metrics.csv's scalars as TensorBoard "
+                   "event files into DIR (tgsim.train.tensorboard)")
     p.add_argument("--native-fp32", action="store_true",
                    help="BENCHMARK ONLY: MPI's own Allreduce for fp32 (fast, but not the simulator's bits)")
     p.add_argument("--bucket-mb", type=float, default=64.0, help="largest message per exchange phase (MiB)")
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if out is None:
             out = comm.bcast(str(results.new_run_dir(args.results, cfg.run.name)) if rank == 0 else None, root=0)
         res = run(cfg, out=out, resume=args.resume, quiet=args.quiet or rank != 0, exchange=ex,
-                  writer=rank == 0, results_base=args.results, allow_changes=args.allow_change)
+                  writer=rank == 0, results_base=args.results, allow_changes=args.allow_change,
+                  tensorboard=args.tensorboard)
         totals = ex.gather_totals()
         if rank == 0:
             tmp = Path(out) / "comm_bytes_by_rank.tmp"

@@ -94,10 +94,10 @@ SCALE = {
 
 
 def theme() -> None:
-    """The seaborn theme shared by all figures."""
-    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind", font_scale=0.9,
-                  rc={"figure.dpi": 110, "savefig.dpi": 150, "axes.titlesize": 11, "axes.labelsize": 10,
-                      "legend.fontsize": 8.5, "legend.title_fontsize": 9, "figure.titlesize": 12})
+    """The seaborn theme shared by all figures and `tgsim plot` (tgsim.plotting.theme.theme)."""
+    from tgsim.plotting.theme import theme as shared
+
+    shared()
 
 
 theme()

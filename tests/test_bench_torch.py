@@ -146,7 +146,7 @@ def test_input_reaches_the_rank_program_and_its_config(capsys):
 
 
 @needs_launch
-@pytest.mark.parametrize("image", ["digits", "cifar10"])
+@pytest.mark.parametrize("image", ["digits", pytest.param("cifar10", marks=pytest.mark.heavy)])
 def test_quick_run_unshaped(tmp_path, capsys, image):
     """One quick run at 2 ranks on the unshaped loopback, per input; the table names every variant
     and the images; the rows hold the input's ResNet (its parameter count) and shape."""

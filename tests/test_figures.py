@@ -43,7 +43,7 @@ base = {{"run": {{"steps": 10, "eval_every": 0, "log_every": 10}},
         "model": {{"name": "least_squares"}}, "workers": {{"n": 2, "batch": 8, "batch_mode": "per_worker"}},
         "codec": {{"name": "terngrad", "clip": "none"}}, "optimizer": {{"name": "sgd"}},
         "schedule": {{"name": "robbins_monro", "lr": 0.2, "tau": 1000.0}}}}
-jobs = [(base, {{"run": {{"name": f"job{{i}}", "seed": i, "steps": steps}}}}) for i, steps in enumerate((3000, 10, 10))]
+jobs = [(base, {{"run": {{"name": f"job{{i}}", "seed": i, "steps": steps}}}}) for i, steps in enumerate((800, 10, 10))]
 print(json.dumps([r["out"].rsplit("/", 1)[1].split("-")[0] for r in train_many(jobs, "bar-test")]))
 """
 

@@ -117,9 +117,9 @@ def _make_report(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(300)
 def test_quiet_prints_no_progress_lines(tmp_path):
-    """--quiet (one script, fig10's quick form, the cheapest) prints neither line and still writes the
+    """--quiet (one script, fig06's quick form, the cheapest: the model's arithmetic) prints neither line and still writes the
     figure (the lines themselves, on a pipe and in order: test_every_script_ran)."""
-    quiet = _make_report(tmp_path / "quiet", "--quick", "--only", "fig10", "--quiet")
+    quiet = _make_report(tmp_path / "quiet", "--quick", "--only", "fig06", "--quiet")
     assert quiet.returncode == 0, quiet.stderr[-4000:]
     assert not [x for x in quiet.stdout.splitlines() if x.startswith("[figures")], quiet.stdout
-    assert (tmp_path / "quiet" / "quick" / "fig10_reviewers.png").stat().st_size > 0
+    assert (tmp_path / "quiet" / "quick" / "fig06_perfmodel.png").stat().st_size > 0

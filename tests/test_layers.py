@@ -1,7 +1,7 @@
 """Layers import downward only, and the errors every layer raises come from one module.
 
 The layers, bottom to top: errors, backend, rng, blas -> codecs -> models, data -> exchange ->
-train -> analysis, bench, cli. A module may import from its own layer or below, never above
+train -> analysis, bench, runs, plotting, cli. A module may import from its own layer or below, never above
 (checked on the source: `import` and `from ... import` statements, at module level or inside
 functions).
 """
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYER = {"tgsim.errors": 0, "tgsim.backend": 0, "tgsim.rng": 0, "tgsim.blas": 0,
          "tgsim.codecs": 1, "tgsim.models": 2, "tgsim.data": 2, "tgsim.torch": 2, "tgsim.exchange": 3,
          "tgsim.train": 4, "tgsim.torch.ddp": 4, "tgsim.torch.ddp_bucket": 4,
-         "tgsim.bench": 5}
+         "tgsim.bench": 5, "tgsim.runs": 5, "tgsim.plotting": 5}
 
 
 def _layer(module: str) -> int | None:

@@ -93,6 +93,7 @@ def _demo(tmp_path, sharing: str):
     return run_health(res.out), m[m["split"] == "test"].set_index("step")["accuracy"]
 
 
+@pytest.mark.heavy      # its smaller form: test_run_health_flags_a_collapse_and_nothing_else (known histories)
 @pytest.mark.timeout(300)
 def test_run_health_alerts_on_the_max_sharing_demo_run_and_not_on_mean(tmp_path):
     """The demo's setting (MNIST-1D convnet, 8 workers x 8, momentum 0.9, lr 0.1, seed 0) with MAX

@@ -1,4 +1,4 @@
-"""Command line: `tgsim run | demo | codecs | analyze | compare | bench | figures`, and `tgsim --version`."""
+"""Command line: `tgsim run | demo | plot | sweep | codecs | analyze | compare | bench | figures`, and `tgsim --version`."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def _cmd_run(args) -> int:
 
     try:
         cfg = _load_config(args)
-        res = run(cfg, out=args.out, resume=args.resume, quiet=args.quiet, allow_changes=args.allow_change)
+        res = run(cfg, out=args.out, resume=args.resume, quiet=args.quiet, allow_changes=args.allow_change,
+                  tensorboard=args.tensorboard)
     except (ConfigError, FileExistsError) as e:
         print(f"tgsim run: {e}", file=sys.stderr)
         return 2
@@ -91,6 +92,9 @@ def _cmd_demo(args) -> int:
           f"(`tgsim analyze run-health {tg_max.out}` shows whether its units died).")
     print("One seed each. papers_figures/mnist1d_terngrad_vs_fp32.py tunes the learning rate on a validation "
           "split and compares 3 seeds of each on the test set.")
+    prog = sys.argv[0] if Path(sys.argv[0]).name == "tgsim" else "tgsim"     # `.venv/bin/tgsim` under make demo
+    print(f"Plot the three runs: {prog} plot {' '.join(str(r.out) for _, r in rows)} "
+          f"--out {Path(args.results) / 'demo.png'}")
     return 0
 
 
@@ -239,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--allow-change", action="append", default=[], metavar="SECTION.KEY",
                    help="with --resume: accept this key's change against the run's config.toml (recorded in "
                         "resumes.jsonl); run.steps, run.log_every, ... need none (README 'A run')")
+    r.add_argument("--tensorboard", metavar="DIR", help="also write metrics.csv's scalars as TensorBoard event "
+                   "files into DIR ([run] tensorboard = true: RUN_DIR/tensorboard; needs tgsim[tensorboard])")
     r.set_defaults(func=_cmd_run)
 
     d = sub.add_parser("demo", help="train the built-in demo config with fp32 and with TernGrad, print both")
@@ -246,6 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--results", default="results", help="where results directories go")
     d.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     d.set_defaults(func=_cmd_demo)
+
+    from tgsim.runs import plot as runs_plot, sweep as runs_sweep  # light: pandas and matplotlib load when they run
+
+    pl = sub.add_parser("plot", help="loss and accuracy against steps and bits, per-layer statistics and "
+                                     "run-health alerts of one or several runs, overlaid (PNG)")
+    runs_plot.add_arguments(pl)
+    pl.set_defaults(func=runs_plot.cmd)
+    sw = sub.add_parser("sweep", help="a grid of runs of one config (--set key=v1,v2,... --seeds K) into one "
+                                      "directory with runs.csv; run it again to continue")
+    runs_sweep.add_arguments(sw)
+    sw.set_defaults(func=runs_sweep.cmd)
 
     c = sub.add_parser("codecs", help="list the registered codecs and their declared properties")
     c.set_defaults(func=_cmd_codecs)

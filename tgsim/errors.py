@@ -8,6 +8,8 @@
     RankConfigMismatchError   ranks started with different configs, versions or shard plans
     PeerPayloadError          a payload received from another rank is malformed (names the sender)
     ServerError               the parameter server (rank 0) failed for another reason
+    RunDirError               a directory that is not a tgsim run (or sweep), or runs that cannot be shown
+                              together (`tgsim plot`: exit status 2)
 
 All but the marker are ValueError / RuntimeError subclasses, so `except ValueError` keeps working.
 """
@@ -71,3 +73,8 @@ class PeerPayloadError(PayloadError, CollectiveError):
 
 class ServerError(RuntimeError, CollectiveError):
     """The parameter server (rank 0) failed for another reason; every rank raises it."""
+
+
+class RunDirError(ValueError):
+    """A directory that is not a tgsim run or sweep, or runs that cannot be overlaid (different models);
+    the message names the directory and what is missing or differs."""

@@ -35,6 +35,7 @@ class RunConfig:
     on_nonfinite: str = "raise"  # "raise" (checkpoint the last good step, stop: exit 2) | "skip" (skip the step, count it)
     max_skipped_fraction: float = 0.1   # a run that skipped more of its steps ends unhealthy (`tgsim run` exit 3)
     backend: str = "numpy"       # "numpy" (CPU) | "cupy" (one GPU per process: data, model, codec, exchange, optimizer)
+    tensorboard: bool = False    # also write metrics.csv's scalars as TensorBoard event files (tgsim.train.tensorboard)
 
 
 @dataclass(frozen=True)
@@ -401,11 +402,13 @@ def config_hash(cfg: Config) -> str:
 #   run.on_nonfinite          a run that reached the resume point under "raise" skipped no step, so
 #                             continuing under "skip" gives the bits of a run started with "skip"
 #   run.max_skipped_fraction  only the exit status of the run's end
+#   run.tensorboard           whether metrics.csv's scalars also go to TensorBoard event files
 #   run.backend               the one exception that changes bits from the resume point on: a checkpoint
 #                             holds host arrays and resumes on either backend (CPU <-> GPU, the
 #                             documented move of a run between machines); recorded like the others
 RESUME_FREE_KEYS = ("run.steps", "run.name", "run.log_every", "run.eval_every", "run.checkpoint_every",
-                    "run.keep_checkpoints", "run.on_nonfinite", "run.max_skipped_fraction", "run.backend")
+                    "run.keep_checkpoints", "run.on_nonfinite", "run.max_skipped_fraction", "run.backend",
+                    "run.tensorboard")
 SCHEDULES_OVER_STEPS = ("poly",)      # schedules whose learning rate depends on run.steps
 
 

@@ -31,6 +31,7 @@ from tgsim.codecs import error_feedback, registry
 from tgsim.errors import ConfigError, NonFiniteGradientError, is_nonfinite, nonfinite_elsewhere, nonfinite_error
 from tgsim.rng import StreamKey
 from tgsim.train import checkpoint, progress, results
+from tgsim.train import tensorboard as tb
 from tgsim.train.config import Config, config_hash
 from tgsim.train.optim import make_optimizer
 from tgsim.train.schedules import learning_rate
@@ -466,13 +467,14 @@ def unhealthy(cfg: Config, skipped: int, eval_loss: float, split: str = "test") 
 
 def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet: bool = False,
         exchange=None, writer: bool = True, results_base: str | Path = "results",
-        allow_changes: tuple[str, ...] | list[str] = ()) -> RunResult:
+        allow_changes: tuple[str, ...] | list[str] = (), tensorboard: str | Path | None = None) -> RunResult:
     """Train per `cfg`, writing a results directory (only where `writer`); see module docstring. Returns
     the RunResult.
 
     out: the results directory (default: a new one under `results_base`); resume: continue the run in
     `out` from its newest usable checkpoint; exchange: the exchange (default: in-process, all workers);
-    quiet: no progress output.
+    quiet: no progress output; tensorboard: a folder for TensorBoard event files of metrics.csv's
+    scalars (tgsim.train.tensorboard; default RUN_DIR/tensorboard where [run] tensorboard, else none).
     Before anything is written: the config, the data, the model's init and one forward and backward
     pass (`preflight`) are checked, a ConfigError otherwise; a resume compares `cfg` with the run's
     config.toml (tgsim.train.config.resume_changes: keys other than RESUME_FREE_KEYS and
@@ -490,10 +492,10 @@ def run(cfg: Config, out: str | Path | None = None, resume: bool = False, quiet:
     # names the layer, worker and step (run.on_nonfinite), in one line instead of a warning per array
     with progress.CompileWatch(say=None if quiet or not writer else progress.say) as watch, \
             np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return _run(cfg, out, resume, quiet, exchange, writer, results_base, tuple(allow_changes), watch)
+        return _run(cfg, out, resume, quiet, exchange, writer, results_base, tuple(allow_changes), watch, tensorboard)
 
 
-def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes, watch) -> RunResult:
+def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes, watch, tensorboard) -> RunResult:
     setup = build(cfg, exchange)
     ex = setup.exchange
     from tgsim.data import shard_plan_digest
@@ -505,6 +507,9 @@ def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes,
     first_params = preflight(setup)           # the model trains: before the directory exists
     out = Path(out) if out is not None else results.new_run_dir(results_base, cfg.run.name)
     changed = results.resume_changes(out, cfg, allow_changes) if resume else {}
+    events_dir = tb.log_dir(cfg.run.tensorboard, out, tensorboard)
+    if events_dir is not None:
+        tb.require()                               # on every rank: the same ConfigError everywhere
     if writer:
         results.prepare(out, cfg, resume)
     start, params, opt_state = 0, None, None
@@ -529,7 +534,9 @@ def _run(cfg, out, resume, quiet, exchange, writer, results_base, allow_changes,
     else:                                          # a checkpoint holds host arrays, from a CPU or a GPU run
         params, opt_state = to_device(params, setup.xp), to_device(opt_state, setup.xp)
     codec_state = start_codec_state(setup, state)  # a stateful codec's per-worker state, else None
-    metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None) if writer else None
+    events = tb.EventLog(events_dir, purge_step=start + 1 if resume else None) if writer and events_dir else None
+    metrics = results.MetricsWriter(out / "metrics.csv", resume_step=start if resume else None,
+                                    events=events) if writer else None
     if writer:
         results.write_manifest(out, cfg, {"backend": cfg.run.backend, **_device_info(setup),
                                           "kernels": cfg.codec.kernels, "exchange": type(ex).__name__,

@@ -138,10 +138,13 @@ def write_manifest(out: Path, cfg: Config, extra: dict) -> None:
 
 
 class MetricsWriter:
-    """Append-only tidy CSV; on resume, rows after the checkpoint's step are dropped first."""
+    """Append-only tidy CSV; on resume, rows after the checkpoint's step are dropped first. events: a
+    tgsim.train.tensorboard.EventLog that gets every row written (its `row`), flushed and closed
+    with the CSV, or None."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
+    def __init__(self, path: Path, resume_step: int | None = None, events=None):
         self.path = path
+        self.events = events
         if resume_step is not None and path.exists():
             with open(path, newline="") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
@@ -159,14 +162,20 @@ class MetricsWriter:
         self._t0 = time.perf_counter()
 
     def write(self, **row) -> None:
+        if self.events is not None:
+            self.events.row(row)
         row = {k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in row.items()}
         self._w.writerow(row)
 
     def flush(self) -> None:
         self._f.flush()
+        if self.events is not None:
+            self.events.flush()
 
     def close(self) -> None:
         self._f.close()
+        if self.events is not None:
+            self.events.close()
 
 
 def save_params(out: Path, params: dict) -> None:
