@@ -66,6 +66,9 @@ QUICK = {
     ".venv/bin/tgsim analyze run-health results/my-run":
         (lambda t: _tgsim("analyze", "run-health", str(t / "my-run")), ["ratio_max", "zero_last"]),
     # quick forms run by tests/test_compare.py (not twice)
+    ".venv/bin/tgsim sweep demo --set codec.name=fp32,terngrad --set schedule.lr=0.05,0.1 --seeds 2 --out results/lr":
+        (None, []),                                         # tests/test_sweep.py (a small grid, killed and resumed)
+    ".venv/bin/tgsim plot results/lr --out results/lr.png": (None, []),     # tests/test_plot.py (a sweep directory)
     ".venv/bin/tgsim compare variance": (None, []),
     ".venv/bin/tgsim compare speedup": (None, []),
     ".venv/bin/tgsim compare bits": (None, []),             # tests/test_compare_bits.py
