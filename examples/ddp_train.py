@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/ddp-digits", help="directory for params.npz and config.toml")
     p.add_argument("--store", help="(mpiexec) a directory for the process group's file store")
+    p.add_argument("--tensorboard", metavar="DIR", help="rank 0 writes each step's bits up and down, skipped "
+                   "flag, loss and rate as TensorBoard events into DIR (needs tgsim[tensorboard])")
     a = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # the simulator's per-worker bits: one intra-op thread
@@ -103,6 +105,10 @@ def main(argv=None) -> int:
     model = DDP(module)
     tgddp.register(model, state)
     opt = tgddp.TgsimOptimizer(state)
+    log = None
+    if a.tensorboard and rank == 0:
+        from tgsim.train.tensorboard import HookLog
+        log = HookLog(a.tensorboard, state)
     b = cfg.workers.per_worker_batch
     for step in range(cfg.run.steps):
         idx = batch_indices(shards[rank], b, cfg.run.seed, step, rank)
@@ -111,6 +117,8 @@ def main(argv=None) -> int:
         loss = F.cross_entropy(model(x), y)
         loss.backward()                      # the hook: encode, exchange, decode
         opt.step()
+        if log is not None:
+            log.step(state, loss=loss.item(), lr=cfg.schedule.lr)
         if rank == 0 and (step + 1) % max(1, cfg.run.steps // 5) == 0:
             print(f"step {step + 1}/{cfg.run.steps}: loss {loss.item():.4f} (rank 0's batch)", flush=True)
 
@@ -126,6 +134,8 @@ def main(argv=None) -> int:
               + (" on every rank" if same else f"; RANKS DIFFER: {digests}"))
         print(f"wrote {out / 'params.npz'} and {out / 'config.toml'}; the simulator's run: "
               f"PYTHONPATH=examples tgsim run {out / 'config.toml'}")
+    if log is not None:
+        log.close()
     dist.barrier()
     del model, opt, state            # DDP and the hook's state hold the process group: free them first,
     gc.collect()                     # not at interpreter exit, where a Gloo thread may still be joinable

@@ -17,6 +17,8 @@
   boundaries on them (tests/test_numba_kernels.py, test_cuda_kernels.py, test_peer_numba_kernels.py).
 * `check_sharing_sweep`: the assertions on a quick sharing sweep's CSVs and PNG (the sweep scripts run
   in tests/test_figures.py and, inside fig03, in tests/test_figures_report.py).
+* `events(logdir)`: {tag: [(step, value)]} of the TensorBoard scalars under a folder, read back with
+  the tensorboard package's EventAccumulator (test_tensorboard.py, test_torch_ddp_example.py).
 """
 
 from __future__ import annotations
@@ -601,3 +603,12 @@ def batchnorm_net(dim, classes):
     import torch
 
     return torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, classes))
+
+
+def events(logdir) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of the scalars in the event files under `logdir`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

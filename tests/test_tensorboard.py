@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fakes import kill_train_step_at
+from fakes import events, kill_train_step_at
 from mpi_cases import mpiexec, needs_mpi, write_toml
 from tgsim.errors import ConfigError
 from tgsim.train import tensorboard as tb
@@ -27,15 +27,6 @@ def tiny(**run_keys) -> dict:
             "data": {"name": "digits"}, "model": {"name": "mlp", "options": {"hidden": [8]}},
             "workers": {"n": 2, "batch": 16}, "codec": {"name": "terngrad"}, "exchange": {"mode": "ps"},
             "optimizer": {"name": "momentum"}, "schedule": {"name": "constant", "lr": 0.05}}
-
-
-def events(logdir) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]} of the scalars in the event files under `logdir`."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def expected(metrics_csv) -> dict[str, list[tuple[int, float]]]:

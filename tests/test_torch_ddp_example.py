@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
 
+from fakes import events  # noqa: E402
 from mpi_cases import MPI_INSTALL, load_params, needs_mpi  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +36,10 @@ def user_env() -> dict:
     return env
 
 
-def launch(launcher: str, codec: str, out: Path) -> str:
-    """The script at 2 ranks under `launcher`; its output (the test fails with it on a non-zero exit)."""
-    args = [str(SCRIPT), "--codec", codec, "--steps", str(STEPS), "--out", str(out)]
+def launch(launcher: str, codec: str, out: Path, *extra: str) -> str:
+    """The script at 2 ranks under `launcher` (`extra`: more of its options); its output (the test fails
+    with it on a non-zero exit)."""
+    args = [str(SCRIPT), "--codec", codec, "--steps", str(STEPS), "--out", str(out), *extra]
     env = user_env()
     if launcher == "torchrun":
         cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", *args]
@@ -78,8 +80,11 @@ def _param(launcher: str, codec: str, heavy: bool):
 @pytest.mark.parametrize("launcher,codec", [_param(*c, False) for c in CASES] + [_param(*c, True) for c in HEAVY])
 def test_the_example_ends_with_the_simulators_bits(tmp_path, launcher, codec):
     """After 4 steps at 2 ranks: both ranks report the same parameters, and rank 0's params.npz equals
-    the simulator's (`tgsim run` of the config.toml the script wrote) on every parameter."""
-    text = launch(launcher, codec, tmp_path / "ddp")
+    the simulator's (`tgsim run` of the config.toml the script wrote) on every parameter. Under torchrun,
+    `--tensorboard DIR`: rank 0's events hold steps 1..4 once each, the loss and each step's bits up
+    and down (the same each step: TernGrad's messages have fixed sizes)."""
+    tb = ("--tensorboard", str(tmp_path / "tb")) if launcher == "torchrun" else ()
+    text = launch(launcher, codec, tmp_path / "ddp", *tb)
     transport = "torch" if launcher == "torchrun" else "mpi"
     assert f"2 ranks over {transport}, {codec}, {STEPS} steps" in text and "on every rank" in text, text[-3000:]
     assert "intra-op threads" not in text, text[-3000:]       # the script's one thread: no hook warning
@@ -89,3 +94,9 @@ def test_the_example_ends_with_the_simulators_bits(tmp_path, launcher, codec):
                                            "head.weight", "norm.bias", "norm.weight"]
     differ = [k for k in want if not np.array_equal(got[k], want[k])]
     assert not differ, f"{launcher} {codec}: parameters that differ from the simulator's: {differ}"
+    if tb:
+        ev = events(tmp_path / "tb")
+        for tag in ("train/bits_up", "train/bits_down", "train/loss", "train/lr"):
+            assert [s for s, _ in ev[tag]] == list(range(1, STEPS + 1)), (tag, ev[tag])
+        assert len({v for _, v in ev["train/bits_up"]}) == 1 and ev["train/bits_up"][0][1] > 0, ev["train/bits_up"]
+        assert all(np.isfinite(v) for _, v in ev["train/loss"])
