@@ -134,8 +134,9 @@ def _bits(args) -> int:
         steps = args.steps or (BITS_QUICK_STEPS[name] if args.quick else 0)
         p = cb.ALL_PROBLEMS[name]
         p = dataclasses.replace(p, steps=steps) if steps else p
-        if args.quick and len(p.lr_grid) > 2:       # --quick: the two middle rates of a problem's own grid
-            p = dataclasses.replace(p, lr_grid=tuple(p.lr_grid)[(len(p.lr_grid) - 1) // 2:][:2])
+        if args.quick and len(p.lr_grid) > 2:       # --quick: the two middle rates of a problem's own grid,
+            keep = 1 if p.model == "torch" else 2   # the lower one for a torch model's (its runs cost most)
+            p = dataclasses.replace(p, lr_grid=tuple(p.lr_grid)[(len(p.lr_grid) - 1) // 2:][:keep])
         try:
             problems.extend(cb.at_workers(p, n) for n in workers) if workers else problems.append(p)
         except ValueError as e:
@@ -224,9 +225,10 @@ def register(sub) -> None:
     b.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 " + _help(BITS, "seeds"))
     b.add_argument("--steps", type=int, default=None, help="steps per run, every problem, 0: the problem's own "
                    "(logistic 600, convnet 800, resnet 300, transformer 400; others capped at 2 x; --quick 100, "
-                   "30, 40, 30)")
+                   "30, 24, 20)")
     b.add_argument("--problems", default=None, help="comma-separated problems, also resnet and transformer "
-                   "(torch models; own grid of the transformer: compare_bits.ADAM_GRID, --quick its 2 middle rates) "
+                   "(torch models; own grid of the transformer: compare_bits.ADAM_GRID; --quick: the lower of a torch "
+                   "model's 2 middle rates, a NumPy model's 2 middle rates) "
                    + _help(BITS, "problems"))
     b.add_argument("--methods", default=None, help="comma-separated methods " + _help(BITS, "methods"))
     b.add_argument("--lr-grid", default=None, help="comma-separated learning rates tuned on a validation split "

@@ -170,7 +170,8 @@ def test_bench_codec_layers_splits_the_same_elements():
     assert np.array_equal(np.concatenate([p[1] for p in parts.values()]), g)
     rows = codecs_all.run(("terngrad", "fp16"), n_elements=1 << 10, workers=2, repeats=1, layers=8)
     for r in rows:
-        assert r["encode_8_x_one"] > 0 and r["aggregate_8_x_one"] > 0, r
+        assert r["encode_8_x_one"] > 0 and r["aggregate_8_x_one"] > 0 and r["encode_8_flat_x_one"] > 0, r
+    assert [r["multi_tensor"] for r in rows] == [True, False]
     assert main(["bench", "codec", "--quick", "--layers", "0"]) == 2
 
 

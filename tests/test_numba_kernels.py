@@ -113,6 +113,25 @@ def test_moments_offset_mean():
     assert moments_bits(nk.moments(c, True)) == moments_bits(stats.layer_moments(c, True))
 
 
+@pytest.mark.parametrize("n", [65537, 65536 + 1023, 65536 + 1025, 100_000, 2 * 65536, 2 * 65536 + 1, 4 * 65536])
+@pytest.mark.parametrize("kind", KINDS)
+def test_moments_of_mid_size_rows_per_task(n, kind):
+    """Rows of LANES < n <= 4 LANES in one task each (numba_moments._sigma_worker: the lane partials
+    in blocks with the top three tree levels folded in, _sigma_mid): the reference's lane sums, bit for
+    bit."""
+    from tgsim.codecs.terngrad.numba_moments import _sigma_serial
+
+    rng = np.random.default_rng(n)      # exponents over 2^-40..2^40: float64 sums whose order shows
+    G = np.stack([grad(kind, n), (grad("normal", n) * 3 + 1e3).astype(np.float32),
+                  np.ldexp(rng.standard_normal(n), rng.integers(-40, 40, n)).astype(np.float32)])
+    sums, mb = np.empty((3, 2)), np.empty(3, dtype=np.uint32)
+    _sigma_serial(G, G.view(np.uint32), sums, mb)
+    for w in range(3):
+        assert mb[w:w + 1].view(np.float32)[0] == np.abs(G[w]).max()
+        _, s1, s2 = stats.lane_sums(G[w])            # the sums themselves, not only σ
+        assert np.array([s1, s2]).view(np.uint64).tolist() == sums[w].view(np.uint64).tolist()
+
+
 # -- encode --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", KINDS)

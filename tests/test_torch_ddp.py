@@ -342,13 +342,44 @@ def test_layers_renumbered_per_bucket_are_caught(tmp_path, monkeypatch, codec, m
     """Positive control of the test above: the hook numbering each bucket's layers from 0 (the
     layer's position in its bucket, not in the model) keeps the simulator's bits at step 0 (one
     bucket of all layers) and loses them at step 1 (two buckets)."""
-    from tgsim.codecs.base import IndexedLayers
+    from tgsim.codecs.base import FlatLayers, IndexedLayers
     from tgsim.torch import ddp_bucket
 
+    class Renumbered(FlatLayers):
+        @classmethod
+        def from_views(cls, buffer, views, ids=None):
+            return FlatLayers.from_views(buffer, views, {k: i for i, k in enumerate(views)})
+
+    monkeypatch.setattr(ddp_bucket, "FlatLayers", Renumbered)      # the host path: the bucket's buffer
     monkeypatch.setattr(ddp_bucket, "IndexedLayers", lambda layers, ids: IndexedLayers(
         layers, {k: i for i, k in enumerate(layers)}))
     digests, sim, _, state, _ = _one_process_run(tmp_path, codec, mode)
     assert state.per_bucket and digests[0] == sim[0] and digests[1] != sim[1]
+
+
+def test_the_hook_hands_each_bucket_to_the_codec_as_its_buffer(tmp_path, monkeypatch):
+    """Per bucket, the codec gets the bucket's layers as one FlatLayers over the bucket's own buffer
+    (read in place, each layer at its offset, with its index in the model), and the bits stay the
+    simulator's."""
+    from tgsim.codecs.base import FlatLayers
+    from tgsim.codecs.terngrad import TernGrad
+
+    seen = []
+    real = TernGrad.encode_many
+
+    def spy(self, layers, *args, **kwargs):
+        seen.append(layers)
+        return real(self, layers, *args, **kwargs)
+
+    monkeypatch.setattr(TernGrad, "encode_many", spy)
+    digests, sim, _, state, _ = _one_process_run(tmp_path, {"name": "terngrad"}, "allreduce")
+    assert state.per_bucket and digests == sim
+    hook = [x for x in seen if isinstance(x, FlatLayers)]           # the simulator's steps: plain dicts
+    assert [len(x) for x in hook] == [4, 2, 2, 1, 1, 1, 1] and len(seen) == 3 + len(hook)
+    for layers in hook:
+        assert layers.buffer.shape[0] == 1
+        for k, v in layers.items():
+            assert np.shares_memory(v, layers.buffer) and layers.ids[k] == state.index[k]
 
 
 def test_the_hooks_step_draws_no_batch_and_averages_no_loss(monkeypatch):

@@ -22,8 +22,11 @@ elements, in the same process and run:
 
 With `--layers K` (K > 1), the same encode and aggregate of K layers of n/K elements each (the
 first n mod K layers one element longer: n in all), in the same run: `encode_K_x_one` and
-`aggregate_K_x_one` are their times over the one-layer times. A codec whose passes run once over
-all of a step's layers (one compiled call per pass) stays near 1; one launch per layer grows with K.
+`aggregate_K_x_one` are their times over the one-layer times, `encode_K_flat_x_one` the encode of
+the K layers held in one buffer at offsets (tgsim.codecs.base.FlatLayers: a DDP bucket's form) over
+the one layer's. A codec whose passes run once over all of a step's layers (one compiled call per
+pass: `multi_tensor`, the codec's declared property, in its row) stays near 1; one call per layer
+grows with K.
 
 Rows are medians of `repeats` timed calls after one warm-up call (tgsim.bench.timing). Each row also
 has load_avg, spread (the largest (max - min) / median over its timings: encode, aggregate, the floors
@@ -39,6 +42,7 @@ import numpy as np
 
 from tgsim.bench import timing
 from tgsim.bench.timing import time_call
+from tgsim.codecs.base import flat_layers
 
 
 def _steps(codec, layers: dict, workers: np.ndarray):
@@ -101,8 +105,11 @@ def run(names, n_elements: int = 1 << 22, workers: int = 8, repeats: int = 5, la
             tk = time_call(_steps(codec, many, ids), repeats)
             mk = tk.result
             tka = time_call(lambda: codec.aggregate(mk, divide_by=workers), repeats)
-            used += [tk, tka]
-            k_cols = {f"encode_{layers}_x_one": tk.median / enc, f"aggregate_{layers}_x_one": tka.median / agg}
+            tkf = time_call(_steps(codec, flat_layers(many), ids), repeats)
+            used += [tk, tka, tkf]
+            k_cols = {f"encode_{layers}_x_one": tk.median / enc, f"aggregate_{layers}_x_one": tka.median / agg,
+                      f"encode_{layers}_flat_x_one": tkf.median / enc,
+                      "multi_tensor": bool(codec.properties.multi_tensor)}
         rows.append(dict(
             codec=name, encode_ms_per_worker=1e3 * enc / workers,
             encode_x_read=enc / workers / floor_read,
@@ -123,11 +130,13 @@ def format_rows(rows: list[dict], n_elements: int, workers: int, layers: int = 1
             "time / the default kernels' (codecs with a kernels option; the default, 'auto', is Numba on the host); "
             "ref x read / ref x floor: the array code's time over the same read pass / floor"
             + (f"; encode_{layers}_x_one / aggregate_{layers}_x_one: the same elements as {layers} layers, "
-               "time over the one layer's" if layers > 1 else ""))
+               f"time over the one layer's; encode_{layers}_flat_x_one: those layers in one buffer at offsets "
+               "(FlatLayers); multi_tensor: the codec's passes run over all layers in one compiled call"
+               if layers > 1 else ""))
     cols = list(rows[0])
     fmt = {c: (lambda v: f"{v:.3g}") for c in cols if c != "codec"}
     fmt.update(load_avg=lambda v: f"{v:.2f}", spread=lambda v: "" if v != v else f"{100 * v:.0f}%",
-               warning=str)
+               warning=str, multi_tensor=str)
     cells = [[r["codec"]] + [fmt[c](r[c]) for c in cols[1:]] for r in rows]
     width = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, width))]

@@ -77,6 +77,12 @@ class CodecProperties:
                       index read from `layer_ids(layers)`, so any subset of the layers (a DDP bucket,
                       tgsim.torch.ddp) can be encoded and exchanged on its own with the same bits;
                       a stateful such codec keeps its state under keys "<kind>/<layer name>"
+    multi_tensor:     prepare_many, encode_many and aggregate each run over all the layers they are
+                      given in one compiled call (CPU) or kernel launch (GPU) per pass, whatever the
+                      number of layers (apex's multi_tensor_apply): the layers' rows reach the kernels
+                      as a table of addresses, so a `FlatLayers` (one buffer, layers at offsets: a DDP
+                      bucket) is read in place. False: the codec loops over the layers, one call per
+                      layer and pass (the same bits either way; `tgsim codecs` lists the property)
     wire:             derived, for display only (nothing in the exchange or trainer branches on it):
                       "float32" where float_mean, "tgm1" where sums_exactly, else "own" (the codec's
                       own bytes, exchanged whole and combined by `codec.aggregate`). A codec may still
@@ -95,6 +101,7 @@ class CodecProperties:
     float_mean: bool | None = None
     defers_encode: bool = False
     whole_step: bool = False
+    multi_tensor: bool = False
 
     def __post_init__(self):
         if self.wire is not None and self.wire not in WIRES:
@@ -131,6 +138,66 @@ class IndexedLayers(dict):
     def __init__(self, layers: Mapping, ids: Mapping):
         super().__init__(layers)
         self.ids = {k: int(ids[k]) for k in self}
+
+
+class FlatLayers(IndexedLayers):
+    """W workers' layers held in one buffer: `buffer` (W, total), each row contiguous; layer `name` is
+    the elements [starts[name], starts[name] + n) of every row, n = prod(shapes[name]), shaped
+    (W, *shapes[name]). As a Mapping it is {name: that view of the buffer} in the order of `starts`,
+    so every codec takes it (one without `properties.multi_tensor` goes through the views layer by
+    layer); `ids` as IndexedLayers ({name: index in the step's full order}; default: the positions).
+    Layers may lie in the buffer in any order, with gaps (a DDP bucket's buffer)."""
+
+    def __init__(self, buffer, starts: Mapping, shapes: Mapping, ids: Mapping | None = None):
+        if getattr(buffer, "ndim", None) != 2:
+            raise ValueError(f"buffer: expected a 2-D array (workers, elements), got shape {np.shape(buffer)}")
+        nw, total = buffer.shape
+        if total > 1 and buffer.strides[1] != buffer.itemsize:
+            raise ValueError("buffer: each worker's row must be contiguous")
+        views = {}
+        for name, start in starts.items():
+            shape = tuple(int(d) for d in shapes[name])
+            n, start = math.prod(shape), int(start)
+            if start < 0 or start + n > total:
+                raise ValueError(f"layer {name!r}: elements [{start}, {start + n}) outside the buffer's {total}")
+            views[name] = buffer[:, start:start + n].reshape((nw, *shape))
+        super().__init__(views, {k: i for i, k in enumerate(views)} if ids is None else ids)
+        self.buffer = buffer
+        self.starts = {k: int(starts[k]) for k in views}
+        self.shapes = {k: views[k].shape[1:] for k in views}
+
+    @classmethod
+    def from_views(cls, buffer, views: Mapping, ids: Mapping | None = None):
+        """The FlatLayers of `views` {name: array of one worker, shaped like the layer}, each a
+        contiguous range of the 1-D `buffer` (a DDP bucket's gradient views of its buffer), as one
+        worker's layers (1, *shape); ValueError where a view is not such a range."""
+        base, size = buffer.ctypes.data, buffer.itemsize
+        starts = {}
+        for name, v in views.items():
+            off, rem = divmod(v.ctypes.data - base, size)
+            if (buffer.ndim != 1 or v.dtype != buffer.dtype or not v.flags.c_contiguous or rem
+                    or off < 0 or off + v.size > buffer.size):
+                raise ValueError(f"layer {name!r} is not a contiguous range of the buffer")
+            starts[name] = off
+        return cls(buffer.reshape(1, -1), starts, {k: v.shape for k, v in views.items()}, ids)
+
+
+def flat_layers(layers: Mapping, ids: Mapping | None = None) -> FlatLayers:
+    """`layers` {name: (W, *shape) array} copied one after another, in their order, into one new
+    buffer (W, Σ n_l) of their array module and common dtype: the FlatLayers of the same values (the ids of
+    `layers` where it is an IndexedLayers, else `ids`, else the positions)."""
+    from tgsim.backend import array_module
+
+    arrays = list(layers.values())
+    xp = array_module(arrays[0]) if arrays else np
+    nw = int(arrays[0].shape[0]) if arrays else 0
+    sizes = [math.prod(a.shape[1:]) for a in arrays]
+    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
+    buffer = xp.empty((nw, starts[-1]), dtype=xp.result_type(*arrays) if arrays else xp.float32)
+    for a, s, n in zip(arrays, starts, sizes):
+        buffer[:, s:s + n] = a.reshape(nw, n)
+    ids = getattr(layers, "ids", ids)
+    return FlatLayers(buffer, dict(zip(layers, starts)), {k: a.shape[1:] for k, a in layers.items()}, ids)
 
 
 def layer_ids(layers: Mapping) -> list[int]:

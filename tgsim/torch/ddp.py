@@ -465,7 +465,8 @@ def tgsim_hook(state: TgsimHookState, bucket):
     if state.buckets is not None:
         with torch_threads_kept(torch):
             grads = {k: _array(g) for k, g in state.bucket_grads(bucket).items()}
-            state.buckets.submit(grads, bucket.buffer(), fut, state.setup.xp, bucket.is_last())
+            buf = bucket.buffer()
+            state.buckets.submit(grads, buf, fut, state.setup.xp, bucket.is_last(), _array(buf))
             if bucket.is_last():
                 state.buckets.finish()
         return fut

@@ -5,7 +5,8 @@ bucket), for what `whole_step_reason` names.
 
 For one step `t` of rank r (worker r of N), a bucket B (a subset of the layers, in any order):
 
-    g      = {l: the bucket's gradient view of layer l}        as (1, *shape), l in B, ordered by i_l
+    g      = {l: the bucket's gradient view of layer l}        as (1, *shape), l in B, ordered by i_l: a
+                                                                FlatLayers of the bucket's buffer (host)
     i_l    = layer l's position in the step's full layer order (parameter names sorted: TorchModel's)
     p      = codec.encoder_inputs(g, e_B)                       stateful: e_B = the state of B's layers
     stats  = codec.prepare_many(p)                              NaN/Inf checks, local statistics
@@ -51,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from tgsim.backend import get_xp
-from tgsim.codecs.base import IndexedLayers
+from tgsim.codecs.base import FlatLayers, IndexedLayers
 from tgsim.train.loop import Setup, encode_messages, prepare_checked, shared_scalers
 from tgsim.train.optim import Optimizer
 
@@ -143,23 +144,25 @@ class Buckets:
         self.new_state: dict = {}
         self.sent = self.received = 0.0
 
-    def submit(self, grads: dict, buffer, fut, xp, last: bool) -> None:
+    def submit(self, grads: dict, buffer, fut, xp, last: bool, flat=None) -> None:
         """Queue the bucket of gradient views `grads` {name: array} whose buffer fills `fut`. The last
-        bucket runs on the calling thread after the step's other jobs (nothing is left to overlap)."""
+        bucket runs on the calling thread after the step's other jobs (nothing is left to overlap).
+        flat: the buffer as a 1-D array the views lie in (the codec then gets the bucket as one
+        `FlatLayers`), or None."""
         index = self.state.index
         layers = {k: grads[k] for k in sorted(grads, key=index.__getitem__)}
         self.views.update(layers)
         if self.pool is None or last:
             for j in self.jobs:
                 j.result()
-            self._job(layers, buffer, fut, xp)
+            self._job(layers, buffer, fut, xp, flat)
         else:
-            self.jobs.append(self.pool.submit(self._job, layers, buffer, fut, xp))
+            self.jobs.append(self.pool.submit(self._job, layers, buffer, fut, xp, flat))
 
-    def _job(self, layers: dict, buffer, fut, xp) -> None:
+    def _job(self, layers: dict, buffer, fut, xp, flat=None) -> None:
         try:
             if self.error is None and not self.bad:
-                self._exchange(layers)
+                self._exchange(layers, flat)
             if self.error is not None:
                 fut.set_exception(self.error)
                 return
@@ -170,13 +173,24 @@ class Buckets:
             self.error = e
             fut.set_exception(e)
 
-    def _exchange(self, layers: dict) -> None:
+    def _grads(self, layers: dict, flat):
+        """The bucket's layers as one worker's (1, *shape) with their step indices: a FlatLayers of the
+        bucket's buffer `flat` where every view is a range of it (a host buffer), else an IndexedLayers."""
+        st = self.state
+        shapes = st.setup.model.shapes
+        if isinstance(flat, np.ndarray) and all(isinstance(a, np.ndarray) for a in layers.values()):
+            try:
+                return FlatLayers.from_views(flat, {k: a.reshape(shapes[k]) for k, a in layers.items()}, st.index)
+            except ValueError:
+                pass
+        return IndexedLayers({k: a.reshape((1,) + shapes[k]) for k, a in layers.items()}, st.index)
+
+    def _exchange(self, layers: dict, flat=None) -> None:
         """The bucket's check, encode and exchange (module docstring); its mean into `layers`' views."""
         st = self.state
         setup = st.setup
         cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
-        shapes = setup.model.shapes
-        grads = IndexedLayers({k: a.reshape((1,) + shapes[k]) for k, a in layers.items()}, st.index)
+        grads = self._grads(layers, flat)
         state_in = None
         if st.codec_state is not None:
             state_in = {k: v for k, v in st.codec_state.items() if k.partition("/")[2] in layers}

@@ -318,7 +318,9 @@ def encode_messages(setup: Setup, grads, step: int, workers, codec_state, share:
     """(messages, new codec state or None) of the local workers' `grads` at `step`: a stateful codec's
     `encode_stateful` from `codec_state`, else `encode_many`, deferred (codes encoded piece by piece
     as the pipelined MPI exchange sends them, the same bits) where the codec and the exchange allow
-    it for this mode and sharing (`share`, the shared scalers `shared`)."""
+    it for this mode and sharing (`share`, the shared scalers `shared`). `grads` goes to the codec as
+    it is: the model's {name: (W, *shape)} or the hook's bucket as one FlatLayers (tgsim.codecs.base);
+    a codec with `properties.multi_tensor` encodes every layer in one compiled call per pass."""
     cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
     if codec_state is not None:         # a stateful codec decodes its own messages: never deferred
         return codec.encode_stateful(grads, cfg.run.seed, step, workers, codec_state, shared, stats)

@@ -200,7 +200,8 @@ class TernGrad:
     def properties(self) -> CodecProperties:
         return CodecProperties(unbiased=self.unbiased, sums_exactly=True, defers_encode=True,
                                shared_stats=None if self.sharing == "none" else self.sharing, server_reencodes=True,
-                               backends=("numpy", "cupy"), whole_step=self.scope == "model")
+                               backends=("numpy", "cupy"), whole_step=self.scope == "model",
+                               multi_tensor=self.kernels != "reference")
 
     @property
     def unbiased(self) -> bool:

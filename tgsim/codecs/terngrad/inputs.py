@@ -32,15 +32,19 @@ def as_float32_layer(name: str, g):
 
 
 def as_float32_rows(name: str, g, workers: int | None = None):
-    """(W, n) contiguous float32 view/copy of the gradients `g` (W, *shape) of layer `name` with a
-    leading worker axis: the checks and conversion of `as_float32_layer`, once for all W workers.
+    """(W, n) float32 view/copy of the gradients `g` (W, *shape) of layer `name` with a leading worker
+    axis, each row contiguous (a host array's rows in a larger buffer are kept in place, with its
+    row stride; else a C-contiguous array): the checks and conversion of `as_float32_layer`, once for
+    all W workers.
 
     TypeError for a non-float dtype; ValueError (naming the first worker) for float64 values beyond
     float32's range; ValueError when the leading axis is missing or is not `workers` long.
     """
-    if (type(g) is np.ndarray and g.dtype == np.float32 and g.ndim and g.flags.c_contiguous
+    if (type(g) is np.ndarray and g.dtype == np.float32 and g.ndim
             and (workers is None or g.shape[0] == workers)):
-        return g.reshape(g.shape[0], math.prod(g.shape[1:]))     # already what the rest would return
+        rows = g.reshape(g.shape[0], math.prod(g.shape[1:]))
+        if g.flags.c_contiguous or rows.strides[1] == 4:    # rows of one buffer (FlatLayers): kept in place
+            return rows
     xp = array_module(g)
     g = xp.asarray(g)
     if g.ndim == 0:

@@ -10,12 +10,13 @@ Each result equals, bit for bit, the per-layer function of the same kernel set a
 per-chunk task functions are those of numba_moments / numba_encode / numba_decode, only the driver
 differs. The rows of the step's layers reach the kernel by address (`tgsim.codecs._numba_rows`:
 an int64 table of row addresses, one per (layer, worker), layer-major), so no layer is stacked or
-copied. Serial or parallel is decided per layer by the per-layer functions' own rules
-(numba_common's thresholds, numba_moments.serial_moments): the tasks of the layers that would run
-serially run in one serial call on this thread; the tasks of the others (encode: (row, chunk)
-pairs; decode: (layer, byte chunk) pairs) in one parallel region; a layer whose moments would run
-in parallel runs moments_many on its own (its passes split rows over threads). Which driver runs a
-task does not change its bits.
+copied; the rows of one flat buffer (tgsim.codecs.base.FlatLayers) are rows with a stride, read
+in place. Where the step's work in all reaches the per-layer threshold (numba_common's SERIAL_*),
+every layer's tasks (encode: (row, chunk) pairs; decode: (layer, byte chunk) pairs; moments: rows of
+at most ROW_TASK_MAX elements, round-robin over a few tasks) run in one parallel region, however
+small each layer; else the per-layer rules apply (serial layers in one serial call, the others in
+one region). Longer rows run moments_many on their own. Which driver runs a task does not change
+its bits.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ _U8 = np.empty(0, np.uint8)
 
 
 def _f32_rows(G) -> np.ndarray:
-    """G as a C-contiguous float32 (W, n) array (numba_common._as_f32_rows: its checks and errors)."""
-    if type(G) is np.ndarray and G.dtype == np.float32 and G.ndim == 2 and G.flags.c_contiguous:
+    """G as a float32 (W, n) array whose rows are each contiguous (a C-contiguous array, or rows of
+    one flat buffer: tgsim.codecs.base.FlatLayers), else a C-contiguous copy (numba_common._as_f32_rows:
+    its checks and errors)."""
+    if type(G) is np.ndarray and G.dtype == np.float32 and G.ndim == 2 and (G.flags.c_contiguous
+                                                                            or G.strides[1] == 4):
         return G
     return _as_f32_rows(G)
 
@@ -62,64 +66,98 @@ def _row_addresses(arrays, nw: int) -> np.ndarray:
 
 # -- moments ---------------------------------------------------------------------------------------
 @njit(cache=True)
-def _moments_rows(addrs, sizes, need_sigma, absmax, sigma, finite):
+def _moment_row(r, addrs, sizes, need_sigma, absmax, sigma, finite, s1, s2, sums, mb):
     """Row r (sizes[r] >= 1 elements at addrs[r]) -> absmax[r], sigma[r], finite[r]: the largest |g|
     bit pattern and, when need_sigma, the sums (S1, S2) of numba_moments._sigma_worker (the
     documented lane order), then stats.moments_from_sums' float64 operations m1 = S1 / n, var =
     S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0 (no fastmath: no FMA contraction); a
-    non-finite row gives (nan, nan, False), σ without need_sigma 0."""
+    non-finite row gives (nan, nan, False), σ without need_sigma 0. s1/s2 (>= min(n, LANES) float64),
+    sums (1, 2) float64 and mb (1,) uint32: the task's scratch."""
+    n = sizes[r]
+    g = row(addrs, r, n, _F32)
+    bits = row(addrs, r, n, _U32)
+    if need_sigma:
+        nl = min(n, LANES)
+        mb[0] = _sigma_worker(g, bits, s1[:nl], s2[:nl], sums, 0, _fold_zeros(n))
+    else:
+        mb[0] = _absbits_max(bits)
+    if mb[0] >= _INF_BITS:
+        finite[r] = False
+        absmax[r] = np.nan
+        sigma[r] = np.nan
+        return
+    finite[r] = True
+    absmax[r] = np.float64(mb.view(np.float32)[0])
+    sigma[r] = 0.0
+    if need_sigma:
+        m1 = sums[0, 0] / n
+        var = sums[0, 1] / n - m1 * m1
+        if var > 0.0:
+            sigma[r] = np.sqrt(var)
+
+
+@njit(cache=True)
+def _moments_block(b, nb, addrs, sizes, need_sigma, absmax, sigma, finite):
+    """_moment_row of rows b, b + nb, b + 2 nb, ... in order, with one scratch for all of them (not an
+    allocation of up to 2 x 512 KiB per row)."""
+    nl = 1
+    for r in range(b, sizes.size, nb):
+        nl = max(nl, min(sizes[r], LANES))
+    s1 = np.empty(nl if need_sigma else 1, dtype=np.float64)
+    s2 = np.empty(nl if need_sigma else 1, dtype=np.float64)
     sums = np.empty((1, 2), dtype=np.float64)
     mb = np.empty(1, dtype=np.uint32)
-    for r in range(sizes.size):
-        n = sizes[r]
-        g = row(addrs, r, n, _F32)
-        bits = row(addrs, r, n, _U32)
-        if need_sigma:
-            nl = min(n, LANES)
-            s1 = np.empty(nl, dtype=np.float64)
-            s2 = np.empty(nl, dtype=np.float64)
-            mb[0] = _sigma_worker(g, bits, s1, s2, sums, 0, _fold_zeros(n))
-        else:
-            mb[0] = _absbits_max(bits)
-        if mb[0] >= _INF_BITS:
-            finite[r] = False
-            absmax[r] = np.nan
-            sigma[r] = np.nan
-            continue
-        finite[r] = True
-        absmax[r] = np.float64(mb.view(np.float32)[0])
-        sigma[r] = 0.0
-        if need_sigma:
-            m1 = sums[0, 0] / n
-            var = sums[0, 1] / n - m1 * m1
-            if var > 0.0:
-                sigma[r] = np.sqrt(var)
+    for r in range(b, sizes.size, nb):
+        _moment_row(r, addrs, sizes, need_sigma, absmax, sigma, finite, s1, s2, sums, mb)
+
+
+@njit(cache=True, parallel=True)
+def _moments_rows_par(nb, addrs, sizes, need_sigma, absmax, sigma, finite):
+    """_moment_row of every row as one parallel region of nb tasks, task b the rows b, b + nb, ...
+    (_moments_block: one scratch per task)."""
+    for b in prange(nb):
+        _moments_block(b, nb, addrs, sizes, need_sigma, absmax, sigma, finite)
+
+
+# Rows of at most this many elements are one task each of the step's one moments region; a layer
+# with longer rows runs moments_many on its own (its passes split each row over the threads).
+ROW_TASK_MAX = 1 << 20
 
 
 def moments_layers(Gs, need_sigma: bool = True) -> list:
     """[(absmax, sigma, finite) float64/float64/bool arrays over the W rows of G] for each float32
-    G (W, n_l) of Gs: the bits of numba_moments.moments_many(G, need_sigma) for each. The rows of
-    every layer that moments_many would pass serially (numba_moments.serial_moments) in one serial
-    call; each other layer through moments_many (its parallel passes split rows over threads).
+    G (W, n_l) of Gs: the bits of numba_moments.moments_many(G, need_sigma) for each.
 
-    The σ of row r: m1 = S1 / n, var = S2 / n - m1 m1, σ = sqrt(var) where var > 0 else 0
-    (stats.moments_from_sums: the same float64 operations, in the kernel)."""
+    Rows of at most ROW_TASK_MAX elements go through one compiled call: one parallel region where
+    they hold SERIAL_MOMENTS elements in all and twice as many rows as threads, else the layers
+    moments_many would pass serially (numba_moments.serial_moments) serially on this thread and the
+    others through moments_many; layers of longer rows through moments_many (its passes split each
+    row over the threads). σ of row r as _moment_row (stats.moments_from_sums' operations)."""
     Gs = [_f32_rows(G) for G in Gs]
     out: list = [None] * len(Gs)
-    todo = []
-    one = _threads() == 1
+    serial, rows_par = [], []
+    threads = _threads()
     for i, G in enumerate(Gs):
         nw, n = G.shape
         if nw == 0 or n == 0:
             out[i] = (np.zeros(nw), np.zeros(nw), np.ones(nw, dtype=bool))
-        elif one or serial_moments(nw, n, need_sigma):
-            todo.append(i)
+        elif threads == 1 or serial_moments(nw, n, need_sigma):
+            serial.append(i)
+        elif n <= ROW_TASK_MAX:
+            rows_par.append(i)
         else:
             out[i] = moments_many(G, need_sigma)
+    todo = serial + rows_par
+    nws = np.array([Gs[i].shape[0] for i in todo], np.int64)
+    ns = np.array([Gs[i].shape[1] for i in todo], np.int64)
+    par = threads > 1 and int(nws.sum()) >= 2 * threads and int((nws * ns).sum()) >= nc.SERIAL_MOMENTS
+    if not par:
+        for i in rows_par:
+            out[i] = moments_many(Gs[i], need_sigma)
+        todo, nws, ns = serial, nws[:len(serial)], ns[:len(serial)]
     if not todo:
         return out
-    nws = np.array([Gs[i].shape[0] for i in todo], np.int64)
-    sizes = np.repeat(np.array([Gs[i].shape[1] for i in todo], np.int64), nws)
+    sizes = np.repeat(ns, nws)
     starts = np.concatenate([[0], np.cumsum(nws)]).tolist()
     if (nws == nws[0]).all():
         addrs = _row_addresses([Gs[i] for i in todo], int(nws[0]))
@@ -128,7 +166,11 @@ def moments_layers(Gs, need_sigma: bool = True) -> list:
     absmax = np.empty(sizes.size, dtype=np.float64)
     sigma = np.empty(sizes.size, dtype=np.float64)
     finite = np.empty(sizes.size, dtype=np.bool_)
-    _moments_rows(addrs, sizes, bool(need_sigma), absmax, sigma, finite)
+    if par:
+        nb = min(sizes.size, nc._WORKER_TASKS * threads)
+        _moments_rows_par(np.int64(nb), addrs, sizes, bool(need_sigma), absmax, sigma, finite)
+    else:
+        _moments_block(0, 1, addrs, sizes, bool(need_sigma), absmax, sigma, finite)     # on this thread
     for k, i in enumerate(todo):
         a, b = starts[k], starts[k + 1]
         out[i] = (absmax[a:b], sigma[a:b], finite[a:b])
@@ -222,7 +264,9 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
     args = (_row_addresses(Gs, nw), _row_addresses(outs, nw), sizes, np.repeat(nbs, nw), s_scaled, cb,
             np.repeat(lay, nw).astype(np.uint32), np.tile(wk, nl), np.uint32(step), np.uint32(k0), np.uint32(k1),
             np.int64(k))
-    par = np.repeat(nw * ns >= nc.SERIAL_ENCODE, nw) if _threads() > 1 else np.zeros(sizes.size, bool)
+    par = np.zeros(sizes.size, bool)
+    if _threads() > 1:          # the whole step's rows in one region where all of them are worth one
+        par = sizes > 0 if nw * int(ns.sum()) >= nc.SERIAL_ENCODE else np.repeat(nw * ns >= nc.SERIAL_ENCODE, nw)
     rows = np.flatnonzero(~par & (sizes > 0))
     if rows.size:
         _enc_rows_serial(rows, *args)
@@ -417,7 +461,9 @@ def _decode_layers(payloads, sizes, fmt: str, divide_by: int, uniform_scalers, s
         if s.shape != (nl,):
             raise ValueError(f"scalers: expected {nl} values, got {s.size}")
         uni = np.ones(nl, dtype=np.bool_)
-    outs = [np.empty(int(n), dtype=np.float32) for n in ns]
+    offs = np.concatenate([[0], np.cumsum(ns)]).tolist()
+    flat = np.empty(offs[-1], dtype=np.float32)      # one allocation (huge pages), not one per layer
+    outs = [flat[offs[i]:offs[i + 1]] for i in range(nl)]
     if nw == 0:
         for o, v in zip(outs, s):
             o[:] = np.float32(0.0 * inv) if scalers is not None else np.float32((np.float64(0.0) * v) * inv)
@@ -442,7 +488,9 @@ def _decode_layers(payloads, sizes, fmt: str, divide_by: int, uniform_scalers, s
     mults = (3 ** np.arange(nt)).astype(np.uint16)
     args = (paddr, np.int64(nw), nbs, ns, _row_addresses(outs, 1), np.int64(packing.CODES_PER_BYTE[fmt]), uni, s, inv,
             tix.astype(np.int64), mults, table, f, scal, _count_dtype(nw))
-    par = nw * nbs >= nc.SERIAL_DECODE if _threads() > 1 else np.zeros(nl, bool)
+    par = np.zeros(nl, bool)
+    if _threads() > 1:          # every layer in one region where the step's bytes are worth one
+        par = nbs > 0 if nw * int(nbs.sum()) >= nc.SERIAL_DECODE else nw * nbs >= nc.SERIAL_DECODE
     flagged = [_dec_serial(np.flatnonzero(~par & (nbs > 0)), *args)]
     if par.any():
         nch = -(-nbs[par] // _DEC_CHUNK)

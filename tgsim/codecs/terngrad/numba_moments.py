@@ -240,6 +240,70 @@ def _sigma_small(g, bits, s1, s2, zf, zb):
     return s1[0], s2[0], m
 
 
+_MID_BLOCK = 1024       # lanes per group and block of the mid-size σ pass (_sigma_mid: 128 KiB of partials)
+# Layers of LANES < n <= _MID_MAX take the mid-size σ pass; longer ones amortize the LANES lane
+# partials and their tree over their rows (_lanes_range). The bits are the same either way.
+_MID_MAX = 4 * LANES
+
+
+@njit(cache=True)
+def _lane_first(ga, ba, k, s1, s2):
+    """A lane partial's first row: s = 0.0 + d (the first addition to a +0.0 partial, without
+    reading it). Returns the largest |g| bit pattern."""
+    m = np.uint32(0)
+    for j in range(ga.size):
+        da = np.float64(ga[j]) - k
+        s1[j] = 0.0 + da
+        s2[j] = 0.0 + da * da
+        va = ba[j] & _ABS
+        if va > m:
+            m = va
+    return m
+
+
+@njit(cache=True)
+def _sigma_mid(g, bits, s1, s2):
+    """(S1, S2, absmax bits) of a layer of n > LANES elements in the documented order, the top
+    three tree levels folded in: in blocks of _MID_BLOCK j's, the lane partials of lanes j + q H
+    (H = LANES/8, q = 0..7; 0.0 + d_x + d_(x+LANES) + ... in row order, as _lanes_range) are summed
+    into L1/L2-resident scratch, then paired as the tree pairs them, ((p0 + p4) + (p2 + p6)) +
+    ((p1 + p5) + (p3 + p7)), into s1[j], s2[j]; the other levels run on H lanes (_lane_tree). Row 0
+    is full (n > LANES), so every lane holds an element. s1/s2: scratch of >= H float64."""
+    n = g.size
+    hb = LANES // 8
+    rows = (n + LANES - 1) // LANES
+    k = np.float64(g[0])
+    m = np.uint32(0)
+    B = _MID_BLOCK
+    p1 = np.empty(8 * B, dtype=np.float64)
+    p2 = np.empty(8 * B, dtype=np.float64)
+    for j0 in range(0, hb, B):
+        for q in range(8):
+            a1 = p1[q * B:(q + 1) * B]
+            a2 = p2[q * B:(q + 1) * B]
+            l0 = q * hb + j0
+            mr = _lane_first(g[l0:l0 + B], bits[l0:l0 + B], k, a1, a2)
+            if mr > m:
+                m = mr
+            for r in range(1, rows):
+                e0 = r * LANES + l0
+                if e0 >= n:
+                    break
+                e1 = min(e0 + B, n)
+                mr = _lane_one(g[e0:e1], bits[e0:e1], k, a1, a2)
+                if mr > m:
+                    m = mr
+        t1 = s1[j0:j0 + B]
+        t2 = s2[j0:j0 + B]
+        for j in range(B):
+            t1[j] = ((p1[j] + p1[4 * B + j]) + (p1[2 * B + j] + p1[6 * B + j])) + \
+                ((p1[B + j] + p1[5 * B + j]) + (p1[3 * B + j] + p1[7 * B + j]))
+            t2[j] = ((p2[j] + p2[4 * B + j]) + (p2[2 * B + j] + p2[6 * B + j])) + \
+                ((p2[B + j] + p2[5 * B + j]) + (p2[3 * B + j] + p2[7 * B + j]))
+    _lane_tree(s1, s2, hb)
+    return s1[0], s2[0], m
+
+
 @njit(cache=True)
 def _fold_zeros(n):
     """The float32 zeros _sigma_small reads for lanes past the end (one element when unused)."""
@@ -253,6 +317,11 @@ def _sigma_worker(g, bits, s1, s2, sums, w, zf):
     n = g.size
     if _FOLD_MIN <= n <= LANES:
         a, b, m = _sigma_small(g, bits, s1, s2, zf, zf.view(np.uint32))
+        sums[w, 0] = a
+        sums[w, 1] = b
+        return m
+    if LANES < n <= _MID_MAX:
+        a, b, m = _sigma_mid(g, bits, s1, s2)
         sums[w, 0] = a
         sums[w, 1] = b
         return m
