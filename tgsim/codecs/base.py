@@ -193,7 +193,7 @@ def flat_layers(layers: Mapping, ids: Mapping | None = None) -> FlatLayers:
     nw = int(arrays[0].shape[0]) if arrays else 0
     sizes = [math.prod(a.shape[1:]) for a in arrays]
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
-    buffer = xp.empty((nw, starts[-1]), dtype=xp.result_type(*arrays) if arrays else xp.float32)
+    buffer = xp.empty((nw, starts[-1]), dtype=np.result_type(*[a.dtype for a in arrays]) if arrays else np.float32)
     for a, s, n in zip(arrays, starts, sizes):
         buffer[:, s:s + n] = a.reshape(nw, n)
     ids = getattr(layers, "ids", ids)
