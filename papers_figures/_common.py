@@ -115,14 +115,17 @@ def _collect(results: Iterable[dict], bar: tqdm) -> list[dict]:
     return out
 
 
-def t_half_width(x) -> float:
-    """Half-width of the 95 % Student-t interval of the mean of `x` (NaNs dropped; nan for < 2 values)."""
+def t_half_width(x, level: float = 0.95) -> float:
+    """Half-width of the `level` (default 95 %) Student-t interval of the mean of `x` (NaNs dropped; nan
+    for < 2 values). The accuracy-gap panels draw 90 %: the interval their one-sided tests at alpha
+    0.05 (TOST, non-inferiority) decide on."""
     import numpy as np
     from scipy import stats
 
     x = np.asarray(x, dtype=np.float64)
     x = x[~np.isnan(x)]
-    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+    q = stats.t.ppf(0.5 + level / 2, len(x) - 1) if len(x) > 1 else float("nan")
+    return float(q * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
 def collapse_signs(run_dir: str | None) -> dict:

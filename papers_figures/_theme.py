@@ -21,9 +21,9 @@ KINDS, what a row tests (the report counts each kind apart):
     paper claim           a claim of Wen et al. 2017 or Jiang & Agrawal 2018 about their own method,
                           under their own rule (TernGrad as published: MAX sharing, fp32's rate)
     paper claim (proxy)   such a claim judged on a stand-in: a quantity it implies rather than the one
-                          it states (the quantizer's error or gap for "improves convergence"), or this
-                          repository's small models for a sentence that names the paper's (AlexNet's
-                          and GoogLeNet's accuracy)
+                          it states (the quantizer's error or gap for "improves convergence", bits
+                          for communication time, modeled for measured time), or this repository's
+                          small models and data for the paper's (AlexNet, GoogLeNet, CIFAR-10)
     model arithmetic      the performance model's own formulas (no measurement)
     tgsim variant         a claim tested on tgsim's variants, not the paper's method (MEAN sharing,
                           the exact-sum downlink)

@@ -109,18 +109,18 @@ claims = [
           source("tg-body", "paraphrase: clipping at 2.5σ changes the gradient's length by about 1.0-1.5 %",
                  where="Sec. 3.3"),
           f"median |change| {length:.2f} % (Gaussian reference {100 * abs(ref['length_change']):.2f} %)",
-          0.5 <= length <= 3.0, kind="paper claim", setting=SETTING,
+          0.5 <= length <= 3.0, kind="paper claim (proxy)", setting=SETTING,
           test="tolerance, no statistical test: the median over steps and workers inside [0.5, 3] % (around the "
                "paper's 1.0-1.5 %); one run, seed 0", scale="convnet", rows=CLIP_ROWS),
     claim("clipping changes the direction little",
           source("tg-body", "paraphrase: clipping at 2.5σ turns the gradient by about 2-3°", where="Sec. 3.3"),
           f"median angle {angle:.2f}° (Gaussian reference {ref['angle_deg']:.2f}°)", 1.0 <= angle <= 6.0,
-          kind="paper claim", setting=SETTING,
+          kind="paper claim (proxy)", setting=SETTING,
           test="tolerance, no statistical test: the median angle inside [1, 6]° (around the paper's 2-3°); one run, "
                "seed 0", scale="convnet", rows=CLIP_ROWS),
     claim("per layer (median over steps and workers)",
           source("tg-body", "paraphrase: one conv and one fc layer's gradient histograms, clipped at 2.5σ",
                  where="Fig. 2"),
-          detail, None, kind="paper claim", setting="AlexNet; here seed 0", scale="convnet", rows=CLIP_ROWS),
+          detail, None, kind="paper claim (proxy)", setting="AlexNet; here seed 0", scale="convnet", rows=CLIP_ROWS),
 ]
 save(fig, "fig01_gradient_histograms", df, QUICK, claims)

@@ -265,8 +265,8 @@ def measured(m: str) -> str:
     """m's slope over the tested range (95 % interval) and its difference to fp32's (90 % interval, the
     one-sided test's); a method with fp32's K on every run says so, with its measured bits."""
     k = keep[m]
-    same = (f"; same K as fp32 on every run ({runs[runs.method == m].bits_up.mean():.3g} bits up per element)"
-            if m in SAME else "")
+    same = (f"; same K as fp32 on every run" if m in SAME else "") + \
+        f"; {runs[runs.method == m].bits_up.mean():.3g} bits up per element (measured)"
     if not np.isfinite(k["slope"]) or not np.isfinite(k["lo"]):
         return f"{m}: {k['test']}" + same
     return (f"{m}: slope {k['slope']:.2f} [{k['lo']:.2f}, {k['hi']:.2f}] over M = {k['M_lo']:g}..{k['M_hi']:g}; "
@@ -275,12 +275,23 @@ def measured(m: str) -> str:
 
 def row(name: str, m: str | None, paper: str, kind: str, setting: str, why_absent: str = "") -> dict:
     """The claim `name` about method m: decided by `keeps_speedup` over the tested range; "untestable here"
-    without a range; "n/a" when the run did not include m."""
+    without a range; "n/a" when the run did not include m, or when m's K is fp32's on every run (it
+    compresses nothing here: nothing to test); "not confirmed" when m missed ε on every run of the
+    range (its failure, as fig08 counts a missed target)."""
     if m is None:
         return claim(name, paper, f"not run: {why_absent}", None, kind=kind, setting=setting)
     if not MS:
         return {**untestable(name, paper, f"fp32 itself has no linear range here ({lin['test']})", WOULD, kind=kind,
                              setting=setting), "_rows": lin["prefixes"]}
+    mine = rows_of(m)
+    if m in SAME:
+        return claim(name, paper, measured(m) + "; no verdict: the same runs as fp32's, nothing compressed to test",
+                     None, kind=kind, setting=setting, scale="lsq", rows=rows_of(BASE, m))
+    if len(mine) and mine.K.isna().all():
+        return claim(name, paper, f"{m}: missed ε on all {len(mine)} runs over M = {min(MS):g}..{max(MS):g} (cap "
+                     f"{int(mine.cap.max())} iterations)", False, kind=kind, setting=setting,
+                     test="a method that reaches ε on no run keeps no speedup (its failure, as in fig08)",
+                     scale="lsq", rows=rows_of(BASE, m))
     return claim(name, paper, measured(m), keep[m]["verdict"], kind=kind, setting=setting, test=keep[m]["test"],
                  scale="lsq", rows=rows_of(BASE, m))
 

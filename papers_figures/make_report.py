@@ -115,8 +115,9 @@ CAVEAT = [
 KIND_TITLES = {"paper claim": "The papers' claims about their own method, under their own rule (Wen et al. 2017, "
                               "Jiang & Agrawal 2018)",
                "paper claim (proxy)": "The papers' claims judged on a stand-in: a quantity the claim implies "
-                                      "(the quantizer's error for 'improves convergence'), or this repository's small "
-                                      "models for a sentence that names AlexNet or GoogLeNet",
+                                      "(the quantizer's error for 'improves convergence', bits for communication "
+                                      "time, modeled for measured time), or this repository's small models and data "
+                                      "for the paper's (AlexNet, GoogLeNet, CIFAR-10)",
                "model arithmetic": "The performance model's arithmetic (formulas, no measurement)",
                "tgsim variant": "The claims tested on tgsim's variants (MEAN sharing, exact-sum downlink), not the "
                                 "papers' method",
@@ -153,14 +154,17 @@ def summary_lines(s: pd.DataFrame) -> list[str]:
     s = s.fillna("")
     out = ["## Summary", "", "Each kind of row is counted apart: only the first line counts the papers' claims "
            "about their own method under their own rule; the second counts those claims judged on a stand-in. The "
-           "last column counts the rows with a verdict whose words come from text that was not at hand (marked "
-           "\"not checked here\" in the row): a paraphrase of the papers' bodies or of Jiang & Agrawal's abstract.",
+           "last column counts the rows with a verdict whose words come from text that was not at hand: a "
+           "paraphrase of the papers' bodies or of Jiang & Agrawal's abstract (marked \"not checked here\" in the "
+           "row), and every other paper's result (QSGD, Stich et al., Suresh et al., SGD theory: paraphrased, "
+           "their texts not at hand).",
            "", "| kind | " + " | ".join(SUMMARY_VERDICTS) + " | words not at hand |",
            "|---" * (len(SUMMARY_VERDICTS) + 2) + "|"]
     for kind in KIND_TITLES:
         k = s[s.kind == kind]
         c = k.verdict.value_counts()
-        unchecked = int((k.paper.str.contains(UNCHECKED, regex=False) & (k.verdict != "n/a")).sum())
+        unchecked = int(((k.paper.str.contains(UNCHECKED, regex=False) | (k.kind == "other paper's result"))
+                         & (k.verdict != "n/a")).sum())
         out.append(f"| {kind} | " + " | ".join(str(c.get(v, 0)) for v in SUMMARY_VERDICTS) + f" | {unchecked} |")
     out.append("")
     for kind, title in KIND_TITLES.items():

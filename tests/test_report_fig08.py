@@ -90,13 +90,14 @@ def test_fig08_verdicts_on_known_data(tmp_path):
     assert len(mean) == 2 and set(mean.verdict) == {"not confirmed"}          # a missed seed fails it
     assert row("PQASGD needs 3-5 % of fp32's communication", "terngrad+pqasgd").verdict == "confirmed"
     assert row("PQASGD needs 3-5 % of fp32's communication", "qsgd+pqasgd").verdict == "not confirmed"
-    assert row("every method reaches fp32's loss target").verdict == "not confirmed"
+    reach = row("every method reaches fp32's loss target")      # an answer to a request: counts, no verdict
+    assert reach.verdict == "n/a" and "missed (" in reach.measured
     assert set(c.kind) <= {"paper claim", "paper claim (proxy)", "tgsim variant", "reviewer question"}
     # a sentence naming AlexNet or GoogLeNet is judged on a stand-in model: a proxy of the paper's claim
     assert set(c[c.claim.str.startswith(("no accuracy loss (AlexNet's sentence)", "accuracy loss under 2 points"))
                  & ~c.claim.str.contains("[", regex=False) & ~c.claim.str.contains("tuned", regex=False)].kind) \
         == {"paper claim (proxy)"}
-    assert c[c.claim == "TernGrad needs fewer bits in total to reach the loss"].kind.iloc[0] == "paper claim"
+    assert c[c.claim == "TernGrad needs fewer bits in total to reach the loss"].kind.iloc[0] == "paper claim (proxy)"
     assert set(mean.kind) == {"tgsim variant"}
     assert (c[c.verdict != "n/a"].test.str.len() > 0).all() and (c[c.verdict != "n/a"].rows.str.len() > 0).all()
     # the accuracy verdicts use the accuracy at the common step (at the stopping steps all are equal), each
