@@ -25,7 +25,7 @@ from tgsim.runs.read import labels, read_runs  # noqa: E402
 def tiny(codec: str = "terngrad", model: str = "mlp", steps: int = 30) -> dict:
     """A run of a few steps on digits (a second, on 2 cores)."""
     options = {"hidden": [8]} if model == "mlp" else {}
-    return {"run": {"name": f"plot-{codec}", "steps": steps, "eval_every": 10, "log_every": 5},
+    return {"run": {"name": f"plot-{codec}", "steps": steps, "eval_every": 10, "log_every": 5, "checkpoint_every": 10},
             "data": {"name": "digits"}, "model": {"name": model, "options": options},
             "workers": {"n": 2, "batch": 16}, "codec": {"name": codec},
             "exchange": {"mode": "ps"}, "optimizer": {"name": "momentum"},
@@ -141,3 +141,15 @@ def test_the_demo_ends_with_the_command_that_plots_its_three_runs(tmp_path, caps
     assert cli.main(argv[1:]) == 0
     with Image.open(Path("res/demo.png")) as im:
         assert im.format == "PNG" and im.size[0] > 1000
+
+
+def test_layer_sizes_come_from_the_newest_checkpoint_without_params(runs, tmp_path):
+    """A run killed before params.npz was written: the per-layer RMS panel's sizes come from its newest
+    checkpoint (tgsim.train.checkpoint), the same as params.npz gives."""
+    from tgsim.runs.read import read_run
+
+    whole = read_run(runs["terngrad"]).layer_sizes
+    killed = tmp_path / "killed"
+    shutil.copytree(runs["terngrad"], killed)
+    (killed / "params.npz").unlink()
+    assert whole and read_run(killed).layer_sizes == whole

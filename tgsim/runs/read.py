@@ -82,23 +82,21 @@ def _flat_config(path: Path) -> dict:
 
 
 def _layer_sizes(run_dir: Path) -> dict:
-    """{layer: elements} of the run's parameters: params.npz, else the newest checkpoint's; {} when
-    neither can be read."""
+    """{layer: elements} of the run's parameters: params.npz, else the newest checkpoint that reads
+    (tgsim.train.checkpoint); {} when none can be read."""
     import zipfile
 
-    candidates = [run_dir / "params.npz", *sorted((run_dir / "checkpoints").glob("*.npz"), reverse=True)]
-    for path in candidates:
-        if not path.is_file():
-            continue
+    from tgsim.train import checkpoint
+
+    try:
+        with np.load(run_dir / "params.npz", allow_pickle=False) as z:
+            return {k: int(z[k].size) for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        pass
+    for path in reversed(checkpoint.list_checkpoints(run_dir / "checkpoints")):
         try:
-            with np.load(path, allow_pickle=False) as z:
-                names = z.files
-                if path.name == "params.npz":
-                    return {k: int(z[k].size) for k in names}
-                found = {k.split("/", 1)[1]: int(z[k].size) for k in names if k.startswith("params/")}
-                if found:
-                    return found
-        except (OSError, ValueError, zipfile.BadZipFile):
+            return {k: int(np.size(v)) for k, v in checkpoint.read(path)["params"].items()}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
             continue
     return {}
 
