@@ -157,9 +157,6 @@ def summarize(raw):
     def per_rate(frame, col):
         return df["rate"].map(frame[col]).astype(float).to_numpy() if col in frame else np.full(len(df), np.nan)
 
-    def per_rate_of(frame, rates, col):
-        return rates.map(frame[col]).astype(float).to_numpy() if col in frame else np.full(len(rates), np.nan)
-
     tgsim = df["variant"].str.startswith("tgsim_")
     df["hook_over_backward"] = np.where(tgsim, df["t_hook"] / per_rate(ref, "t_backward"), np.nan)
     df["hook_over_backward_best"] = np.where(tgsim, df["t_hook_min"] / per_rate(ref, "t_backward_min"), np.nan)
@@ -168,9 +165,7 @@ def summarize(raw):
     df["comm_over_backward"] = np.where(df["variant"] != REFERENCE, (df["t_backward"] - local_bwd) / local_bwd, np.nan)
     own = np.where(tgsim, df["t_hook_codec"].astype(float), 0.0)
     df["t_exposed"] = np.where(df["variant"] != REFERENCE, df["t_step"] - per_rate(ref, "t_step") - own, np.nan)
-    fp16 = df[df["variant"] == FP16].set_index("rate")
-    fp16_exposed = per_rate(fp16.assign(t_exposed=fp16["t_step"] - per_rate_of(ref, fp16.index, "t_step")),
-                            "t_exposed")
+    fp16_exposed = per_rate(df[df["variant"] == FP16].set_index("rate"), "t_exposed")
     df["exposed_vs_fp16"] = np.where((df["t_exposed"] > 0) & (fp16_exposed > 0), df["t_exposed"] / fp16_exposed,
                                      np.nan)
     df["step_vs_allreduce"] = df["t_step"] / per_rate(base, "t_step")
