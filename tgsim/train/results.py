@@ -162,9 +162,9 @@ class MetricsWriter:
         self._t0 = time.perf_counter()
 
     def write(self, **row) -> None:
-        if self.events is not None:
-            self.events.row(row)
         row = {k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in row.items()}
+        if self.events is not None:
+            self.events.row(row)          # the values as the CSV holds them
         self._w.writerow(row)
 
     def flush(self) -> None:

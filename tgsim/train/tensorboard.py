@@ -58,10 +58,10 @@ def log_dir(enabled: bool, out: Path, override: str | Path | None) -> Path | Non
 
 
 def _number(v) -> float | None:
-    """`v` as metrics.csv holds it (a float printed with 9 significant digits, read back), or None
-    where it is not a finite number."""
+    """`v` (a number, or metrics.csv's text of one) as a float, or None where it is not a finite
+    number."""
     try:
-        f = float(f"{v:.9g}") if isinstance(v, float) else float(v)
+        f = float(v)
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
