@@ -7,12 +7,19 @@ it) and carries the QUICK mark; its CSVs have a `quick` column, True. make_repor
 each script starts and one as it ends, with stdout a pipe; `--quiet` silences them.
 
 The quick report runs once for the module (in a temporary TGSIM_FIGURES_OUT, CI=1, TGSIM_JOBS=2).
-fig03's quick form runs papers_figures/terngrad_workers_scaling.py's quick form, whose outputs are
-checked here too (`fakes.check_sharing_sweep`).
+`make test` runs the six scripts whose quick forms take about 10 s each (`CHEAP`, `--only`);
+`make test-slow` (TGSIM_SLOW) runs all eleven: the five others train or compare on the real models
+(fig11 alone about 110 s, the five about 250 CPU-seconds of the suite's budget). Every script's
+imports resolve in `make test` either way (test_every_script_imports_what_exists), so a module moved
+or renamed under a script fails there. fig03's quick form runs
+papers_figures/terngrad_workers_scaling.py's quick form, whose outputs are checked here too
+(`fakes.check_sharing_sweep`).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import re
 import subprocess
@@ -28,14 +35,25 @@ FIGURES = Path(__file__).resolve().parents[1] / "papers_figures"
 EXPECTED = ("fig01_gradient_histograms", "fig02_bound_gap", "fig03_workers_scaling", "fig04_convergence",
             "fig05_unbiasedness_variance", "fig06_perfmodel", "fig07_compare_variance", "fig08_compare_bits",
             "fig09_compare_speedup", "fig10_reviewers", "fig11_real_models")
+CHEAP = ("fig01_gradient_histograms", "fig02_bound_gap", "fig04_convergence", "fig06_perfmodel",
+         "fig07_compare_variance", "fig10_reviewers")
+SLOW = bool(os.environ.get("TGSIM_SLOW"))
+RUN = EXPECTED if SLOW else CHEAP          # the scripts the module's quick report runs
+
+
+def _heavy_unless_cheap(names):
+    """pytest params: the scripts outside CHEAP marked heavy (run by `make test-slow`)."""
+    return [pytest.param(n, marks=() if n in CHEAP else pytest.mark.heavy) for n in names]
+
 
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
     env = {**{k: v for k, v in os.environ.items() if k != "TGSIM_FIGURES_RERUN"}, "TGSIM_FIGURES_OUT": str(out),
            "MPLBACKEND": "Agg", "CI": "1", "TGSIM_JOBS": "2"}
-    proc = subprocess.run([sys.executable, str(FIGURES / "make_report.py"), "--quick"], env=env, capture_output=True,
-                          text=True, timeout=900)
+    only = [] if SLOW else ["--only", ",".join(n.split("_")[0] for n in CHEAP)]
+    proc = subprocess.run([sys.executable, str(FIGURES / "make_report.py"), "--quick", *only], env=env,
+                          capture_output=True, text=True, timeout=900)
     return out / "quick", proc
 
 
@@ -44,13 +62,13 @@ def test_every_script_ran(quick_report):
     out, proc = quick_report
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     timings = pd.read_csv(out / "timings.csv")
-    assert [s[:-3] for s in timings.script] == list(EXPECTED)
+    assert [s[:-3] for s in timings.script] == list(RUN)
     assert (timings.returncode == 0).all()
     assert f"wrote {out / 'REPORT.md'}" in proc.stdout
     lines = [x for x in proc.stdout.splitlines() if x.startswith("[figures ")]
-    assert lines == [x for i, name in enumerate(EXPECTED, 1) for x in (
-        f"[figures {i}/{len(EXPECTED)}] {name}: started",
-        next(y for y in lines if y.startswith(f"[figures {i}/{len(EXPECTED)}] {name}: done in ")))], lines
+    assert lines == [x for i, name in enumerate(RUN, 1) for x in (
+        f"[figures {i}/{len(RUN)}] {name}: started",
+        next(y for y in lines if y.startswith(f"[figures {i}/{len(RUN)}] {name}: done in ")))], lines
     assert all(y.endswith(", exit 0") for y in lines[1::2]), lines
     for line, seconds in zip(lines[1::2], timings.seconds):      # the time printed is the one recorded
         assert re.fullmatch(r"\[figures \d+/\d+\] \w+: done in \d+\.\d s, exit 0", line), line
@@ -59,7 +77,7 @@ def test_every_script_ran(quick_report):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", EXPECTED)
+@pytest.mark.parametrize("name", _heavy_unless_cheap(EXPECTED))
 def test_figure_files_exist_and_are_not_empty(quick_report, name):
     out, _ = quick_report
     for suffix in (".png", ".pdf", ".csv", "_claims.csv"):
@@ -86,11 +104,11 @@ def test_report_links_every_png_and_its_claims(quick_report):
     out, _ = quick_report
     text = (out / "REPORT.md").read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert sorted(links) == sorted(f"{name}.png" for name in EXPECTED)       # relative to REPORT.md
+    assert sorted(links) == sorted(f"{name}.png" for name in RUN)       # relative to REPORT.md
     for link in links:
         assert (out / link).stat().st_size > 0
     header = "| claim | words tested (source) | setting | measured | test | verdict | scale | rows |"
-    assert "QUICK form" in text and text.count(header) == len(EXPECTED) + 1      # + the untestable claims
+    assert "QUICK form" in text and text.count(header) == len(RUN) + 1      # + the untestable claims
     for kind in ("paper claim", "other paper's result", "self-check"):
         assert re.search(rf"\| {kind} \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \|", text), kind
     assert "## Reviewers' questions" in text and "23,882 parameters" in text[:text.index("## Summary")]
@@ -98,15 +116,53 @@ def test_report_links_every_png_and_its_claims(quick_report):
     import publish_report
 
     stamp = publish_report.read_stamp(text)                # the first line: the run's provenance
-    assert stamp["quick"] and stamp["only"] == "" and stamp["failed"] == []
+    assert stamp["quick"] and stamp["only"] == ("" if SLOW else ",".join(n.split("_")[0] for n in CHEAP))
+    assert stamp["failed"] == []
     assert any("QUICK" in p for p in publish_report.stamp_problems(stamp))     # never published
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_fig03_ran_the_workers_scaling_sweep(quick_report):
     out, proc = quick_report
     log = (out / "logs" / "fig03_workers_scaling.log").read_text()
     check_sharing_sweep(out, "terngrad_workers_scaling", 3 * 2 * 4, ["optimizer", "workers", "variant"], log)
+
+
+def _imported_names(script: Path) -> list[tuple[str, str | None, int]]:
+    """(module, name or None, line) of every top-level `import m` / `from m import a` in a script."""
+    got = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            got += [(a.name, None, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            got += [(node.module, a.name, node.lineno) for a in node.names]
+    return got
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_script_imports_what_exists(name, monkeypatch):
+    """Each figure script's imports (tgsim, analysis, the papers_figures helpers) resolve to modules
+    and names that exist, without running the script: the check `make test` keeps for the scripts
+    whose quick forms only `make test-slow` runs."""
+    monkeypatch.syspath_prepend(str(FIGURES))
+    script = FIGURES / f"{name}.py"
+    missing = []
+    for module, attr, line in _imported_names(script):
+        top = module.split(".")[0]
+        if top not in ("tgsim", "analysis") and not top.startswith("_") and not (FIGURES / f"{top}.py").exists():
+            continue          # third-party and standard modules: the environment's, checked elsewhere
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            missing.append(f"{script.name}:{line}: import {module}: {e}")
+            continue
+        if attr is not None and attr != "*" and not hasattr(mod, attr):
+            try:
+                importlib.import_module(f"{module}.{attr}")
+            except ImportError:
+                missing.append(f"{script.name}:{line}: {module} has no {attr}")
+    assert not missing, missing
 
 
 def _make_report(out: Path, *args: str) -> subprocess.CompletedProcess:
