@@ -34,14 +34,14 @@ def test_shared_scaler_is_the_max_of_the_local_scalers():
     assert got.tolist() == [max(local[w, j] for w in range(N)) for j in range(4)]
 
 
-@pytest.mark.parametrize("mode", ["allreduce", "ps", "allgather"])
+@pytest.mark.parametrize("mode", ["allreduce", "ps", "allgather", "sharded_ps"])
 @pytest.mark.parametrize("shared", [True, False])
 def test_every_mode_delivers_the_mean_of_the_decoded_codes(mode, shared):
     """aggregate(...) equals (1/N) Σ_w s_w · codes_w, the codes unpacked from each message's bytes
     and the scalers read from them, in float64, to float32 rounding (rtol 1e-6). A mean divided by
     N + 1, a missing worker or a wrong scaler fails here."""
-    if mode == "allreduce" and not shared:
-        pytest.skip("the integer all-reduce needs shared scalers (a config error otherwise)")
+    if mode in ("allreduce", "sharded_ps") and not shared:
+        pytest.skip("integer code sums need shared scalers (a config error otherwise)")
     codec = TernGrad(clip="none", kernels="reference")
     ex = InProcessExchange(N)
     layers = _layers()

@@ -132,7 +132,7 @@ def test_in_process_code_sums_of_128_workers_need_int16():
         sc = codec.scaling(g)
         s = InProcessExchange(n).max_scalers(np.stack([codec.local_scalers(sc)] * n))
         msgs = [codec.encode(g, StreamKey(1, 0, w), s, sc) for w in range(n)]
-        for mode in ("allreduce", "ps", "allgather"):
+        for mode in ("allreduce", "ps", "allgather", "sharded_ps"):
             mean, _ = InProcessExchange(n).aggregate(codec, msgs, mode, True)
             assert mean["w"].tolist() == [1.0] + [0.0] * 12, (kernels, mode)
 

@@ -2,7 +2,7 @@
 
 One mpiexec job of 2 ranks (tests/torch_ddp_driver.py) trains the example MLP on MNIST-1D through DDP
 over Gloo with the hook, each rank on the simulator's batches of its worker, for TernGrad (shared
-scalers, integer all-reduce of the codes), QSGD, top-k with error feedback (parameter server,
+scalers, integer all-reduce of the codes, and the sharded parameter server), QSGD, top-k with error feedback (parameter server,
 `gradient_as_bucket_view=True`) and rotated Suresh with error feedback, exchanged per bucket on the
 hook's worker thread, and PowerSGD and TernGrad's scope = "model" (declared whole_step) in one step
 at the last bucket, with a bucket cap small enough that DDP rebuilds its one bucket of step 0 into

@@ -7,8 +7,8 @@ inputs, byte for byte (tests/dist_comm_cases.py: reductions of every dtype the e
 those Gloo lacks, variable-size gathers with zero counts and gaps, point-to-point messages in
 posting order, pickled objects); MPIExchange over either comm on the same messages (every mode and
 transport: the same means and byte counts); the misuses that must name themselves; and DDP with the
-hook over Gloo for TernGrad (shared scalers, allreduce) and QSGD (parameter server), which ends with
-the simulator's parameters after every step. Without MPI: the transport argument is checked, and a
+hook over Gloo for TernGrad (shared scalers, allreduce and sharded_ps) and QSGD (parameter server),
+which ends with the simulator's parameters after every step. Without MPI: the transport argument is checked, and a
 1-rank Gloo group runs MPIExchange without touching mpi4py. On a GPU (`make test-gpu`): NCCL with
 CuPy buffers. Skipped, with the reason, without torch (the mpiexec tests without MPI).
 """
@@ -33,7 +33,7 @@ from tgsim.torch import ddp as tgddp  # noqa: E402
 from tgsim.train import checkpoint  # noqa: E402
 
 TRAIN = {name: {"config": CODECS[name], "steps": STEPS, "bucket_cap_mb": BUCKET_CAP_MB, "bucket_view": name == "qsgd"}
-         for name in ("terngrad", "qsgd")}
+         for name in ("terngrad", "qsgd", "terngrad-sharded")}
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ CODECS = {     # name -> config: the cases checked bit for bit against the simul
     "powersgd": ddp_config({"name": "powersgd", "rank": 2}, "allreduce"),
     "suresh-ef": ddp_config({"name": "suresh", "rotate": True, "error_feedback": True}, "allgather"),
     "terngrad-model": ddp_config({"name": "terngrad", "scope": "model"}, "allreduce"),
+    "terngrad-sharded": ddp_config({"name": "terngrad"}, "sharded_ps"),     # every rank serves one shard
 }
 WHOLE_STEP = ("powersgd", "terngrad-model")     # codecs that declare properties.whole_step (or take rounds)
 

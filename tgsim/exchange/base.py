@@ -11,6 +11,9 @@ Modes (docs/THEORY.md §1, "Exchange in the paper"):
              sums them and sends back Σ codes bit-packed at ceil(log2(2N+1)) bits (shared scaler) or
              the float32 mean (no sharing); optionally the server ternarizes the mean again.
   allgather  every worker receives every packed message and decodes each with its own scaler.
+  sharded_ps every worker is the server of one contiguous shard of the ternary codes (shared scaler):
+             shard r's packed codes go to worker r, which returns Σ codes bit-packed at
+             ceil(log2(2N+1)) bits to all (tgsim/exchange/sharded.py, its bytes per worker).
 Bytes are counted per worker from the payloads that cross the wire: `sent` and `received`.
 """
 

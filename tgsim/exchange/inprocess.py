@@ -15,6 +15,7 @@ from tgsim.backend import array_module
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, layer_payloads
 from tgsim.codecs.ordered_mean import ordered_mean
+from tgsim.exchange import sharded
 from tgsim.exchange.base import CommBytes, mean_of_scalers, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.ps_downlink import code_dtype, ps_downlink_size
 
@@ -54,9 +55,12 @@ def packed_code_mean(codec, messages: Sequence, mode: str, shared: bool,
     """The aggregate of all N packed-code messages (a `SummableCodes` codec) in `mode`, and the downlink payload sizes.
 
     Returns (mean per layer, info) where info holds the real downlink payload sizes in bytes.
+    "sharded_ps" (shared scalers only, no re-ternarization) gives the allreduce and ps modes' mean.
     """
     n = len(messages)
     layout = messages[0].layout
+    if mode == "sharded_ps" and (not shared or reternarize_key is not None):
+        raise ValueError(sharded.refusal(shared, reternarize_key is not None))
     if mode == "allgather" or not shared:
         mean = codec.aggregate(messages, divide_by=n)
         down = 0                  # no downlink in an all-gather; ps sets it below (allreduce needs sharing)
@@ -160,6 +164,8 @@ class InProcessExchange:
         elif mode == "allreduce":
             b = ring_allreduce_bytes(info["down_payload"], n)
             bytes_ = CommBytes(b, b)
+        elif mode == "sharded_ps":    # worker 0's bytes, those of rank 0 over MPI
+            bytes_ = sharded.sharded_bytes(local_messages[0].layout, n, 0, codec.packing)
         else:  # ps: push own message, pull the server's downlink
             bytes_ = CommBytes(wire, info["down_payload"])
         bytes_ += CommBytes(scal, scal)

@@ -47,13 +47,25 @@ Phases and wire formats
                Bcast, whose binomial trees forward slots through inner ranks (1.36x the payload
                bytes on a shared medium at N = 8) but spread the downlink over more links on a
                switch.
+  packed-code sharded_ps  every rank serves one shard (tgsim/exchange/sharded.py; shared scalers
+               only): the ternary layers' T elements, concatenated, are cut into N contiguous
+               shards (shard r: elements [r T // N, (r+1) T // N)); one Alltoallv sends shard r's
+               codes, packed as the codec packs them, to rank r as [u64 count | codes]; rank r sums
+               them exactly in rank order and one Allgatherv returns every shard's [u64 status |
+               (Σ codes + N) at w = ceil(log2(2N+1)) bits]; every rank decodes as the allreduce
+               mode does. Bytes of rank r (H = 8, P(c) packed codes, Q(c) = ceil(c w / 8), c_s the
+               shard sizes): sent = Σ_{s≠r} (H + P(c_s)) + (N-1)(H + Q(c_r)), received = (N-1)(H +
+               P(c_r)) + Σ_{s≠r} (H + Q(c_s)): each about (N-1)/N · (2 + w) bits per element (1.6 +
+               w for base-3), both summed 2 (N-1)/N · (2 + w), plus the headers. Float layers take
+               the exact fp32 path.
 
 Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
-sender rank -- on every rank in allgather mode (all parse the same bytes), and in ps mode the server
-broadcasts the error so every rank raises it; ranks started with different configs raise
-`RankConfigMismatchError` on every rank, naming the ranks that differ. Both are `CollectiveError`s:
-raised identically on every rank, so `tgsim.mpi_runs.train` can exit cleanly instead of aborting. How each
-mode detects, encodes (the downlink's status word) and re-raises them: tgsim/exchange/mpi_errors.py.
+sender rank -- on every rank in allgather mode (all parse the same bytes), in ps mode the server
+broadcasts the error so every rank raises it, in sharded_ps mode the lowest owner that failed
+does; ranks started with different configs raise `RankConfigMismatchError` on every rank, naming
+the ranks that differ. Both are `CollectiveError`s: raised identically on every rank, so
+`tgsim.mpi_runs.train` can exit cleanly instead of aborting. How each mode detects, encodes (the
+downlink's status word) and re-raises them: tgsim/exchange/mpi_errors.py.
 
 Bytes (`CommBytes`) are this rank's, counted from the buffers it hands to MPI: point-to-point style
 collectives (Alltoallv, Gather, Allgather(v), Bcast) count what this rank's data must reach
@@ -72,11 +84,12 @@ from typing import Sequence
 
 import numpy as np
 
-from tgsim.backend import array_module as _xp_of, gpu_available
+from tgsim.backend import array_module as _xp_of, gpu_available, to_numpy
 from tgsim.codecs import packing
 from tgsim.codecs.message import KIND_TERNARY, VERSION as MESSAGE_VERSION, Message
 from tgsim.codecs.ordered_mean import ordered_mean_flat
 from tgsim.errors import CollectiveError, PayloadError, PeerPayloadError, RankConfigMismatchError, ServerError
+from tgsim.exchange import sharded
 from tgsim.exchange.base import CommBytes, mean_of_scalers, own_downlink_bytes, own_wire_bytes, ring_allreduce_bytes
 from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, beyond_n, blame_codes, check_scalers, config_mismatch,
                                        malformed_downlink, parse_slot, raise_if_server_failed, raise_server_failure,
@@ -292,7 +305,7 @@ class MPIExchange(PipelinedModes):
         messages), with the simulator's bits."""
         if len(local_messages) != 1:
             raise ValueError(f"MPIExchange holds one worker per rank, got {len(local_messages)} local messages")
-        if mode not in ("allreduce", "ps", "allgather"):
+        if mode not in ("allreduce", "ps", "allgather", "sharded_ps"):
             raise ValueError(f"unknown exchange mode {mode!r}")
         props = codec.properties
         if props.float_mean:
@@ -366,7 +379,9 @@ class MPIExchange(PipelinedModes):
         # pipelined where defers_encode says so, for NumPy buffers (CuPy takes the whole-message path)
         piped = self.defers_encode(mode, shared, reternarize_key is not None) and \
             all(isinstance(p, np.ndarray) for p in msg.parts)
-        if mode == "ps" and piped:
+        if mode == "sharded_ps":
+            mean, nbytes = self._sharded(codec, msg, shared, reternarize_key)
+        elif mode == "ps" and piped:
             mean, nbytes = self._ps_pipelined(codec, msg)
         elif mode == "ps":
             mean, nbytes = self._ps(codec, msg, shared, reternarize_key)
@@ -484,22 +499,8 @@ class MPIExchange(PipelinedModes):
         dtype = code_dtype(n)
         mtype = MPI.INT8_T if dtype == np.int8 else MPI.INT16_T
         xp = _xp_of(msg.parts[0]) if msg.parts else np
-        kern = codec.kernels_for(xp)
-        layers = msg.layout.layers
-        tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
-        flt = [i for i, s in enumerate(layers) if s.kind != KIND_TERNARY]
-        total = sum(layers[i].size for i in tern)
-        codes = xp.empty(total, dtype=dtype)
-        whole = xp is np and hasattr(kern, "sum_codes_layers")   # every layer in one call (Numba)
-        if whole:
-            kern.sum_codes_layers([[msg.parts[i]] for i in tern], [layers[i].size for i in tern], codec.packing,
-                                  dtype, out=codes)
-        else:
-            off = 0
-            for i in tern:
-                size = layers[i].size
-                codes[off:off + size] = kern.sum_codes(xp.stack([msg.parts[i]]), size, codec.packing, dtype)
-                off += size
+        codes = sharded.ternary_codes(codec, msg, dtype, xp)
+        total = codes.size
         step = max(1, self.bucket_bytes // codes.itemsize)
         for start in range(0, total, step):
             seg = self.staging.wire(xp.ascontiguousarray(codes[start:start + step]), "codes")
@@ -510,34 +511,57 @@ class MPIExchange(PipelinedModes):
         nbytes = CommBytes(b, b)
         if total and xp is not np and int(xp.abs(codes.astype(xp.int32)).max()) > n:
             raise beyond_n(self.rank, n)     # before the collectives of the float layers' mean
-        mean = {}
-        if flt:
-            fl = xp.concatenate([msg.parts[i].reshape(-1).astype(xp.float32) for i in flt])
-            fmean, fb = self._ordered_mean_flat(fl) if self.exact else self._native_mean_fp32_flat(fl)
-            nbytes += fb
-        decoded = {}
-        if whole and hasattr(kern, "decode_code_sums_layers"):    # every layer's |Σ codes| <= N and scaling
-            try:
-                decoded = dict(zip(tern, kern.decode_code_sums_layers(codes, [layers[i].size for i in tern], n,
-                                                                      [msg.scalers[i] for i in tern])))
-            except PayloadError:
-                raise beyond_n(self.rank, n) from None
-        off, foff = 0, 0
-        for i, spec in enumerate(layers):
-            if i in decoded:
-                mean[spec.name] = decoded[i].reshape(spec.shape)
-                off += spec.size
-            elif spec.kind == KIND_TERNARY:
-                try:    # checks |Σ codes| <= N and scales (NumPy: one Numba pass)
-                    flat = packing.decode_code_sums(codes[off:off + spec.size], n, float(msg.scalers[i]))
-                except PayloadError:
-                    raise beyond_n(self.rank, n) from None
-                mean[spec.name] = flat.reshape(spec.shape)
-                off += spec.size
-            else:
-                mean[spec.name] = fmean[foff:foff + spec.size].reshape(spec.shape)
-                foff += spec.size
+        fmean, fb = self._float_layers_mean(msg, xp)
+        nbytes += fb
+        try:    # checks |Σ codes| <= N and scales (NumPy: one Numba pass)
+            mean = sharded.decode_codes(codec.kernels_for(xp), msg.layout, codes, n, msg.scalers, fmean, xp)
+        except PayloadError:
+            raise beyond_n(self.rank, n) from None
         return mean, nbytes
+
+    def _float_layers_mean(self, msg: Message, xp):
+        """The float layers' mean (concatenated, float32 on the wire) and its bytes; (None, 0) without any."""
+        flt = [p for s, p in zip(msg.layout.layers, msg.parts) if s.kind != KIND_TERNARY]
+        if not flt:
+            return None, CommBytes()
+        fl = xp.concatenate([p.reshape(-1).astype(xp.float32) for p in flt])
+        return self._ordered_mean_flat(fl) if self.exact else self._native_mean_fp32_flat(fl)
+
+    def _shard_blocks(self, codes: np.ndarray, plan) -> np.ndarray:
+        """The Alltoallv buffer this rank sends in sharded_ps (a seam for fault-injection tests)."""
+        return sharded.uplink_blocks(codes, plan)
+
+    def _sharded(self, codec, msg: Message, shared: bool, reternarize_key=None):
+        """The sharded parameter server (tgsim/exchange/sharded.py): shard r's packed codes to rank r
+        (Alltoallv), each owner's exact sums packed at ceil(log2(2N+1)) bits to all (Allgatherv)."""
+        why = sharded.refusal(shared, reternarize_key is not None)
+        if why is not None:
+            raise ValueError(why)
+        MPI, n, r = self.MPI, self.size, self.rank
+        xp = _xp_of(msg.parts[0]) if msg.parts else np
+        codes = to_numpy(sharded.ternary_codes(codec, msg, np.int8, xp))
+        plan = sharded.shard_plan(codes.size, n, codec.packing)
+        sums = codes
+        if plan.total:
+            send = self._shard_blocks(codes, plan)
+            recv = np.empty(n * plan.up[r], dtype=np.uint8)
+            self.comm.Alltoallv([send, (list(plan.up), list(plan.send_at)), MPI.BYTE],
+                                [recv, ([plan.up[r]] * n, [plan.up[r] * s for s in range(n)]), MPI.BYTE])
+            mine, error = sharded.owner_block(codec.kernels_for(np), recv, plan, r)
+            got = np.empty(sum(plan.down), dtype=np.uint8)
+            self.comm.Allgatherv([mine, MPI.BYTE], [got, (list(plan.down), list(plan.down_at)), MPI.BYTE])
+            failed = sharded.first_failure(got, plan)
+            if failed is not None:      # every rank: the lowest failed owner's error, broadcast by it
+                raise_server_failure(self.comm, failed[1], error, root=failed[0])
+            sums = sharded.gathered_sums(got, plan, r)
+        fmean, nbytes = self._float_layers_mean(msg, xp)
+        try:
+            mean = sharded.decode_codes(codec.kernels_for(np), msg.layout, sums, n, msg.scalers,
+                                        None if fmean is None else to_numpy(fmean))
+        except PayloadError as e:      # (gathered_sums has checked |Σ codes| <= N: every rank alike)
+            raise PeerPayloadError(f"rank {r} could not decode the sharded code sums: {e}") from e
+        nbytes += plan.code_bytes(r)
+        return (mean if xp is np else {k: xp.asarray(v) for k, v in mean.items()}), nbytes
 
 
 __all__ = ["CollectiveError", "MPIExchange", "PeerPayloadError", "RankConfigMismatchError", "ServerError", "cuda_aware",

@@ -26,8 +26,9 @@ class PipelinedModes:
         """True where this exchange takes a NumPy message in pieces (`aggregate` dispatches on it), so
         a `DeferredMessage` (codec.encode_many(deferred=True)) is encoded piece by piece while
         earlier pieces are on the wire; elsewhere a deferred message is encoded whole on this
-        thread, so the caller should not ask for one."""
-        if self.chunk < 0:
+        thread, so the caller should not ask for one. Never for "sharded_ps" (not pipelined: every rank
+        unpacks its whole message's codes before the one Alltoallv)."""
+        if self.chunk < 0 or mode == "sharded_ps":
             return False
         if mode == "ps":
             return shared and not reternarize and self.ps_transport == "p2p"

@@ -104,13 +104,16 @@ class _CodecCommon:
     kernels: str = "auto"
 
 
-EXCHANGE_MODES = ("allreduce", "ps", "allgather")
+# "sharded_ps": every rank serves one shard of the summed codes (tgsim/exchange/sharded.py): packed-code
+# codecs with shared scalers, and fp32 (its exact reduce-scatter, as in every mode)
+EXCHANGE_MODES = ("allreduce", "ps", "allgather", "sharded_ps")
 LOCAL_MODES = ("none", "average", "pqasgd")
 
 
 @dataclass(frozen=True)
 class ExchangeConfig:
     mode: str = "ps"             # "allreduce" (integer codes / fp32) | "ps" (parameter server) | "allgather"
+    #                              | "sharded_ps" (every rank the server of one shard; shared scalers)
     share_scalers: bool = True   # MAX all-reduce of per-layer scalers before encoding
     reternarize_downlink: bool = False   # ps only: the server ternarizes the averaged gradient again
     # local steps (tgsim/train/local_sgd.py): "none" = the synchronous gradient exchange every step;
@@ -305,6 +308,13 @@ def validate(cfg: Config) -> None:
     if e.mode == "allreduce" and props.sums_exactly and (props.shared_stats is None or not e.share_scalers):
         raise ConfigError("[exchange] integer all-reduce of ternary codes needs share_scalers = true "
                           "(summing codes with different scalers is wrong)")
+    if e.mode == "sharded_ps" and not (props.sums_exactly or props.float_mean):
+        raise ConfigError(f'[exchange] mode = "sharded_ps" needs a codec whose codes sum exactly; {c.name!r} sends '
+                          "whole messages: use 'ps' or 'allgather'")
+    if e.mode == "sharded_ps" and props.sums_exactly and (props.shared_stats is None or not e.share_scalers):
+        from tgsim.exchange.sharded import refusal     # the exchange's own one-line reason
+
+        raise ConfigError(refusal(shared=False, reternarize=False))
     if cfg.optimizer.name not in OPTIMIZERS:
         raise ConfigError(f"[optimizer] unknown optimizer {cfg.optimizer.name!r}; expected one of {OPTIMIZERS}")
     if cfg.schedule.name not in SCHEDULES:

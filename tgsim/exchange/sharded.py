@@ -1,0 +1,267 @@
+"""The sharded parameter server ("sharded_ps"): every rank serves one shard of the ternary codes.
+
+For packed-code messages whose codes sum exactly, under one shared scaler per ternary layer:
+
+  shards   the T elements of the ternary layers, concatenated in layer order, are cut into N
+           contiguous shards at element boundaries: shard r = elements [r T // N, (r+1) T // N)
+           (c_r elements; a shard may cross layer boundaries, and is empty when T < N).
+  uplink   every rank unpacks its own codes (int8, `ternary_codes`) and sends shard r's codes,
+           packed in the codec's packing (2 bits, or 1.6 for base-3: P(c) = packed_size(c)
+           bytes), to rank r: one Alltoallv of blocks [u64 element count | packed codes].
+  owner    rank r checks every sender's block (a wrong count or an invalid code: a
+           PeerPayloadError naming the sender), sums the N senders' codes exactly, in ascending
+           rank order, into int8 (int16 beyond 127 ranks), and packs Σ codes + N at
+           w = ceil(log2(2N+1)) bits (packing.pack_code_sums): its block [u64 status | packed
+           sums], Q(c_r) = ceil(c_r w / 8) bytes after the status word.
+  downlink one Allgatherv of every owner's block; after a status other than STATUS_OK every rank
+           raises the lowest such owner's error (tgsim/exchange/mpi_errors.py); else every rank
+           unpacks the sums and decodes each layer as the integer all-reduce does
+           (`decode_codes`: f32((f64(Σ codes) · f64(s)) · f64(1/N)), the simulator's bits).
+
+Float layers of the message take the exact fp32 reduce-scatter (MPIExchange._ordered_mean_flat).
+
+Bytes of rank r (`ShardPlan.code_bytes`, `sharded_bytes`; H = 8, the u64 word of each block):
+    sent      Σ_{s != r} (H + P(c_s))  +  (N-1) (H + Q(c_r))
+    received  (N-1) (H + P(c_r))       +  Σ_{s != r} (H + Q(c_s))
+With c_s about T/N, per ternary element: sent = (N-1)/N · 2 bits of codes to the other owners +
+(N-1)/N · w bits of this owner's sums to N-1 ranks, received = (N-1)/N · 2 + (N-1)/N · w alike; so
+each of sent and received is about (N-1)/N · (2 + w) bits per element (1.6 + w with base-3), the
+two summed 2 (N-1)/N · (2 + w), plus 2 (N-1) headers of H bytes each way. (N = 2: 0.5 · (2 + 3) =
+2.5 bits each way; N = 3: 2/3 · (2 + 3) = 3.33.) The float layers add the reduce-scatter's bytes
+(`reduce_scatter_bytes`).
+
+Pure functions: MPIExchange (tgsim/exchange/mpi.py) runs them over MPI; the in-process exchange
+counts a rank's bytes with `sharded_bytes`, so both report the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from tgsim.backend import to_numpy
+from tgsim.codecs import packing
+from tgsim.codecs.message import KIND_TERNARY, Layout, Message
+from tgsim.exchange.base import CommBytes
+from tgsim.exchange.mpi_errors import STATUS_OK, malformed, read_status, server_failure, write_status
+from tgsim.exchange.ps_downlink import code_dtype
+
+MODE = "sharded_ps"
+HDR = 8               # the u64 element count of an uplink block, the u64 status of a downlink block
+_U64 = np.dtype("<u8")
+BUCKET_BYTES = 64 << 20      # MPIExchange's default bucket of the fp32 reduce-scatter
+
+
+def refusal(shared: bool, reternarize: bool) -> str | None:
+    """The one-line reason a sharded exchange cannot run (None when it can)."""
+    if not shared:
+        return (f'[exchange] mode = "{MODE}" needs share_scalers = true and a codec that shares its scalers '
+                '(e.g. terngrad sharing = "max" or "mean"): each owner sums codes under one scaler per layer')
+    if reternarize:
+        return f"[exchange] reternarize_downlink needs mode = 'ps' (mode = \"{MODE}\" sends the exact sums)"
+    return None
+
+
+def shard_bounds(total: int, n: int) -> tuple[int, ...]:
+    """(b_0, ..., b_N): shard r is elements [b_r, b_{r+1}), b_r = r · total // n."""
+    return tuple(r * int(total) // int(n) for r in range(int(n) + 1))
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Shards, block sizes and byte offsets of T = `total` ternary elements over N = `n` ranks in
+    packing `fmt`: `up[r]` bytes of every uplink block of shard r (H + P(c_r)), `down[r]` bytes of
+    owner r's downlink block (H + Q(c_r)); `send_at` the offsets of the blocks in a sender's
+    Alltoallv buffer (shard order), `down_at` those in the Allgatherv buffer (owner order)."""
+
+    n: int
+    fmt: str
+    total: int
+    width: int
+    bounds: tuple
+    up: tuple
+    down: tuple
+    send_at: tuple
+    down_at: tuple
+
+    def count(self, r: int) -> int:
+        return self.bounds[r + 1] - self.bounds[r]
+
+    def code_bytes(self, rank: int) -> CommBytes:
+        """This rank's bytes of the ternary codes (module docstring): the blocks to the other owners
+        and its own downlink block to N-1 ranks; the N-1 blocks of its shard and N-1 downlink blocks."""
+        if self.total == 0:
+            return CommBytes()
+        n = self.n
+        others_up = sum(self.up) - self.up[rank]
+        others_down = sum(self.down) - self.down[rank]
+        return CommBytes(others_up + (n - 1) * self.down[rank], (n - 1) * self.up[rank] + others_down)
+
+
+@functools.lru_cache(maxsize=64)
+def shard_plan(total: int, n: int, fmt: str) -> ShardPlan:
+    """The ShardPlan of (total, n, fmt), built once."""
+    bounds = shard_bounds(total, n)
+    width = packing.uint_width(n)
+    counts = [bounds[r + 1] - bounds[r] for r in range(n)]
+    up = tuple(HDR + packing.packed_size(c, fmt) for c in counts)
+    down = tuple(HDR + -(-c * width // 8) for c in counts)
+    at = lambda sizes: tuple(int(v) for v in np.concatenate([[0], np.cumsum(sizes)[:-1]]))   # noqa: E731
+    return ShardPlan(int(n), fmt, int(total), width, bounds, up, down, at(up), at(down))
+
+
+def reduce_scatter_bytes(m: int, n: int, rank: int, itemsize: int = 4, bucket_bytes: int = BUCKET_BYTES) -> CommBytes:
+    """Rank `rank`'s bytes in MPIExchange's exact fp32 mean of m elements of `itemsize` bytes: per
+    bucket of max(N, bucket_bytes // itemsize) elements cut into N chunks (own: this rank's), it
+    sends itemsize (m_b - own) + 4 own (N-1) and receives itemsize own (N-1) + 4 (m_b - own)."""
+    out = CommBytes()
+    step = max(n, bucket_bytes // itemsize)
+    for start in range(0, m, step):
+        mb = min(step, m - start)
+        own = (rank + 1) * mb // n - rank * mb // n
+        out += CommBytes(itemsize * (mb - own) + 4 * own * (n - 1), itemsize * own * (n - 1) + 4 * (mb - own))
+    return out
+
+
+def sharded_bytes(layout: Layout, n: int, rank: int, fmt: str, bucket_bytes: int = BUCKET_BYTES) -> CommBytes:
+    """Rank `rank`'s bytes of one sharded exchange of a message of `layout` (scaler sharing not
+    included): the ternary codes' (`ShardPlan.code_bytes`) plus the float layers' exact fp32 mean
+    (`reduce_scatter_bytes`, float32 on the wire)."""
+    tern = sum(s.size for s in layout.layers if s.kind == KIND_TERNARY)
+    flt = sum(s.size for s in layout.layers if s.kind != KIND_TERNARY)
+    out = shard_plan(tern, n, fmt).code_bytes(rank)
+    out += reduce_scatter_bytes(flt, n, rank, 4, bucket_bytes)
+    return out
+
+
+# -- the codes ---------------------------------------------------------------------------------------
+
+def ternary_codes(codec, msg: Message, dtype, xp=np):
+    """The int codes (`dtype`) of `msg`'s ternary layers concatenated in layer order, unpacked by the
+    codec's kernels for `xp` (Numba: every layer in one sum_codes_layers call of one message)."""
+    kern = codec.kernels_for(xp)
+    layers = msg.layout.layers
+    tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
+    codes = xp.empty(sum(layers[i].size for i in tern), dtype=dtype)
+    if xp is np and hasattr(kern, "sum_codes_layers"):
+        kern.sum_codes_layers([[msg.parts[i]] for i in tern], [layers[i].size for i in tern], codec.packing,
+                              dtype, out=codes)
+        return codes
+    off = 0
+    for i in tern:
+        size = layers[i].size
+        codes[off:off + size] = kern.sum_codes(xp.stack([msg.parts[i]]), size, codec.packing, dtype)
+        off += size
+    return codes
+
+
+def decode_codes(kern, layout: Layout, codes, n: int, scalers, fmean=None, xp=np) -> dict:
+    """Mean per layer from the ternary layers' integer code sums `codes` (layer order) and the float
+    layers' means `fmean` (concatenated): f32((f64(Σ codes) · f64(s)) · f64(1/N)) per element
+    (Numba's decode_code_sums_layers in one call on NumPy, else packing.decode_code_sums per layer);
+    PayloadError when a sum lies beyond ±N."""
+    layers = layout.layers
+    tern = [i for i, s in enumerate(layers) if s.kind == KIND_TERNARY]
+    decoded = {}
+    if xp is np and hasattr(kern, "decode_code_sums_layers") and tern:
+        decoded = dict(zip(tern, kern.decode_code_sums_layers(codes, [layers[i].size for i in tern], n,
+                                                              [scalers[i] for i in tern])))
+    mean, off, foff = {}, 0, 0
+    for i, spec in enumerate(layers):
+        if spec.kind == KIND_TERNARY:
+            flat = decoded[i] if i in decoded else \
+                packing.decode_code_sums(codes[off:off + spec.size], n, float(scalers[i]))
+            mean[spec.name] = flat.reshape(spec.shape)
+            off += spec.size
+        else:
+            mean[spec.name] = fmean[foff:foff + spec.size].reshape(spec.shape)
+            foff += spec.size
+    return mean
+
+
+# -- the blocks on the wire --------------------------------------------------------------------------
+
+def uplink_blocks(codes: np.ndarray, plan: ShardPlan) -> np.ndarray:
+    """A sender's Alltoallv buffer: per shard r, in order, [u64 c_r | c_r codes packed in plan.fmt]."""
+    buf = np.empty(sum(plan.up), dtype=np.uint8)
+    codes = to_numpy(codes)
+    for r in range(plan.n):
+        at, a, b = plan.send_at[r], plan.bounds[r], plan.bounds[r + 1]
+        buf[at:at + HDR] = np.array([b - a], dtype=_U64).view(np.uint8)
+        buf[at + HDR:at + plan.up[r]] = packing.pack(np.ascontiguousarray(codes[a:b]), plan.fmt)
+    return buf
+
+
+def owner_block(kern, recv: np.ndarray, plan: ShardPlan, rank: int) -> tuple[np.ndarray, str | None]:
+    """Owner `rank`'s downlink block from the N blocks of its shard in `recv` (sender order):
+    [u64 STATUS_OK | packing.pack_code_sums(Σ codes, N, w)], the codes summed in ascending rank order
+    by the host kernels `kern` (which check every byte). On a malformed block (wrong count, invalid
+    code: the first such sender is named) or another failure: [u64 status | zeros] and the error's
+    text (else None)."""
+    n, c, size = plan.n, plan.count(rank), plan.up[rank]
+    out = np.zeros(plan.down[rank], dtype=np.uint8)
+    where = f"rank {rank} (the owner of shard {rank})"
+    try:
+        blocks = recv.reshape(n, size)
+        for s in range(n):
+            got = int(blocks[s, :HDR].view(_U64)[0])
+            if got != c:
+                raise malformed(where, s, f"its block of shard {rank} holds {got} elements, the shard has {c}")
+        bodies = np.ascontiguousarray(blocks[:, HDR:])
+        dtype = code_dtype(n)
+        if c == 0:
+            sums = np.zeros(0, dtype=dtype)
+        else:
+            try:
+                sums = kern.sum_codes(bodies, c, plan.fmt, dtype)
+            except ValueError as e:     # name the first sender whose codes are invalid
+                first = plan.bounds[rank]
+                for s in range(n):
+                    try:
+                        packing.check_payload(bodies[s], c, plan.fmt,
+                                              where=f"shard {rank} (elements {first}..{first + c - 1})")
+                    except ValueError as bad:
+                        raise malformed(where, s, bad) from e
+                raise
+        out[HDR:] = packing.pack_code_sums(sums, n, plan.width)
+        write_status(out, STATUS_OK)
+        return out, None
+    except Exception as e:  # noqa: BLE001  (every rank must learn about it, or they would wait)
+        status, text = server_failure(e, where)
+        out[:] = 0
+        write_status(out, status)
+        return out, text
+
+
+def first_failure(got: np.ndarray, plan: ShardPlan) -> tuple[int, int] | None:
+    """(owner, status) of the lowest owner whose downlink block in `got` does not say STATUS_OK, or None."""
+    for r in range(plan.n):
+        status = read_status(got[plan.down_at[r]:plan.down_at[r] + HDR])
+        if status != STATUS_OK:
+            return r, status
+    return None
+
+
+def gathered_sums(got: np.ndarray, plan: ShardPlan, rank: int) -> np.ndarray:
+    """The T integer code sums (code_dtype(N)) of every owner's block in `got` (all STATUS_OK);
+    PeerPayloadError naming the owner when a packed value lies beyond 2N."""
+    n = plan.n
+    codes = np.empty(plan.total, dtype=code_dtype(n))
+    for r in range(n):
+        c = plan.count(r)
+        if c == 0:
+            continue
+        at = plan.down_at[r] + HDR
+        vals = packing.unpack_uint(got[at:plan.down_at[r] + plan.down[r]], c, plan.width)
+        top = int(vals.max())
+        if top > 2 * n:
+            raise malformed(f"rank {rank}", r, f"shard {r}'s code sum {top - n} exceeds N = {n}")
+        codes[plan.bounds[r]:plan.bounds[r + 1]] = vals.astype(np.int32) - n
+    return codes
+
+
+__all__ = ["BUCKET_BYTES", "HDR", "MODE", "ShardPlan", "decode_codes", "first_failure", "gathered_sums",
+           "owner_block", "reduce_scatter_bytes", "refusal", "shard_bounds", "shard_plan", "sharded_bytes",
+           "ternary_codes", "uplink_blocks"]
