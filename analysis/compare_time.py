@@ -14,15 +14,22 @@ it. Neither makes the convnet's K the K of the paper's nets: that transfer is th
 assumption. PQASGD's K counts local steps; its step time is ((every - 1) t_compute + t_sync) / every.
 
 t_step: `perfmodel_ddp.ddp_step` (DDP/NCCL: 25 MiB buckets overlapped with the backward pass,
-node-aware ring / tree all-reduce, all-gather, a parameter server sharded on the worker nodes or on
-dedicated servers; codec seconds on the critical path; TernGrad's scaler all-reduce before each
-bucket's encode) with a `Wire` per method, from numbers measured in this run:
+node-aware ring / tree all-reduce, all-gather, and two parameter servers, each the code's exchange
+mode of that name: "ps", rank 0 the one server (its link carries N-1 uplinks in and N-1 downlinks
+out, so its time grows linearly with N; --dedicated-servers M: M servers of their own instead), and
+"sharded_ps", one shard per worker (Alltoallv of the codes, Allgatherv of the sums: about (N-1)/N
+(2 + w) bits an element each way, flat in N); codec seconds on the critical path; TernGrad's scaler
+all-reduce before each bucket's encode) with a `Wire` per method, from numbers measured in this run:
   bytes    the real payloads of the codec (registry defaults of `compare_bits.METHODS`) on a layer of
            `n_wire` elements, encoded for every N (gradients g_w = m + e_w: a common Gaussian part and
            a worker's own, equal power), counted by the in-process exchange in each pattern the codec
            supports: ps, allgather, and for packed codes that sum exactly an all-reduce of int8/int16
-           code sums. fp32, fp16 and bf16 travel as an all-reduce of 4, 2, 2 bytes per element (NCCL
-           reduces them natively), fp32 also through the ps, 4 bytes each way. A float-mean codec
+           code sums and, with shared scalers, sharded_ps, whose up / down are the ps's whole message
+           and whole answer (the model charges (N-1)/N of each; its `sent` column is the real mode's
+           count, block headers included). fp32, fp16 and bf16 travel as an all-reduce of 4, 2, 2
+           bytes per element (NCCL reduces them natively), fp32 also as sharded_ps, 4 bytes each way
+           (the exchange's fp32 mean in every mode, exact: an Alltoallv and an Allgatherv of float32;
+           never rank 0's server); fp16 and bf16, codecs, also in ps and all-gather. A float-mean codec
            (PowerSGD) travels as an all-reduce of its float32 values. A multi-round codec's bytes are
            scaled per bucket by its bits per element on the bucket's parameter shapes (`shape_factor`)
            and it pays the latencies once per round.
@@ -34,7 +41,9 @@ bucket's encode) with a `Wire` per method, from numbers measured in this run:
                      time.csv's cost_source): no codec's ratio is applied to another;
              "host"  every codec its host time;  "none"  no codec cost.
            fp32/fp16/bf16: no codec cost (the cast is one GPU memory pass, not counted).
-Each method takes, at each setting, the fastest pattern it supports.
+Each method takes, at each setting, the fastest pattern it supports; time.csv's `pattern`, `algorithm`
+and `server` ("rank 0", "sharded over the workers", "M dedicated", "none") say which, and
+time_patterns.csv holds every pattern's step, so rank 0's ps and the sharded server show side by side.
 
 Hardware (`perfmodel_ddp.HARDWARE`): "p100-fp32" (4 per node, NVLink) and "h100-amp" (8 per node,
 NVLink 4, x12 compute): both by default; "host-cpu" (`HOST`, `hardware_row`): speed 1, one device per
@@ -48,10 +57,12 @@ Verdict (`perfmodel_verdict`): per setting the speedup over the best float with 
 the per-seed log-ratio; a codec wins only when the interval's lower end is above 1.
 
 Outputs (`--out DIR`, default results/compare-time):
-  time_wire.csv   one row per (method, N, pattern): measured bytes per element up / down / reduce
+  time_wire.csv   one row per (method, N, pattern): measured bytes per element up / down / reduce, and
+                  sent: the bytes per element one worker sends (in-process count)
   time_codec.csv  one row per method: host encode / decode seconds per element, what is used, source
   time.csv        one row per (rule, hardware, net, link, N, method): `COLUMNS`
   time_settings.csv  one row per (rule, hardware, net, link, N): best float, best codec, interval, win
+  time_patterns.csv  one row per (hardware, net, link, N, method, pattern): its step time and server
   speedup_sensitivity.csv  wins per (rule, hardware) at compute speed x0.25, x0.5, x1, x2, x4
   time.png        speedup_best against N, one panel per (net, link), the first hardware row, own-lr
 Each CSV's `codec_options`, after `method`: every option of the method's codec, defaults filled in.
@@ -114,9 +125,11 @@ SCALINGS = ("weak", "strong")
 K_WORKERS = 8                                  # compare bits' workers (the convnet's K)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0)            # compute-speed factors of speedup_sensitivity.csv
 COLUMNS = ["rule", "problem", "hardware", "net", "link_gbps", "workers", "method", "codec_options", "lr", "K",
-           "scaling", "batch", "pattern", "algorithm", "t_step", "compute", "exposed_comm", "codec_seconds",
+           "scaling", "batch", "pattern", "algorithm", "server", "t_step", "compute", "exposed_comm", "codec_seconds",
            "cost_source", "time_to_target", "speedup_fp32", "speedup_best", "speedup_best_lo", "speedup_best_hi",
            "best_float", "win", "codec_cost", "bucket_mb", "quick"]
+PATTERN_COLUMNS = ["hardware", "net", "link_gbps", "workers", "method", "pattern", "algorithm", "server", "t_step",
+                   "exposed_comm", "codec_seconds"]
 QUICK_MARK = "QUICK (a --quick smoke test, numbers not for reporting)"
 
 
@@ -179,10 +192,15 @@ def _encode(codec, layers: dict, ids):
 def patterns(codec) -> tuple[str, ...]:
     """The exchange patterns the codec's messages can travel in: a float-mean codec (properties.float_mean)
     only a ring all-reduce of its float32 values (what the exchange runs for it in every mode); packed
-    codes that sum exactly also ps, all-gather; other codecs ps and all-gather."""
-    if codec.properties.float_mean:
+    codes that sum exactly ps (rank 0), all-gather, the all-reduce of code sums and, with shared scalers
+    (tgsim/exchange/sharded.py needs one scaler per layer), sharded_ps; other codecs ps and all-gather."""
+    props = codec.properties
+    if props.float_mean:
         return ("allreduce",)
-    return ("ps", "allgather", "allreduce") if codec.properties.sums_exactly else ("ps", "allgather")
+    if not props.sums_exactly:
+        return ("ps", "allgather")
+    return ("ps", "sharded_ps", "allgather", "allreduce") if props.shared_stats is not None else \
+        ("ps", "allgather", "allreduce")
 
 
 @functools.lru_cache(maxsize=None)
@@ -227,7 +245,12 @@ def _bar(items, desc: str, quiet: bool):
 
 def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quiet: bool = True) -> pd.DataFrame:
     """Bytes per element one worker sends/receives per exchange, from real payloads, per (method, N,
-    pattern); perf-model fields: up (one message), down (the server's answer), reduce (ring buffer)."""
+    pattern); perf-model fields: up (one message), down (the server's answer), reduce (ring buffer);
+    sent: what one worker sends (the in-process exchange's count). sharded_ps: up / down = the ps's
+    whole message and answer (`perfmodel_ddp.sharded_ps` charges (N-1)/N of each), sent = the real
+    mode's count (`tgsim.exchange.sharded`: codes to N-1 owners and this owner's sums to N-1 ranks,
+    8-byte block headers included; per element at this layer's n: the headers, 2 (N-1) x 8 bytes per
+    exchange, are not per element and are left out of up / down)."""
     from tgsim.codecs import registry
     from tgsim.exchange import InProcessExchange
 
@@ -241,16 +264,22 @@ def measure_wire(methods, workers=WORKERS, n: int = 1 << 15, seed: int = 0, quie
             if method in floats():
                 rows.append(dict(method=method, workers=N, pattern="ring", up=0.0, down=0.0,
                                  reduce=float(floats()[method]), sent=2 * (N - 1) / N * floats()[method]))
-            if method == baseline():      # the float32 wire is counted as a ring by the exchange; its ps: 4 B each way
-                rows.append(dict(method=method, workers=N, pattern="ps", up=4.0, down=4.0, reduce=0.0, sent=4.0))
+            if method == baseline():      # fp32 in any mode: MPIExchange.mean_fp32, whose exact path is an
+                # Alltoallv + Allgatherv of float32 (the sharded server's collectives, 4 B each way), not rank 0's ps
+                rows.append(dict(method=method, workers=N, pattern="sharded_ps", up=4.0, down=4.0, reduce=0.0,
+                                 sent=(N - 1) / N * 8.0))
                 continue
             cfg, _ = _config(method)
             codec = registry.make_codec(cfg)
             msgs, shared = _encode(codec, {"g": g}, ids)
+            ps_bytes = None
             for pat in patterns(codec):
                 _, b = InProcessExchange(N).aggregate(codec, msgs, pat, shared)
                 if pat == "ps":
                     f = dict(up=b.sent / n, down=b.received / n, reduce=0.0)
+                    ps_bytes = f
+                elif pat == "sharded_ps":
+                    f = dict(ps_bytes)
                 elif pat == "allgather":
                     f = dict(up=b.sent / (N - 1) / n, down=0.0, reduce=0.0)
                 else:
@@ -374,11 +403,12 @@ def per_gpu_batch(net, N: int, scaling: str = "weak") -> int:
 def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, nets=NETS, links=LINKS,
                 workers=WORKERS, codec_cost: str = "gpu", quiet: bool = True, quick: bool = False,
                 hardware=HARDWARE_ROWS, bucket_mb: float = 25.0, dedicated_servers: int = 0,
-                scaling: str = "weak", compute_speed: float = 1.0) -> pd.DataFrame:
+                scaling: str = "weak", compute_speed: float = 1.0, pattern_rows: list | None = None) -> pd.DataFrame:
     """Every (rule, hardware, net, link, N, method): the fastest supported pattern's step time
-    (`perfmodel_ddp.ddp_step`), the time to target, and the speedup over the best float with its 95 %
-    interval and win (`perfmodel_verdict.best_float_speedups`); column quick: the steps or the run
-    came from --quick."""
+    (`perfmodel_ddp.ddp_step`), which pattern and server that is, the time to target, and the speedup
+    over the best float with its 95 % interval and win (`perfmodel_verdict.best_float_speedups`);
+    column quick: the steps or the run came from --quick. pattern_rows: a list that receives one dict
+    per (hardware, net, link, N, method, pattern) evaluated (`PATTERN_COLUMNS`), fastest or not."""
     from tgsim.analysis.compare_bits import method_sections
     from tgsim.analysis.perfmodel_ddp import DDPExchange, Link, ddp_step
     from tgsim.analysis.perfmodel_verdict import best_float_speedups
@@ -387,6 +417,7 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
     methods = list(dict.fromkeys(steps.method))
     exchanges = {"ring": DDPExchange("allreduce", bucket_mb=bucket_mb),
                  "ps": DDPExchange("ps", servers=dedicated_servers, bucket_mb=bucket_mb),
+                 "sharded_ps": DDPExchange("sharded_ps", bucket_mb=bucket_mb),
                  "allgather": DDPExchange("allgather", bucket_mb=bucket_mb)}
     wires = {(m, p): _wire(m, wire, p) for m in methods for p in sorted(set(wire[wire.method == m].pattern))}
     rows = []
@@ -409,14 +440,22 @@ def model_times(steps: pd.DataFrame, wire: pd.DataFrame, cost: pd.DataFrame, net
                                 continue
                             it = ddp_step(net, w, N, hw, link, exchanges[pat], costs[method], _shared_stats(method),
                                           batch=batch, compute_speed=compute_speed)
-                            options.append((((every - 1) * it["compute"] + it["iteration"]) / every, pat, it))
+                            t = ((every - 1) * it["compute"] + it["iteration"]) / every
+                            options.append((t, pat, it))
+                            if pattern_rows is not None:
+                                pattern_rows.append(dict(hardware=hw_name, net=net_name, link_gbps=gbps, workers=N,
+                                                         method=method, pattern=pat, algorithm=it["algorithms"],
+                                                         server=exchanges[pat].server, t_step=t,
+                                                         exposed_comm=it["exposed_comm"] / every,
+                                                         codec_seconds=it["codec_seconds"] / every))
                         best[method] = (*min(options, key=lambda o: o[0]), every)
                     for r in steps.itertuples():
                         t, pat, it, every = best[r.method]
                         rows.append(dict(rule=r.rule, problem=r.problem, hardware=hw_name, net=net_name,
                                          link_gbps=gbps, workers=N, method=r.method, lr=r.lr, K=r.K,
                                          scaling=scaling, batch=batch, pattern=pat, algorithm=it["algorithms"],
-                                         t_step=t, compute=it["compute"], exposed_comm=it["exposed_comm"] / every,
+                                         server=exchanges[pat].server, t_step=t, compute=it["compute"],
+                                         exposed_comm=it["exposed_comm"] / every,
                                          codec_seconds=it["codec_seconds"] / every,
                                          cost_source=costs[r.method].source, time_to_target=r.K * t,
                                          codec_cost=codec_cost, bucket_mb=bucket_mb))
@@ -501,7 +540,8 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     --quick form if bits_quick); bytes and codec seconds measured here; writes the CSVs and figure.
     A --quick bits_runs.csv raises QuickInputError unless allow_quick or bits_quick (this run is --quick);
     one without fp32, fp16 or bf16 steps raises MissingBaselineError. The output is marked quick when
-    the input or this run is. Returns {time_wire, time_codec, time, time_settings, speedup_sensitivity}."""
+    the input or this run is. Returns {time_wire, time_codec, time, time_settings, time_patterns,
+    speedup_sensitivity}."""
     from tgsim.analysis.common import write_tables
     from tgsim.analysis.perfmodel_verdict import settings_table
 
@@ -544,11 +584,14 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     cost["cost_source"] = [used[m].source for m in cost.method]
     kw = dict(nets=nets, links=links, workers=workers, codec_cost=codec_cost, hardware=hardware, bucket_mb=bucket_mb,
               dedicated_servers=dedicated_servers, scaling=scaling)
-    table = model_times(steps, wire, cost, quiet=quiet, quick=quick, **kw)
+    by_pattern = []
+    table = model_times(steps, wire, cost, quiet=quiet, quick=quick, pattern_rows=by_pattern, **kw)
     settings = settings_table(table, tuple(floats())).assign(quick=quick)
     sens = sensitivity(steps, wire, cost, speeds, **kw).assign(quick=quick)
     res = {"time_wire": with_codec_options(wire.assign(quick=quick)),
            "time_codec": with_codec_options(cost.assign(quick=quick)), "time": table, "time_settings": settings,
+           "time_patterns": with_codec_options(pd.DataFrame(by_pattern, columns=PATTERN_COLUMNS)
+                                               .assign(quick=quick)),
            "speedup_sensitivity": sens}
     seconds = time.perf_counter() - t0
     out = write_tables(out, res, lambda d: _figure(table, d / "time.png"))
@@ -557,17 +600,45 @@ def run(out=DEFAULT_OUT, *, bits: str | Path | None = "results/compare-bits", bi
     return res
 
 
-def _fmt_interval(r) -> str:
+def _fmt_interval(r, pattern: str = "") -> str:
+    """The best codec, its speedup and interval, the pattern it travels in (`pattern`), WIN."""
     if r.best_codec is None or not np.isfinite(r.speedup):
         return "no codec reached the target in every seed"
     ci = f"[{r.lo:.2f}, {r.hi:.2f}]" if np.isfinite(r.lo) else "[no interval: one seed]"
-    return f"{r.best_codec:<16s} {r.speedup:5.2f} {ci}{'  WIN' if r.win else ''}"
+    via = f" via {pattern:<10s}" if pattern else ""
+    return f"{r.best_codec:<16s} {r.speedup:5.2f} {ci}{via}{'  WIN' if r.win else ''}"
+
+
+def server_lines(patterns: pd.DataFrame, method: str | None = None) -> list[str]:
+    """For `method` (default: the registry's default codec, else the first with both servers), per
+    hardware, the step time (ms) of rank 0's ps and of the sharded server at each N, on the first net
+    and the slowest link (time_patterns rows): [] when no method has both."""
+    from tgsim.codecs import registry
+
+    both = patterns.groupby("method").pattern.agg(lambda p: {"ps", "sharded_ps"} <= set(p))
+    have = list(both[both].index)
+    if not have:
+        return []
+    method = method if method in have else (registry.DEFAULT if registry.DEFAULT in have else have[0])
+    d = patterns[(patterns.method == method) & patterns.pattern.isin(["ps", "sharded_ps"])]
+    net, gbps = d.net.iloc[0], d.link_gbps.min()
+    out = []
+    for hw, h in d[(d.net == net) & (d.link_gbps == gbps)].groupby("hardware", sort=False):
+        p = h.pivot_table(index="pattern", columns="workers", values="t_step")
+        ps = ", ".join(f"{1e3 * v:.4g}" for v in p.loc["ps"])
+        sh = ", ".join(f"{1e3 * v:.4g}" for v in p.loc["sharded_ps"])
+        ns = ", ".join(str(n) for n in p.columns)
+        server = h[h.pattern == "ps"].server.iloc[0]
+        out.append(f"  {hw}, {net}, {gbps:g} Gb/s, N = {ns}: ps ({server}) {ps} ms; sharded_ps {sh} ms")
+    return [f"{method}'s step by parameter server (time_patterns.csv; ps = the code's ps mode, one server; "
+            "sharded_ps = one shard per worker):"] + out
 
 
 def _print_summary(res: dict, seconds: float, out) -> None:
     """Codec seconds and their sources; per (rule, hardware) and setting, the best codec against the best
     float with its 95 % interval, and the count of settings won; the sensitivity to compute speed."""
     t, cost, st, sens = res["time"], res["time_codec"], res["time_settings"], res["speedup_sensitivity"]
+    via = t.set_index(["rule", "hardware", "net", "link_gbps", "workers", "method"]).pattern.to_dict()
     mark = "QUICK " if t.quick.any() else ""
     if mark:
         print(QUICK_MARK)
@@ -580,12 +651,17 @@ def _print_summary(res: dict, seconds: float, out) -> None:
         print(f"\n{mark}{rule}, {hw}: best codec against the best of fp32 / fp16 / bf16, speedup of the time to "
               "target [95 % t-interval of the per-seed log-ratio]; WIN: lower end > 1")
         for r in d.itertuples():
-            print(f"  {r.net:<10s} {r.link_gbps:>4g} Gb/s  N = {r.workers:<4d} vs {r.best_float:<5s} {_fmt_interval(r)}")
+            pat = via.get((rule, hw, r.net, r.link_gbps, r.workers, r.best_codec), "")
+            print(f"  {r.net:<10s} {r.link_gbps:>4g} Gb/s  N = {r.workers:<4d} vs {r.best_float:<5s} "
+                  f"{_fmt_interval(r, pat)}")
         print(f"{mark}{rule}, {hw}: a codec's 95 % interval is above 1 in {int(d.win.sum())} of {len(d)} "
               "(net, link, N) settings")
+    lines = server_lines(res["time_patterns"]) if "time_patterns" in res else []
+    if lines:
+        print("\n" + mark + "\n".join(lines))
     print(f"\n{mark}settings won against compute speed (x the hardware row's):")
     print(sens.pivot_table(index=["rule", "hardware"], columns="compute_speed", values="wins", sort=False)
           .astype(int).to_string())
     if out is not None:
-        print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time_settings.csv, speedup_sensitivity.csv, "
-              f"time.png ({seconds:.0f} s)")
+        print(f"\nwrote {out}/time_wire.csv, time_codec.csv, time.csv, time_settings.csv, time_patterns.csv, "
+              f"speedup_sensitivity.csv, time.png ({seconds:.0f} s)")

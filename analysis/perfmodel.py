@@ -8,8 +8,9 @@ Two uses, one set of byte formulas, in these modules (each imports only those li
     perfmodel_emulation   2. the emulated network of `tgsim bench exchange`: MPICH's bytes per
                           collective, `EmuParams`, the predicted components of one bench row
     perfmodel_fit         calibrate `EmuParams` on some bench rows, validate the prediction of the rest
-    perfmodel_ddp         the step as DDP over NCCL runs it (buckets, node-aware ring/tree, ps on the
-                          workers, codec seconds on the critical path): `tgsim compare time`'s model;
+    perfmodel_ddp         the step as DDP over NCCL runs it (buckets, node-aware ring/tree, the code's
+                          two parameter servers: rank 0's "ps" and the "sharded_ps" on the workers,
+                          codec seconds on the critical path): `tgsim compare time`'s model;
                           perfmodel_verdict its intervals and wins, perfmodel_ddp_validate its check
                           against `tgsim bench exchange` and DDP over Gloo (`tgsim bench torch`)
     perfmodel             all of the above by name; `validation_summary`, `describe_params`,
@@ -93,8 +94,13 @@ def _out_arguments(p, name: str, quick_help: str) -> None:
 def _fig5_arguments(f) -> None:
     """The arguments of `fig5` (python -m ... fig5, tgsim analyze perfmodel-fig5)."""
     _out_arguments(f, FIG5_NAME, f"small parameters: --nets {FIG5_QUICK_NETS}")
-    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"])
-    f.add_argument("--servers", type=int, default=1)
+    f.add_argument("--pattern", default="ps", choices=["ps", "ring", "allgather"],
+                   help="the Fig. 5 model's exchange (perfmodel_throughput.Exchange): ps = the paper's parameter "
+                        "server on DEDICATED servers (--servers), not the code's rank-0 ps nor its sharded_ps, "
+                        "which `tgsim compare time` models (perfmodel_ddp); default %(default)s")
+    f.add_argument("--servers", type=int, default=1,
+                   help="--pattern ps: dedicated server shards, each on a NIC of its own; 0: one per worker node "
+                        "(default %(default)s: the paper's single server)")
     f.add_argument("--downlink", default="sum", choices=["sum", "reternarize"])
     f.add_argument("--nets", default=None,
                    help=f"comma list (default {','.join(FIG5_NETS)}; --quick {FIG5_QUICK_NETS})")

@@ -32,13 +32,29 @@ intra-node one):
                     down a (double) binary tree of nodes, a chain inside each; the two phases are not
                     credited with pipelining. allreduce = the faster of ring and tree, per message
   all-gather        (G-1) S / (eta B) + (n-1) a + (G-n) a_i: grows with G (every message reaches all)
-  ps on the workers (default): one shard per node (per GPU when n = 1) on the workers' own NICs;
-                    each NIC carries its GPUs' pushes to the other shards and its shard's share of
-                    the others' pushes, then the same for the pulls:
-                    push = max(g S_up (M-1)/M, (G-g) S_up / M) / (eta B) + a, pull likewise with S_down
-  ps, M dedicated servers (`servers` > 0): their own NICs, charged:
+  Parameter servers, two distinct patterns, each the code's exchange mode of the same name (S_up: one
+  worker's whole message, S_down: the server's whole answer, the sums at w = ceil(log2(2G+1)) bits):
+  sharded_ps        tgsim/exchange/sharded.py: every rank owns 1/G of the elements; one Alltoallv takes
+                    each rank's codes of shard r to rank r, the owner sums them exactly, one Allgatherv
+                    returns every owner's sums to all. Per NIC, out and in at once (full duplex: the
+                    larger), the two collectives one after the other; a node's g GPUs share its NIC
+                    (their shards on other nodes' NICs; one shard per node gives the same NIC bytes):
+                    push = max(g S_up (n-1)/n, (G-g) S_up / n) / (eta B) + a, pull likewise with S_down
+                    (one GPU per node: (G-1)/G (S_up + S_down) through each link, each way; flat in G)
+  ps                the code's mode "ps": ONE server, rank 0, itself a worker. Its link takes the G-g
+                    uplinks of the other nodes in and sends as many downlinks out (the g-1 of its own
+                    node on the intra-node link, in parallel: the slower of the two links counts):
+                    in = (G-g) S_up / (eta B), out = (G-g) S_down / (eta B)     (n = 1: (G-1) S, intra)
+                    pipelined in K pieces of 2^18 elements (tgsim.exchange.pieces: piece k's sums leave
+                    while piece k+1 arrives) on the full-duplex link:
+                    ps = max(in, out) + min(in, out) / K + 2 a   (K = 1, a whole message: in + out + 2 a)
+                    the busiest link carries G-1 messages: the step grows linearly with G
+  ps, M dedicated servers (`servers` > 0; no mode of the code): their own NICs, charged:
                     push = max(g S_up, G S_up / M) / (eta B) + a, pull likewise
-A multi-round codec (Wire.rounds = R) pays the latency terms R times. Decoding: `Wire.decode_seconds`.
+A multi-round codec (Wire.rounds = R) pays the latency terms R times. Decoding (`_decode`, cost.decode
+per element and message): a ring decodes its summed buffer once, an all-gather G-1 messages; ps: the
+server decodes-and-adds all G messages of n elements (G n), then every rank the answer (n);
+sharded_ps: each owner G pieces of n/G, then the answer; M dedicated servers: G pieces of n/M.
 
 HARDWARE (`HARDWARE`): compute = the net's P100 fp32 time (`perfmodel_nets`) / speed; a row names
 its GPUs per node and its NVLink-class link; `speed` may be scaled (`compute_speed`) for the
@@ -50,10 +66,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tgsim.analysis.perfmodel_emulation import CHUNK
 from tgsim.analysis.perfmodel_nets import Net, get_net
 from tgsim.analysis.perfmodel_throughput import Wire
 
 MIB = 1 << 20
+PATTERNS = ("allreduce", "ring", "tree", "ps", "sharded_ps", "allgather")
 
 
 @dataclass(frozen=True)
@@ -108,19 +126,32 @@ class CodecCost:
 
 @dataclass(frozen=True)
 class DDPExchange:
-    """pattern: "allreduce" (ring or tree, the faster), "ring", "tree", "ps", "allgather"; servers: 0 =
-    the ps sharded on the worker nodes, M > 0 = M dedicated servers; bucket_mb: MiB of float32 gradient
-    per bucket (0: one per layer); overlap: buckets leave during the backward pass."""
+    """pattern: "allreduce" (ring or tree, the faster), "ring", "tree", "allgather", and the two parameter
+    servers (module docstring): "ps" = the code's ps mode, rank 0 the one server (servers = 0), or M > 0
+    dedicated servers (`servers` = M); "sharded_ps" = the code's sharded_ps mode, one shard per worker
+    (servers must be 0). bucket_mb: MiB of float32 gradient per bucket (0: one per layer); overlap:
+    buckets leave during the backward pass."""
     pattern: str = "allreduce"
     servers: int = 0
     bucket_mb: float = 25.0
     overlap: bool = True
 
     def __post_init__(self):
-        if self.pattern not in ("allreduce", "ring", "tree", "ps", "allgather"):
-            raise ValueError(f"unknown pattern {self.pattern!r}")
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"unknown pattern {self.pattern!r}; valid: {', '.join(PATTERNS)}")
         if self.servers < 0 or self.bucket_mb < 0:
             raise ValueError("servers and bucket_mb must be >= 0")
+        if self.servers and self.pattern != "ps":
+            raise ValueError(f"servers = {self.servers} applies to pattern 'ps' (dedicated servers), not "
+                             f"{self.pattern!r}")
+
+    @property
+    def server(self) -> str:
+        """Which parameter server the pattern assumes: "rank 0", "sharded over the workers",
+        "M dedicated", or "none" (all-reduce, all-gather)."""
+        if self.pattern == "ps":
+            return f"{self.servers} dedicated" if self.servers else "rank 0"
+        return "sharded over the workers" if self.pattern == "sharded_ps" else "none"
 
 
 @dataclass(frozen=True)
@@ -187,26 +218,62 @@ def allgather(S: float, G: int, g: int, net: Link, intra: Link, rounds: int = 1)
     return link.seconds((G - 1) * S) + rounds * ((n - 1) * net.latency + (G - n) * intra.latency)
 
 
-def parameter_server(up: float, down: float, G: int, g: int, net: Link, intra: Link, servers: int = 0,
-                     rounds: int = 1) -> float:
-    """Push then pull of one message (up, down bytes per worker): servers = 0, one shard per node on the
-    workers' NICs (per GPU, on the intra-node link, when G fits one node); M > 0 dedicated servers."""
+def sharded_ps(up: float, down: float, G: int, g: int, net: Link, intra: Link, rounds: int = 1) -> float:
+    """The code's sharded_ps (module docstring): an Alltoallv of the codes, then an Allgatherv of the
+    owners' sums (up, down: one worker's whole message and the whole answer, bytes), each NIC full
+    duplex; one shard per node on its NIC (per GPU on the intra-node link when G fits one node)."""
     if G <= 1:
         return 0.0
-    if servers:
-        M, link, gl = servers, net, min(G, g)
-        push = max(gl * up, G * up / M)
-        pull = max(gl * down, G * down / M)
-    else:
-        n = _nodes(G, g)
-        M, link, gl = (n, net, g) if n > 1 else (G, intra, 1)
-        push = max(gl * up * (M - 1) / M, (G - gl) * up / M)
-        pull = max(gl * down * (M - 1) / M, (G - gl) * down / M)
+    n = _nodes(G, g)
+    M, link, gl = (n, net, g) if n > 1 else (G, intra, 1)
+    push = max(gl * up * (M - 1) / M, (G - gl) * up / M)
+    pull = max(gl * down * (M - 1) / M, (G - gl) * down / M)
     return link.seconds(push) + link.seconds(pull) + rounds * 2 * link.latency
 
 
-def collective(ex: DDPExchange, b: dict, G: int, g: int, net: Link, intra: Link, rounds: int = 1) -> tuple[float, str]:
-    """(seconds, the algorithm used) of one bucket's exchange; b = the Wire's bytes of the bucket."""
+def rank0_ps(up: float, down: float, G: int, g: int, net: Link, intra: Link, rounds: int = 1,
+             pieces: int = 1) -> float:
+    """The code's ps (module docstring): rank 0 takes the G-1 others' uplinks (up bytes each) in and
+    sends G-1 downlinks (down bytes) out on its full-duplex link(s), pipelined in `pieces` pieces:
+    max(in, out) + min(in, out) / pieces + 2 latencies (pieces = 1: in + out)."""
+    if G <= 1:
+        return 0.0
+    n = _nodes(G, g)
+    if n > 1:       # the other nodes' G - g through rank 0's NIC, its node's g - 1 over the intra link
+        t_in = max(net.seconds((G - g) * up), intra.seconds((g - 1) * up))
+        t_out = max(net.seconds((G - g) * down), intra.seconds((g - 1) * down))
+        lat = net.latency
+    else:
+        t_in, t_out, lat = intra.seconds((G - 1) * up), intra.seconds((G - 1) * down), intra.latency
+    k = max(1, int(pieces))
+    return max(t_in, t_out) + min(t_in, t_out) / k + rounds * 2 * lat
+
+
+def parameter_server(up: float, down: float, G: int, g: int, net: Link, intra: Link, servers: int = 0,
+                     rounds: int = 1, pieces: int = 1) -> float:
+    """Pattern "ps" of one message (up, down bytes per worker): servers = 0, rank 0's single server
+    (`rank0_ps`, the code's ps mode); M > 0 dedicated servers on NICs of their own. (The server sharded
+    over the workers is `sharded_ps`.)"""
+    if G <= 1:
+        return 0.0
+    if not servers:
+        return rank0_ps(up, down, G, g, net, intra, rounds, pieces)
+    M, gl = servers, min(G, g)
+    push = max(gl * up, G * up / M)
+    pull = max(gl * down, G * down / M)
+    return net.seconds(push) + net.seconds(pull) + rounds * 2 * net.latency
+
+
+def pieces_of(elements: int) -> int:
+    """Pieces of the code's pipelined ps for a message of `elements` (tgsim.exchange.mpi.CHUNK each)."""
+    return max(1, -(-int(elements) // CHUNK))
+
+
+def collective(ex: DDPExchange, b: dict, G: int, g: int, net: Link, intra: Link, rounds: int = 1,
+               pieces: int = 1) -> tuple[float, str]:
+    """(seconds, the algorithm used) of one bucket's exchange; b = the Wire's bytes of the bucket;
+    pieces: of the pipelined rank-0 ps (`pieces_of` the bucket's elements). Algorithms: "ring", "tree",
+    "allgather", "ps(rank 0)", "ps(M dedicated servers)", "sharded_ps"."""
     if ex.pattern in ("allreduce", "ring", "tree"):
         opts = {"ring": ring_allreduce(b["reduce"], G, g, net, intra, rounds),
                 "tree": tree_allreduce(b["reduce"], G, g, net, intra, rounds)}
@@ -214,8 +281,10 @@ def collective(ex: DDPExchange, b: dict, G: int, g: int, net: Link, intra: Link,
         return opts[algo], algo
     if ex.pattern == "allgather":
         return allgather(b["up"], G, g, net, intra, rounds), "allgather"
-    return parameter_server(b["up"], b["down"], G, g, net, intra, ex.servers, rounds), \
-        "ps" if not ex.servers else f"ps({ex.servers} servers)"
+    if ex.pattern == "sharded_ps":
+        return sharded_ps(b["up"], b["down"], G, g, net, intra, rounds), "sharded_ps"
+    return parameter_server(b["up"], b["down"], G, g, net, intra, ex.servers, rounds, pieces), \
+        f"ps({ex.servers} dedicated servers)" if ex.servers else "ps(rank 0)"
 
 
 def scaler_allreduce(layers: int, G: int, g: int, net: Link, intra: Link) -> float:
@@ -228,8 +297,8 @@ def _decode(wire: Wire, cost: CodecCost, n: int, G: int, ex: DDPExchange, nodes:
     """Decode seconds of one bucket: the messages `Wire.decode_seconds` counts, each costed by `cost`."""
     if not (cost.decode or cost.decode_floor):
         return 0.0
-    if ex.pattern == "ps":
-        M = ex.servers or (nodes if nodes > 1 else G)
+    if ex.pattern in ("ps", "sharded_ps"):       # the server(s) add G messages' shares, every rank the answer
+        M = G if ex.pattern == "sharded_ps" else (ex.servers or 1)
         return G * cost.decode_seconds(-(-n // M)) + cost.decode_seconds(n)
     return cost.decode_seconds(n) * ((G - 1) if ex.pattern == "allgather" else 1)
 
@@ -265,8 +334,9 @@ def ddp_step(net: Net | str, wire: Wire, gpus: int, hw: Hardware, network: Link,
             break
         ready = fwd + bwd * bk.ready + enc_total
         nbytes = wire.layer_bytes(bk.elements, G, bk.shapes)
-        t_x, algo = collective(ex, nbytes, G, g, network, hw.intra, wire.rounds)
-        t_x0, _ = collective(ex, nbytes, G, g, *zero_lat, wire.rounds)
+        k = pieces_of(bk.elements)
+        t_x, algo = collective(ex, nbytes, G, g, network, hw.intra, wire.rounds, k)
+        t_x0, _ = collective(ex, nbytes, G, g, *zero_lat, wire.rounds, k)
         t_s = scaler_allreduce(bk.layers, G, g, network, hw.intra) if shared_stats else 0.0
         t_s0 = scaler_allreduce(bk.layers, G, g, *zero_lat) if shared_stats else 0.0
         enc = cost.encode_seconds(bk.elements)
@@ -297,6 +367,6 @@ def ddp_step(net: Net | str, wire: Wire, gpus: int, hw: Hardware, network: Link,
             "algorithms": ",".join(sorted(algos))}
 
 
-__all__ = ["CodecCost", "DDPExchange", "HARDWARE", "Hardware", "Link", "Bucket", "allgather", "buckets",
-           "collective", "compute_seconds", "ddp_step", "parameter_server", "ring_allreduce", "scaler_allreduce",
-           "tree_allreduce"]
+__all__ = ["CodecCost", "DDPExchange", "HARDWARE", "Hardware", "Link", "Bucket", "PATTERNS", "allgather", "buckets",
+           "collective", "compute_seconds", "ddp_step", "parameter_server", "pieces_of", "rank0_ps",
+           "ring_allreduce", "scaler_allreduce", "sharded_ps", "tree_allreduce"]

@@ -8,14 +8,30 @@ over Gloo (`tgsim bench torch`).
 
 Predicted, per bench row of `MODES` (P gradient elements in one message: the MPI exchange's 64 MiB
 buckets hold the bench's whole gradient; N ranks; a link of the row's rate, `latency` per hop,
-efficiency 0.9 as compare time's links, and the emulated link's token bucket, `tbf_saving`):
+efficiency 0.9 as compare time's links, and the emulated link's token bucket, `tbf_saving`; a bench
+mode is the exchange's mode with a "tg_" prefix: tg_ps = the exchange's "ps", rank 0's server, is
+compared with the pattern "ps", never with the sharded server):
   fp32_native    the all-reduce of 4P bytes: the faster of ring and tree (`perfmodel_ddp.collective`)
   tg_allreduce   the scaler all-reduce (one float per bench layer) + the all-reduce of the int8 code
                  sums, P bytes (2P beyond 127 ranks), + the message header (`message_header_bytes`)
+  tg_ps          the code's ps (`perfmodel_ddp` pattern "ps", `rank0_ps`): the scaler all-reduce + rank
+                 0's ONE server, whose link takes N-1 slots in (`mode_payloads`' "gather": the length
+                 word, the message header and the 2-bit codes) and sends N-1 downlinks out (its "bcast":
+                 the status words and the sums at ceil(log2(2N+1)) bits), pipelined in
+                 `perfmodel_emulation.pieces(P)` pieces on the full-duplex link
+  tg_ps_whole    the same server not pipelined (one piece: in, then out)
+  tg_sharded_ps  the code's sharded_ps (pattern "sharded_ps", `perfmodel_ddp.sharded_ps`): the scaler
+                 all-reduce + an Alltoallv of the 2-bit codes, then an Allgatherv of the sums, every
+                 link carrying (N-1)/N of each buffer (`perfmodel_emulation.sharded_blocks`, headers
+                 included); a row whose mode is "sharded_ps" (the exchange's own name) is read as it
+  other modes    left out (tg_allgather, tg_ps_collective's MPICH trees, fp32_exact: not modeled here)
 Token bucket: netem.sh shapes with tc's tbf, whose bucket (`perfmodel_emulation.tbf_burst`: max(256
 KiB, rate / 8000 bytes)) lets its bytes through at once when it is full, so a collective starting on a
 rested link takes min(tokens, its bytes on the link) x 8 / (efficiency x rate) less; the bucket
-refills at the rate while the link is idle (between the bench's steps: full again).
+refills at the rate while the link is idle (between the bench's steps: full again). Once per step:
+on the first collective (tg_sharded_ps: the Alltoallv; the Allgatherv follows at once), on the
+larger direction of the pipelined server's link (in and out have buckets of their own and run
+together), on both directions of the whole-message server (in, then out).
 against the bench's t_wire (the time inside MPI collectives, the minimum over ranks); ratio =
 predicted / measured, within = |ratio - 1| <= 0.20. The model has no term for the host's CPU work
 (the bench's encode and decode: the GPU's in the modeled cluster), so t_exchange and t_step are
@@ -64,10 +80,13 @@ import math
 
 import pandas as pd
 
-from tgsim.analysis.perfmodel_ddp import MIB, DDPExchange, Link, collective, ring_allreduce, scaler_allreduce
-from tgsim.analysis.perfmodel_emulation import bench_layer_sizes, message_header_bytes, tbf_burst
+from tgsim.analysis.perfmodel_ddp import (MIB, DDPExchange, Link, collective, rank0_ps, ring_allreduce,
+                                          scaler_allreduce, sharded_ps)
+from tgsim.analysis.perfmodel_emulation import (bench_layer_sizes, message_header_bytes, mode_payloads, pieces,
+                                                tbf_burst)
 
-MODES = ("fp32_native", "tg_allreduce")
+MODES = ("fp32_native", "tg_allreduce", "tg_ps", "tg_ps_whole", "tg_sharded_ps")
+ALIASES = {"sharded_ps": "tg_sharded_ps"}     # the exchange's own mode name -> the bench's
 TOLERANCE = 0.20
 DDP_MODES = {"ddp_allreduce": 4, "ddp_fp16": 2}    # variant -> bytes per gradient element on the wire
 DDP_REFERENCE = "local"
@@ -98,16 +117,29 @@ def tbf_saving(link_bytes: float, tokens: float, link: Link) -> float:
 
 def predict_wire(mode: str, params: int, ranks: int, link: Link, tbf: bool = True) -> float:
     """Seconds of the collectives of one bench step (module docstring), ranks = nodes of one GPU; tbf:
-    the step's all-reduce starts with a full token bucket (`tbf_saving` on its 2 (N-1)/N S bytes per
-    link)."""
+    the step's first collective starts with a full token bucket (`tbf_saving` on its bytes per link).
+    `mode`: a bench mode of MODES, or an exchange mode of ALIASES."""
+    mode = ALIASES.get(mode, mode)
     ex = DDPExchange("allreduce")
     burst = tbf_burst(link.bandwidth) if tbf else 0.0
+    layers = len(bench_layer_sizes(params))
+    if mode in ("tg_ps", "tg_ps_whole"):        # rank 0's server: N-1 slots in, N-1 downlinks out
+        pay = mode_payloads(mode, bench_layer_sizes(params), ranks)
+        k = pieces(params) if mode == "tg_ps" else 1
+        up, down = pay["gather"], pay["bcast"]
+        t = rank0_ps(up, down, ranks, 1, link, link, pieces=k)
+        moved = [(ranks - 1) * max(up, down)] if k > 1 else [(ranks - 1) * up, (ranks - 1) * down]
+        return scaler_allreduce(layers, ranks, 1, link, link) + t - sum(tbf_saving(b, burst, link) for b in moved)
+    if mode == "tg_sharded_ps":                 # Alltoallv of the codes, then Allgatherv of the sums
+        pay = mode_payloads(mode, bench_layer_sizes(params), ranks)
+        t = sharded_ps(pay["alltoallv"], pay["allgatherv"], ranks, 1, link, link)
+        return scaler_allreduce(layers, ranks, 1, link, link) + t - \
+            tbf_saving((ranks - 1) / ranks * pay["alltoallv"], burst, link)
     if mode == "fp32_native":
         S = 4.0 * params
         t = collective(ex, {"reduce": S}, ranks, 1, link, link)[0]
         return t - tbf_saving(2 * (ranks - 1) / ranks * S, burst, link)
     if mode == "tg_allreduce":
-        layers = len(bench_layer_sizes(params))
         width = 1 if ranks <= 127 else 2
         S = width * params + message_header_bytes(layers)
         t, _ = collective(ex, {"reduce": S}, ranks, 1, link, link)
@@ -116,9 +148,11 @@ def predict_wire(mode: str, params: int, ranks: int, link: Link, tbf: bool = Tru
 
 
 def validate(rows: pd.DataFrame, latency: float = 50e-6, efficiency: float = 0.9, tbf: bool = True) -> pd.DataFrame:
-    """One row per shaped switch-topology bench row of `MODES`: pred_wire, t_wire, host (t_wire of the
-    same mode, N and P unshaped; nan without such a row), ratio, scope (`scope_of`), within (|ratio - 1|
-    <= TOLERANCE and scope "link"), and the measured t_exchange and t_step beside them."""
+    """One row per shaped switch-topology bench row of `MODES` (a mode of ALIASES read as its bench
+    name): pred_wire, t_wire, host (t_wire of the same mode, N and P unshaped; nan without such a row),
+    ratio, scope (`scope_of`), within (|ratio - 1| <= TOLERANCE and scope "link"), and the measured
+    t_exchange and t_step beside them."""
+    rows = rows.assign(mode=rows["mode"].replace(ALIASES))
     d = rows[(rows.topology == "switch") & rows["mode"].isin(MODES)].copy()
     unshaped = d.rate.astype(str).str.lower() == UNSHAPED
     host = d[unshaped].groupby(["mode", "ranks", "params"]).t_wire.median()

@@ -14,7 +14,8 @@ tasks, the bench's `ext_load`, on `cores` cores):
     wire      = sum over the step's collectives of the bytes MPICH really moves
                 (`mpich_collective_bytes`: Rabenseifner all-reduce, binomial Gather, binomial or
                 scatter+allgather Bcast by MPICH's thresholds, ring Allgather, pairwise
-                Alltoallv; checked against the interface counters: `wire_bytes_error`), less the
+                Alltoallv, ring Allgatherv; checked against the interface counters (the modes
+                before tg_sharded_ps): `wire_bytes_error`), less the
                 tbf bucket (netem.sh's burst), / (eta x rate) -- the TOTAL over all links on the
                 shared medium, the busiest link on the switch -- but at least total / cap(N)
                 (the CPU-bound TCP stack, all ranks together) and, where one process moves a
@@ -44,6 +45,13 @@ tasks, the bench's `ext_load`, on `cores` cores):
                 out, and the server's sum (in t_decode) lies between them; the bench's t_wire
                 (minimum over ranks) is the first worker's (slots, sum, its downlink) or the
                 server's, whichever is shorter.
+    tg_sharded_ps (the code's sharded_ps, tgsim/exchange/sharded.py; not pipelined): an Alltoallv of
+                every rank's blocks [u64 count | shard r's 2-bit codes] (each rank sends (N-1)/N of
+                its codes), the owners' sums, an Allgatherv of the blocks [u64 status | sums at
+                ceil(log2(2N+1)) bits] (each rank sends its block to N-1 ranks): the additive form,
+                every link busy in both directions; its CPU (c_sharded_ps: unpack, cut and pack the
+                codes, sum one shard of N blocks, unpack and decode every sum) held flat in N (not
+                measured in process: cpu_shape 1; the fit gives its cost per element).
 
 `EmuParams` holds the free parameters; `perfmodel_fit` fits them to measured bench rows.
 """
@@ -59,7 +67,7 @@ from tgsim.analysis.perfmodel_throughput import packed_size, uint_width
 # -- bytes of one bench step: the codec's messages and MPICH's collectives --------------------------
 
 MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
-         "tg_allgather_whole")
+         "tg_allgather_whole", "tg_sharded_ps")
 PIPELINED = ("tg_ps", "tg_allgather")   # in pieces: wire, sums and decode overlap (tgsim.exchange.pieces)
 CHUNK = 1 << 18         # elements per piece (tgsim.exchange.mpi.CHUNK)
 _ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_368, 256), (37_748_736, 4096),
@@ -82,13 +90,32 @@ def message_header_bytes(n_layers: int, ndim: int = 1) -> int:
     return 24 + n_layers * (2 + 8 * ndim) + 4
 
 
+SHARD_HEADER = 8       # bytes: the u64 count of a sharded uplink block, the u64 status of a downlink block
+
+
+def sharded_blocks(total: int, n: int, packing: str = "2bit") -> tuple[list[int], list[int]]:
+    """Bytes of the sharded_ps blocks of `total` ternary elements over n ranks (tgsim/exchange/sharded.py:
+    shard r = elements [r T // n, (r+1) T // n) of the layers concatenated): (up, down), up[r] = one
+    sender's block of shard r (SHARD_HEADER + its packed codes), down[r] = owner r's block
+    (SHARD_HEADER + ceil(c_r w / 8), w = ceil(log2(2n+1)))."""
+    w = uint_width(n)
+    counts = [(r + 1) * total // n - r * total // n for r in range(n)]
+    return ([SHARD_HEADER + packed_size(c, packing) for c in counts],
+            [SHARD_HEADER + -(-c * w // 8) for c in counts])
+
+
 def mode_payloads(mode: str, sizes: Sequence[int], n: int, packing: str = "2bit") -> dict:
-    """Payload buffer sizes (bytes) of one step of a bench mode: what MPIExchange hands to MPI."""
+    """Payload buffer sizes (bytes) of one step of a bench mode: what MPIExchange hands to MPI.
+    tg_sharded_ps: "alltoallv" = one sender's whole Alltoallv buffer (its block for every shard, its
+    own included), "allgatherv" = the whole gathered buffer (every owner's block)."""
     P = sum(sizes)
     if mode in ("fp32_exact", "fp32_native"):
         return {"reduce": 4 * P}
     if mode == "tg_allreduce":
         return {"reduce": P * (1 if n <= 127 else 2), "scalers": 4 * len(sizes)}
+    if mode == "tg_sharded_ps":
+        up, down = sharded_blocks(P, n, packing)
+        return {"alltoallv": sum(up), "allgatherv": sum(down), "scalers": 4 * len(sizes)}
     slot = 8 + message_header_bytes(len(sizes)) + sum(4 + packed_size(s, packing) for s in sizes)
     if mode in ("tg_allgather", "tg_allgather_whole"):
         return {"gather": slot, "scalers": 4 * len(sizes)}
@@ -120,6 +147,10 @@ def mpich_collective_bytes(coll: str, nbytes: float, n: int) -> tuple[float, flo
                 scatter + allgather: S (log2(n)/2 + (n-1)) in total, 2 (n-1)/n S on the busiest link
     p2p         the parameter server's n-1 Send (or Recv) one after another on the root: n-1 blocks,
                 all through the root's link
+    alltoallv   pairwise (nbytes = one rank's whole buffer, a block per rank): every rank sends
+                (n-1)/n of it and receives as much, in n-1 rounds
+    allgatherv  ring (nbytes = the whole gathered buffer, a block per rank): every rank receives the
+                n-1 other blocks, (n-1)/n of it, in n-1 rounds
     """
     if n <= 1:
         return 0.0, 0.0, 0
@@ -131,6 +162,8 @@ def mpich_collective_bytes(coll: str, nbytes: float, n: int) -> tuple[float, flo
         return n / 2 * math.log2(n) * nbytes if n & (n - 1) == 0 else (n - 1) * nbytes * 1.5, (n - 1) * nbytes, _log2(n)
     if coll == "p2p":
         return (n - 1) * nbytes, (n - 1) * nbytes, n - 1
+    if coll in ("alltoallv", "allgatherv"):
+        return (n - 1) * nbytes, (n - 1) / n * nbytes, n - 1
     if coll == "bcast":
         if n < 8 or nbytes < 12288:
             return (n - 1) * nbytes, _log2(n) * nbytes, _log2(n)
@@ -148,6 +181,8 @@ def mode_collectives(mode: str, sizes: Sequence[int], n: int) -> list[tuple[str,
     out = [("allreduce", pay["scalers"])]
     if mode == "tg_allreduce":
         return out + [("allreduce", pay["reduce"])]
+    if mode == "tg_sharded_ps":            # the code's sharded_ps: Alltoallv of the codes, Allgatherv of the sums
+        return out + [("alltoallv", pay["alltoallv"]), ("allgatherv", pay["allgatherv"])]
     if mode in ("tg_allgather", "tg_allgather_whole"):   # pipelined: p2p pieces, a ring's bytes
         return out + [("allgather", pay["gather"])]
     if mode in ("tg_ps", "tg_ps_whole"):   # MPIExchange's default: point-to-point (ps_transport="p2p")
@@ -198,6 +233,7 @@ class EmuParams:
     c_ag_decode: float = 2e-9         # slots + parse + weighted sum, per element, x shape(N)
     c_ps_pipe: float = 9e-9           # pipelined server: c_ps's work + encoding the codes piece by piece
     c_ag_pipe: float = 5e-9           # pipelined all-gather: c_ag_decode's work + encoding the codes
+    c_sharded_ps: float = 8e-9        # sharded ps: unpack, cut and pack the codes, sum a shard, decode (a guess)
     cores: float = 2.0                # CPU cores the ranks share
     cpu: dict = field(default_factory=dict)   # {(c_* attribute, P): seconds per element} fitted per size
     gammas: dict = field(default_factory=dict)  # {c_* attribute: contention exponent}, else gamma
@@ -287,7 +323,7 @@ def cpu_shape(mode: str, n: int, part: str = "all") -> float:
 
 CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
              "tg_ps": "c_ps_pipe", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_pipe",
-             "tg_allgather_whole": "c_ag_decode"}
+             "tg_allgather_whole": "c_ag_decode", "tg_sharded_ps": "c_sharded_ps"}
 
 
 def encode_attr(mode: str) -> str:

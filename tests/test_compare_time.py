@@ -21,7 +21,7 @@ from tgsim.cli import main
 def timed(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare-time")
     assert main(["compare", "time", "--quick", "--out", str(out)]) == 0
-    return out, {n: pd.read_csv(out / f"{n}.csv") for n in ("time_wire", "time_codec", "time")}
+    return out, {n: pd.read_csv(out / f"{n}.csv") for n in ("time_wire", "time_codec", "time", "time_patterns")}
 
 
 def test_quick_writes_csvs_and_figure(timed):
@@ -44,16 +44,53 @@ def test_quick_writes_csvs_and_figure(timed):
 
 def test_measured_wire_matches_the_codecs_formulas(timed):
     """TernGrad's ps uplink is 2 bits an element plus a small header; its downlink is the server's sum
-    at ceil(log2(2N+1)) bits an element; fp32/fp16 rings carry 4/2 bytes; topk+ef sends 1 % of the
-    elements as (index, value) pairs."""
+    at ceil(log2(2N+1)) bits an element; its sharded_ps the same message and answer, of which a worker
+    sends (N-1)/N of each (the real mode's count, 2 (N-1) 8-byte block headers aside); fp32/fp16
+    rings carry 4/2 bytes; topk+ef sends 1 % of the elements as (index, value) pairs."""
     _, t = timed
     w = t["time_wire"].set_index(["method", "workers", "pattern"])
+    n = int(t["time_wire"].elements.iloc[0])
     for N in (8, 64, 512):
         up, down = w.loc[("terngrad", N, "ps"), ["up", "down"]]
         assert 0.25 <= up < 0.25 * 1.05
         assert uint_width(N) / 8 <= down < uint_width(N) / 8 * 1.05
+        assert tuple(w.loc[("terngrad", N, "sharded_ps"), ["up", "down"]]) == (up, down)
+        sent = w.loc[("terngrad", N, "sharded_ps"), "sent"]
+        heads = 2 * (N - 1) * 8 / n
+        assert (N - 1) / N * (0.25 + uint_width(N) / 8) <= sent <= (N - 1) / N * (up + down) + heads, (N, sent)
+        assert ("topk+ef", N, "sharded_ps") not in w.index
         assert w.loc[("fp32", N, "ring"), "reduce"] == 4 and w.loc[("fp16", N, "ring"), "reduce"] == 2
         assert 0.01 * 4 <= w.loc[("topk+ef", N, "allgather"), "up"] <= 0.01 * 8 * 1.1
+
+
+def test_rows_say_which_server_and_both_servers_are_listed(timed):
+    """time.csv says which pattern and server each row assumes; time_patterns.csv lists TernGrad in
+    both parameter servers at every setting: "ps" = rank 0's one server (the code's ps mode), whose
+    step grows with N, "sharded_ps" = one shard per worker, faster at N = 512 on 1 Gb/s and flatter
+    from N = 8 to 512. A codec whose codes do not sum exactly has no sharded_ps."""
+    from tgsim.codecs import registry
+
+    _, t = timed
+    df, pt = t["time"], t["time_patterns"]
+    assert list(pt.columns[:6]) == ["hardware", "net", "link_gbps", "workers", "method", "codec_options"]
+    servers = {"ring": {"none"}, "allgather": {"none"}, "ps": {"rank 0"}, "sharded_ps": {"sharded over the workers"}}
+    for pat, group in df.groupby("pattern"):
+        assert set(group.server) == servers[pat], pat
+    tg = pt[pt.method == "terngrad"]
+    assert set(tg.pattern) == {"ps", "sharded_ps", "allgather", "ring"}
+    assert set(tg[tg.pattern == "ps"].algorithm) == {"ps(rank 0)"}
+    assert set(tg[tg.pattern == "sharded_ps"].algorithm) == {"sharded_ps"}
+    assert len(tg.groupby(["hardware", "net", "link_gbps", "workers"])) == len(df.groupby(["hardware", "net",
+                                                                                          "link_gbps", "workers"]))
+    one = tg[(tg.link_gbps == 1) & (tg.net == "alexnet") & (tg.hardware == "p100-fp32")]
+    step = one.pivot_table(index="pattern", columns="workers", values="t_step")
+    assert step.loc["ps", 512] > 2 * step.loc["sharded_ps", 512]
+    assert step.loc["ps", 512] / step.loc["ps", 8] > 2 * step.loc["sharded_ps", 512] / step.loc["sharded_ps", 8]
+    assert "sharded_ps" not in set(pt[pt.method == "topk+ef"].pattern)
+    assert "sharded_ps" in ct.patterns(registry.make("terngrad"))
+    assert "sharded_ps" not in ct.patterns(registry.make("terngrad", sharing="none"))
+    lines = ct.server_lines(pt)
+    assert lines and lines[0].startswith("terngrad") and "ps (rank 0)" in lines[1] and "sharded_ps" in lines[1]
 
 
 def test_codec_cost_is_measured_and_counted(timed):

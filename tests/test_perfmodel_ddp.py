@@ -1,9 +1,11 @@
 """The DDP/NCCL step model (analysis/perfmodel_ddp.py): buckets and their latency count, node-aware
-collectives, the parameter server's NIC traffic against a flow-by-flow count, the scaler all-reduce
-as a latency and a dependency, codec seconds on the critical path. Synthetic nets, no measurement."""
+collectives, the two parameter servers (rank 0's "ps" and the "sharded_ps" on the workers) against
+flow-by-flow counts, the real sharded mode's bytes and their N-scaling, the scaler all-reduce as a
+latency and a dependency, codec seconds on the critical path. Synthetic nets, no measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -49,9 +51,9 @@ def test_buckets_pay_one_latency_each():
 
 def test_gpus_inside_one_node_pay_no_network_latency():
     """N = 4 on nodes of 4 GPUs: a network of 1 s latency costs nothing (NVLink hops only); N = 8 (two
-    nodes) pays it (positive control), in ring, tree, all-gather and the ps."""
+    nodes) pays it (positive control), in ring, tree, all-gather and both parameter servers."""
     hw, slow = HARDWARE["p100-fp32"], Link("slow", 10e9, 1.0)
-    for pat in ("ring", "tree", "allgather", "ps"):
+    for pat in ("ring", "tree", "allgather", "ps", "sharded_ps"):
         for G, pays in ((4, False), (8, True)):
             w = Wire("x", {G: {"up": 1.0, "down": 1.0, "reduce": 1.0}})
             r = ddp_step(_net(4, 10), w, G, hw, slow, DDPExchange(pat, bucket_mb=25, overlap=False))
@@ -92,17 +94,113 @@ def _nic_bytes_by_flows(up: float, down: float, G: int, g: int) -> float:
     return total
 
 
+def _rank0_nic_bytes_by_flows(up: float, down: float, G: int, g: int) -> tuple[float, float]:
+    """Oracle: rank 0 the one server, every flow enumerated: worker w != 0 pushes its whole message to
+    rank 0 and pulls the whole answer; a flow between nodes is charged on both NICs. Returns rank 0's
+    NIC's (in, out) bytes, after checking that no NIC carries more in either direction."""
+    inn, out = [0.0] * -(-G // g), [0.0] * -(-G // g)
+    for w in range(1, G):
+        if w // g != 0:
+            out[w // g] += up
+            inn[0] += up
+            out[0] += down
+            inn[w // g] += down
+    assert max(inn + out) == max(inn[0], out[0])
+    return inn[0], out[0]
+
+
 @pytest.mark.parametrize("G", [8, 64])
-def test_ps_on_the_workers_charges_the_workers_nics(G):
-    """The sharded ps on the worker nodes costs the busiest NIC's bytes (flow-by-flow oracle) plus one
-    latency per phase; dedicated servers (M = nodes) put every worker's whole message on its NIC
-    instead (g x S), which the oracle does not match (negative control)."""
+def test_sharded_ps_charges_the_workers_nics(G):
+    """The sharded ps on the worker nodes (pattern "sharded_ps") costs the busiest NIC's bytes
+    (flow-by-flow oracle) plus one latency per phase; pattern "ps" is rank 0's one server, which the
+    oracle does not match (negative control), nor do dedicated servers (M = nodes: every worker's
+    whole message on its NIC, g x S)."""
     hw, link = HARDWARE["p100-fp32"], Link("1 Gb/s", 1e9, 0.0)
     up, down = 0.25e6, 0.75e6
-    t = ddp.parameter_server(up, down, G, 4, link, hw.intra)
+    t = ddp.sharded_ps(up, down, G, 4, link, hw.intra)
     assert math.isclose(t, link.seconds(_nic_bytes_by_flows(up, down, G, 4)), rel_tol=1e-12)
+    assert math.isclose(ddp.collective(DDPExchange("sharded_ps"), {"up": up, "down": down}, G, 4, link,
+                                       hw.intra)[0], t, rel_tol=1e-12)
+    rank0 = ddp.parameter_server(up, down, G, 4, link, hw.intra)
     dedicated = ddp.parameter_server(up, down, G, 4, link, hw.intra, servers=G // 4)
-    assert not math.isclose(dedicated, t, rel_tol=1e-3) and dedicated > t
+    assert rank0 > 1.5 * t and dedicated > t and not math.isclose(dedicated, t, rel_tol=1e-3)
+    with pytest.raises(ValueError, match="servers"):
+        DDPExchange("sharded_ps", servers=2)
+
+
+@pytest.mark.parametrize("G", [8, 64])
+def test_ps_is_rank_0s_one_server(G):
+    """Pattern "ps" (servers = 0) is the code's ps mode: rank 0's NIC takes the other nodes' G - g
+    messages in and sends as many answers out (flow-by-flow oracle), full duplex: whole messages (one
+    piece) cost in + out, K pipelined pieces max(in, out) + min(in, out) / K; one latency each way.
+    `ddp_step` cuts a bucket into pieces of 2^18 elements."""
+    hw, link = HARDWARE["p100-fp32"], Link("1 Gb/s", 1e9, 1e-3)
+    up, down = 0.25e6, 0.75e6
+    b_in, b_out = _rank0_nic_bytes_by_flows(up, down, G, 4)
+    t_in, t_out = link.seconds(b_in), link.seconds(b_out)
+    assert math.isclose(ddp.parameter_server(up, down, G, 4, link, hw.intra), t_in + t_out + 2e-3, rel_tol=1e-12)
+    t, algo = ddp.collective(DDPExchange("ps"), {"up": up, "down": down}, G, 4, link, hw.intra, pieces=8)
+    assert algo == "ps(rank 0)" and math.isclose(t, t_out + t_in / 8 + 2e-3, rel_tol=1e-12)
+    assert ddp.collective(DDPExchange("ps", servers=2), {"up": up, "down": down}, G, 4, link,
+                          hw.intra)[1] == "ps(2 dedicated servers)"
+    assert ddp.pieces_of(1) == 1 and ddp.pieces_of(1 << 18) == 1 and ddp.pieces_of((1 << 18) + 1) == 2
+    assert DDPExchange("ps").server == "rank 0" and DDPExchange("sharded_ps").server == "sharded over the workers"
+
+
+def test_rank_0_grows_linearly_with_workers_and_the_sharded_server_stays_flat():
+    """At fixed bytes per rank (2 bits up, 4 bits down per element of a 25 MiB bucket), one GPU per node,
+    no latency: rank 0's server carries N-1 messages, so its exchange at N is (N-1)/7 times that at
+    N = 8; the sharded server's is (N-1)/N of one message each way through every link, within 8/7 of
+    its N = 8 value up to N = 512. In ddp_step (a 1 Gb/s link, a 100 MiB net) ps's exposed
+    communication grows more than 50-fold from N = 8 to 512, sharded_ps's less than 1.5-fold. Swapping
+    the two patterns fails both."""
+    one = dataclasses.replace(HARDWARE["p100-fp32"], gpus_per_node=1)
+    link = Link("1 Gb/s, no latency", 1e9, 0.0)
+    n = 25 * MIB // 4
+    b = {"up": n / 4, "down": n / 2}
+    Ns = (8, 16, 64, 512)
+
+    def t(pat, N):
+        return ddp.collective(DDPExchange(pat), b, N, 1, link, one.intra, pieces=ddp.pieces_of(n))[0]
+
+    ps, sh = [t("ps", N) for N in Ns], [t("sharded_ps", N) for N in Ns]
+    for N, a, s in zip(Ns, ps, sh):
+        assert math.isclose(a / ps[0], (N - 1) / 7, rel_tol=1e-9), (N, a / ps[0])
+        assert math.isclose(s / sh[0], (N - 1) / N * 8 / 7, rel_tol=1e-9), (N, s / sh[0])
+    assert ps[-1] / sh[-1] > 100
+    per = {N: {"up": 0.25, "down": 0.5, "reduce": 1.0} for N in Ns}
+    exposed = {pat: [ddp_step(_net(4, 25), Wire("t", per), N, one, link, DDPExchange(pat))["exposed_comm"]
+                     for N in Ns] for pat in ("ps", "sharded_ps")}
+    assert exposed["ps"][-1] > 50 * exposed["ps"][0] and exposed["sharded_ps"][-1] < 1.5 * exposed["sharded_ps"][0]
+
+
+@pytest.mark.parametrize("N", [2, 3, 4])
+def test_sharded_ps_moves_the_real_modes_bits(N):
+    """The sharded server's bytes through one link (one GPU per node, no latency), from compare time's
+    measured TernGrad wire: each way (N-1)/N (2 + ceil(log2(2N+1))) bits per element (N = 2: 2.5,
+    N = 3: 3.33, N = 4: 4.5; sent + received: twice that), within the headers; equal to the real
+    mode's count (tgsim.exchange.sharded, in process: codes to N-1 owners, this owner's sums to N-1
+    ranks, 8-byte block headers) within those headers; and the bench's block sizes
+    (`perfmodel_emulation.sharded_blocks`) are the real mode's ShardPlan's, byte for byte."""
+    from tgsim.analysis import compare_time as ct
+    from tgsim.analysis.perfmodel_emulation import sharded_blocks
+
+    n = 1 << 14
+    w = math.ceil(math.log2(2 * N + 1))
+    wire = ct.measure_wire(["terngrad"], workers=(N,), n=n).set_index("pattern")
+    up, down = wire.loc["sharded_ps", ["up", "down"]]
+    assert (up, down) == tuple(wire.loc["ps", ["up", "down"]])
+    link = Link("no latency", 1e9, 0.0, 1.0)
+    bits = ddp.sharded_ps(up * n, down * n, N, 1, link, link) * link.bandwidth / n     # each way, per element
+    expect = (N - 1) / N * (2 + w)
+    slack = 8 * 64 / n              # the message header, the scaler and its all-reduce: < 64 bytes
+    assert expect <= bits <= expect + slack, (N, bits, expect)
+    real = 8 * wire.loc["sharded_ps", "sent"]                   # rank 0's sent bits per element
+    assert abs(real - bits) <= 8 * (2 * (N - 1) * 8 + 64) / n, (N, real, bits)
+    assert abs(real - expect) <= 8 * (2 * (N - 1) * 8 + 64) / n
+    sharded = pytest.importorskip("tgsim.exchange.sharded")
+    plan = sharded.shard_plan(n, N, "2bit")
+    assert sharded_blocks(n, N) == (list(plan.up), list(plan.down))
 
 
 def test_scaler_allreduce_is_a_latency_and_a_dependency():
@@ -154,7 +252,7 @@ def test_bench_validation_predicts_the_allreduce_and_judges_within_20_percent():
     """fp32_native on N = 2 ranks of a 1 Gb/s switch: the ring all-reduce of 4P bytes, 2 (N-1)/N 4P
     bytes at 0.9 x 1 Gb/s + 2 latencies (the tree is not faster at N = 2). A row measured at the
     prediction is within 20 % (positive control); one measured at 2x it is not (negative control);
-    shared-topology rows and unmodeled modes are left out."""
+    shared-topology rows and unmodeled modes (tg_allgather) are left out."""
     from tgsim.analysis import perfmodel_ddp_validate as pv
 
     assert pv.rate_bits("10gbit") == 10e9 and pv.rate_bits("500mbit") == 500e6
@@ -164,10 +262,52 @@ def test_bench_validation_predicts_the_allreduce_and_judges_within_20_percent():
                         rel_tol=1e-12)
     rows = pd.DataFrame([dict(topology=t, rate="1gbit", ranks=2, params=P, mode=m, t_wire=w, t_exchange=w, t_step=w)
                          for t, m, w in (("switch", "fp32_native", pred), ("switch", "fp32_native", 2 * pred),
-                                         ("shared", "fp32_native", pred), ("switch", "tg_ps", pred))])
+                                         ("shared", "fp32_native", pred), ("switch", "tg_allgather", pred))])
     v = pv.validate(rows, lat, tbf=False)
     assert len(v) == 2 and list(v.within) == [True, False] and list(v.scope) == ["link", "link"]
     np.testing.assert_allclose(v.ratio, [1.0, 0.5])
+
+
+def test_bench_validation_compares_ps_rows_with_rank_0_and_sharded_rows_with_the_sharded_server():
+    """Bench rows of tg_ps (the exchange's ps: rank 0's server, pipelined) are predicted by the pattern
+    "ps" (`rank0_ps`) on its bench bytes: N-1 slots in, N-1 downlinks out; tg_ps_whole by the same server
+    in one piece (in + out); tg_sharded_ps, or rows named as the exchange names the mode, "sharded_ps",
+    by `sharded_ps` on its Alltoallv and Allgatherv buffers. Rank 0's prediction grows about linearly
+    with N (N = 2 -> 8: more than 5x), the sharded one's less than 3x (its sums' width). A tg_ps row
+    measured at the sharded prediction is not within 20 % (negative control)."""
+    from tgsim.analysis import perfmodel_ddp_validate as pv
+    from tgsim.analysis.perfmodel_emulation import bench_layer_sizes, mode_payloads, pieces
+
+    P, lat = 4_000_000, 50e-6
+    link = Link("1gbit", 1e9, lat)
+    for N in (2, 4, 8):
+        layers = len(bench_layer_sizes(P))
+        sc = ddp.scaler_allreduce(layers, N, 1, link, link)
+        pay = mode_payloads("tg_ps", bench_layer_sizes(P), N)
+        assert math.isclose(pv.predict_wire("tg_ps", P, N, link, tbf=False),
+                            sc + ddp.rank0_ps(pay["gather"], pay["bcast"], N, 1, link, link, pieces=pieces(P)),
+                            rel_tol=1e-12)
+        whole = mode_payloads("tg_ps_whole", bench_layer_sizes(P), N)
+        assert math.isclose(pv.predict_wire("tg_ps_whole", P, N, link, tbf=False),
+                            sc + link.seconds((N - 1) * (whole["gather"] + whole["bcast"])) + 2 * lat, rel_tol=1e-12)
+        sh = mode_payloads("tg_sharded_ps", bench_layer_sizes(P), N)
+        assert math.isclose(pv.predict_wire("tg_sharded_ps", P, N, link, tbf=False),
+                            sc + link.seconds((N - 1) / N * (sh["alltoallv"] + sh["allgatherv"])) + 2 * lat,
+                            rel_tol=1e-12)
+        assert pv.predict_wire("sharded_ps", P, N, link) == pv.predict_wire("tg_sharded_ps", P, N, link)
+    ps = [pv.predict_wire("tg_ps", P, N, link, tbf=False) for N in (2, 8)]
+    sh = [pv.predict_wire("tg_sharded_ps", P, N, link, tbf=False) for N in (2, 8)]
+    assert ps[1] > 5 * ps[0] and sh[1] < 3 * sh[0]
+    pred = {m: pv.predict_wire(m, P, 8, link) for m in ("tg_ps", "tg_sharded_ps")}
+
+    def rows(*pairs):
+        return pd.DataFrame([dict(topology="switch", rate="1gbit", ranks=8, params=P, mode=m, t_wire=t, t_exchange=t,
+                                  t_step=t) for m, t in pairs])
+
+    v = pv.validate(rows(("tg_ps", pred["tg_ps"]), ("sharded_ps", pred["tg_sharded_ps"])), lat).set_index("mode")
+    assert list(v.index) == ["tg_ps", "tg_sharded_ps"] and v.within.all()
+    wrong = pv.validate(rows(("tg_ps", pred["tg_sharded_ps"])), lat)
+    assert not wrong.within.any() and wrong.ratio.iloc[0] > 3
 
 
 def test_bench_validation_counts_the_token_bucket_and_leaves_host_bound_rows_out():
