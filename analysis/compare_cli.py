@@ -263,7 +263,8 @@ def register(sub) -> None:
     t.add_argument("--bucket-mb", type=float, default=25.0, help="MiB of float32 gradient per DDP bucket, 0: one "
                    "per layer (default %(default)s)")
     t.add_argument("--dedicated-servers", type=int, default=0, help="parameter-server shards on servers of their "
-                   "own (their NICs charged); 0: one shard per worker node, on its NIC (default %(default)s)")
+                   "own (their NICs charged); 0: `ps` is rank 0's server (the code's ps mode); the server sharded "
+                   "over the workers is always evaluated as `sharded_ps` (default %(default)s)")
     t.add_argument("--scaling", default="weak", choices=("weak", "strong"), help="weak: per-GPU batch fixed; "
                    "strong: the total batch at N = 8 fixed (default %(default)s)")
     t.set_defaults(func=_time, n_wire=None, n_cost=None)

@@ -83,6 +83,7 @@ def terngrad_cases():
             yield f"{pack}/{clip}/ps-unshared", codec, "ps", False, False
             yield f"{pack}/{clip}/ps-reternarize", codec, "ps", True, True
             yield f"{pack}/{clip}/ps-unshared-reternarize", codec, "ps", False, True
+            yield f"{pack}/{clip}/sharded_ps", codec, "sharded_ps", True, False
     codec = dict(clip="explicit", packing="2bit", min_size=5)
     yield "2bit/explicit/allgather-reternarize", codec, "allgather", True, True     # protocol parity
     yield "2bit/explicit/allreduce-reternarize", codec, "allreduce", True, True

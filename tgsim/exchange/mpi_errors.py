@@ -16,6 +16,11 @@ The rules (tgsim/exchange/mpi.py, tgsim/exchange/mpi_pipelined.py):
                rank calls `raise_server_failure`, which broadcasts the server's text and raises it.
                A worker that cannot decode a downlink that arrived with STATUS_OK raises
                `malformed_downlink` (a malformed downlink comes from rank 0).
+  sharded_ps   every rank is the owner (server) of one shard (tgsim/exchange/sharded.py): it
+               checks the blocks of its shard and starts its block of the Allgatherv with the
+               same status word; after any status other than STATUS_OK every rank calls
+               `raise_server_failure` with the lowest failed owner as root, so all raise that
+               owner's text, which names the sender of the malformed block.
 
 The error classes live in tgsim/errors.py (PeerPayloadError, ServerError and RankConfigMismatchError
 are CollectiveErrors); tgsim/exchange/pieces.py's SenderError names the sender of a malformed piece.
