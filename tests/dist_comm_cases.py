@@ -211,9 +211,10 @@ def comm_checks(mpi_comm) -> dict:
     return out
 
 
-def exchange_checks(mpi_comm) -> dict:
-    """{name: "ok" or what differs} for EXCHANGES: MPIExchange's results (means, bytes) over mpi4py and
-    over TorchDistComm on the same messages (2 ranks: this rank's of two workers)."""
+def exchange_checks(mpi_comm, only=None) -> dict:
+    """{name: "ok" or what differs} for EXCHANGES (or the names in `only`): MPIExchange's results
+    (means, bytes) over mpi4py and over TorchDistComm on the same messages (this rank's of the
+    communicator's workers)."""
     from mpi4py import MPI
 
     from tgsim.codecs import registry
@@ -258,7 +259,8 @@ def exchange_checks(mpi_comm) -> dict:
     for name, mode in (("fp16-allgather", "allgather"), ("fp16-ps", "ps"), ("sign-ps", "ps")):
         c16 = registry.make_codec(CodecConfig(name=name.split("-")[0]))
         checks[name] = agg(c16, c16.encode_many(layers, 1, 0, np.arange(size)), mode, False)
-    return {name: _compare(fn, mpi_comm, MPI, tc, tc.MPI) for name, fn in checks.items()}
+    return {name: _compare(fn, mpi_comm, MPI, tc, tc.MPI) for name, fn in checks.items()
+            if only is None or name in only}
 
 
 # -- NCCL with CuPy buffers (tests/test_torch_dist_comm.py's gpu test) --------------------------------------

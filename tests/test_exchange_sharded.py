@@ -6,7 +6,8 @@ bits of the in-process exchange's allreduce and ps modes (2-bit and base-3, MAX 
 shards that cross layer boundaries, empty shards, float layers, N = 2, 3, 4); each rank's bytes are
 the formula worked out here by hand; a malformed block from rank 1 raises the same PeerPayloadError
 naming rank 1 on every rank; own scalers, re-ternarization and codecs whose codes do not sum are
-refused in one line (config and exchange). Over MPI (`mpiexec -n 2` and `-n 3`, one job each):
+refused in one line (config and exchange). Over Gloo (torch.distributed, `mpiexec -n 3` of
+tests/torch_ddp_driver.py): the means and bytes over mpi4py. Over MPI (`mpiexec -n 2` and `-n 3`, one job each):
 training (MAX and mean sharing, base-3, error feedback) ends with the simulator's parameters, losses
 and, on rank 0, bits per step; the aggregate's means and per-rank bytes, and the malformed block
 from rank 1, over real MPI. Expected values are worked out by hand or with plain NumPy.
@@ -439,3 +440,27 @@ def test_128_fake_ranks_sum_into_int16_and_pack_at_9_bits(monkeypatch):
     for mean, _ in ok(run_ranks(n, lambda ex: ex.aggregate(codec, [msgs[ex.rank]], "sharded_ps", True),
                                 monkeypatch)):
         assert same_bits(mean, want)
+
+
+# -- over torch.distributed (Gloo) at 3 ranks -----------------------------------------------------------
+
+@needs_mpi
+def test_gloo_transport_at_three_ranks_gives_mpi4pys_results(tmp_path):
+    """`mpiexec -n 3` of tests/torch_ddp_driver.py --transport torch with only the sharded checks of
+    tests/dist_comm_cases.py: MPIExchange over TorchDistComm (Gloo's Alltoallv and Allgatherv) returns
+    on every rank the means, bit for bit, and the bytes it returns over mpi4py (whose bits equal the
+    simulator's: the MPI tests above); 2 ranks: tests/test_torch_dist_comm.py."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install tgsim[torch])")
+    from mpi_cases import mpiexec
+    from torch_ddp_cases import DRIVER
+
+    names = ["terngrad-sharded_ps", "terngrad-sharded_ps-base3"]
+    (tmp_path / "cases.json").write_text(json.dumps({"train": {}, "exchanges": names}))
+    (tmp_path / "out").mkdir()
+    res, _ = mpiexec([(3, [str(DRIVER), str(tmp_path / "cases.json"), str(tmp_path / "out"), "--transport", "torch"])],
+                     timeout=180)
+    assert res.returncode == 0, res.report()
+    ranks = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(ranks) == 3
+    for r in ranks:
+        assert r["exchange"] == {name: "ok" for name in names}, (r["rank"], r["exchange"])

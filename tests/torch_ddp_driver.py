@@ -23,7 +23,8 @@ hidden unit wider), NaN gradients (the exception each rank's backward pass raise
 A case whose config says [run] backend = "cupy" runs on the GPU: the module on GPU `rank % GPUs`,
 the batches moved there (tests/test_torch_gpu.py). With `--transport torch` the hook's exchange runs over the Gloo process group DDP uses
 (`TgsimHookState.create(..., transport="torch")`, tgsim/torch/dist_comm.py) instead of mpi4py, and
-CASES.json may hold "comm": true: every TorchDistComm call, and MPIExchange over it, against mpi4py's
+CASES.json may hold "exchanges": [names], only those MPIExchange checks of dist_comm_cases, or
+"comm": true: every TorchDistComm call, and MPIExchange over it, against mpi4py's
 on the same inputs, and the GPU test's checks on NumPy buffers (tests/dist_comm_cases.py), results
 under "comm", "exchange" and "device".
 """
@@ -205,6 +206,10 @@ def main() -> None:
         res["comm"] = comm_checks(comm)
         res["exchange"] = exchange_checks(comm)
         res["device"] = device_checks(np)
+    elif cases.get("exchanges"):        # only these MPIExchange checks (e.g. at 3 ranks)
+        from dist_comm_cases import exchange_checks
+
+        res["exchange"] = exchange_checks(comm, only=cases["exchanges"])
     everyone = comm.gather(res, root=0)
     if rank == 0:
         (out / "results.json").write_text(json.dumps(everyone))
