@@ -108,7 +108,7 @@ def _mpi_equals_simulator(tmp_path, names, cli_case=None, timeout=150, **section
         d = config_dict(*cli_case, **sections)
         cfg = write_toml(d, tmp_path / "cli.toml")
         cli, _ = mpiexec([(4, ["-m", "tgsim.mpi_runs.train", str(cfg), "--out", str(tmp_path / "mpi" / "cli"), "--quiet"])],
-                         timeout=60)
+                         timeout=180)     # a hang guard: 4 ranks on 2 cores compiling cold took 60 s on a loaded VM
         assert cli.returncode == 0, cli.report()
         simulated = {"-".join(cli_case): (tmp_path / "mpi" / "cli", d)}
     cases_over_mpi_equal_the_simulator(tmp_path, cases, 4, timeout, simulated)
