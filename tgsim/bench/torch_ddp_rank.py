@@ -66,11 +66,13 @@ CLASSES = 10
 INPUTS = {"digits": (64, 1), "cifar10": (3 * 32 * 32, 3)}
 DIGITS = "digits"
 LR = 0.05
-# name -> ([codec], [exchange]) of the tgsim hook's config: the default TernGrad config (parameter
-# server), TernGrad's integer all-reduce of the codes, and float32 through the hook as a control
+# name -> ([codec], [exchange]) of the tgsim hook's config: the default TernGrad config (rank 0's
+# parameter server), TernGrad's integer all-reduce of the codes, the sharded parameter server, and
+# float32 through the hook as a control
 TGSIM = {
     "tgsim_terngrad": ({"name": "terngrad"}, {}),
     "tgsim_terngrad_allreduce": ({"name": "terngrad"}, {"mode": "allreduce"}),
+    "tgsim_terngrad_sharded": ({"name": "terngrad"}, {"mode": "sharded_ps"}),
     "tgsim_fp32": ({"name": "fp32"}, {}),
 }
 VARIANTS = ("local", "ddp_allreduce", "ddp_fp16", *TGSIM)
