@@ -27,7 +27,7 @@ CALLS = [f"Allreduce-{a[0]}" for a in ALLREDUCES] + [
 EXCHANGES = ["any_true", "mean_scalar", "gather_rows", "check_same_config", "max_scalers", "mean_scalers",
              "fp32-mean", "terngrad-allreduce", "terngrad-allgather-pieces", "terngrad-own-allgather-whole",
              "terngrad-ps-pieces", "terngrad-ps-whole", "terngrad-ps-collective", "terngrad-sharded_ps",
-             "terngrad-sharded_ps-base3", "fp16-allgather", "fp16-ps", "sign-ps"]
+             "terngrad-sharded_ps-pieces", "terngrad-sharded_ps-base3", "fp16-allgather", "fp16-ps", "sign-ps"]
 ERRORS = ["Split_type", "uint64-max", "mpi4py-datatype", "mpi4py-op", "noncontiguous"]
 
 
@@ -253,6 +253,7 @@ def exchange_checks(mpi_comm, only=None) -> dict:
         "terngrad-ps-whole": agg(codec, shared_msgs, "ps", True, chunk=-1),
         "terngrad-ps-collective": agg(codec, shared_msgs, "ps", True, ps_transport="collective"),
         "terngrad-sharded_ps": agg(codec, shared_msgs, "sharded_ps", True),
+        "terngrad-sharded_ps-pieces": agg(codec, shared_msgs, "sharded_ps", True, chunk=8),
         "terngrad-sharded_ps-base3": agg(*_terngrad(size, shared=True, sizes=(29, 5), packing="base3"),
                                          "sharded_ps", True),
     }

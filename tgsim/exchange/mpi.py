@@ -57,7 +57,11 @@ Phases and wire formats
                shard sizes): sent = Σ_{s≠r} (H + P(c_s)) + (N-1)(H + Q(c_r)), received = (N-1)(H +
                P(c_r)) + Σ_{s≠r} (H + Q(c_s)): each about (N-1)/N · (2 + w) bits per element (1.6 +
                w for base-3), both summed 2 (N-1)/N · (2 + w), plus the headers. Float layers take
-               the exact fp32 path.
+               the exact fp32 path. With NumPy buffers and chunk >= 0 it is pipelined
+               (mpi_pipelined `_sharded_pipelined`): each shard in pieces of about `chunk`
+               elements, Isent as [u64 count | codes]; the owner sums piece k as soon as it has
+               arrived from everyone and Isends [u64 status | sums]; every rank decodes piece k
+               while later pieces are on the wire; one header per piece each way (sharded.py).
 
 Errors never hang the job: a malformed payload raises `PeerPayloadError` (a ValueError) naming the
 sender rank -- on every rank in allgather mode (all parse the same bytes), in ps mode the server
@@ -379,7 +383,9 @@ class MPIExchange(PipelinedModes):
         # pipelined where defers_encode says so, for NumPy buffers (CuPy takes the whole-message path)
         piped = self.defers_encode(mode, shared, reternarize_key is not None) and \
             all(isinstance(p, np.ndarray) for p in msg.parts)
-        if mode == "sharded_ps":
+        if mode == "sharded_ps" and self.chunk >= 0 and all(isinstance(p, np.ndarray) for p in msg.parts):
+            mean, nbytes = self._sharded_pipelined(codec, msg, shared, reternarize_key)
+        elif mode == "sharded_ps":
             mean, nbytes = self._sharded(codec, msg, shared, reternarize_key)
         elif mode == "ps" and piped:
             mean, nbytes = self._ps_pipelined(codec, msg)

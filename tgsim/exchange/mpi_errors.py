@@ -18,7 +18,8 @@ The rules (tgsim/exchange/mpi.py, tgsim/exchange/mpi_pipelined.py):
                `malformed_downlink` (a malformed downlink comes from rank 0).
   sharded_ps   every rank is the owner (server) of one shard (tgsim/exchange/sharded.py): it
                checks the blocks of its shard and starts its block of the Allgatherv with the
-               same status word; after any status other than STATUS_OK every rank calls
+               same status word (in pieces: on each sums piece it sends); after any status
+               other than STATUS_OK every rank calls
                `raise_server_failure` with the lowest failed owner as root, so all raise that
                owner's text, which names the sender of the malformed block.
 

@@ -1,4 +1,5 @@
-"""The pipelined exchanges of packed-code messages over MPI: the message in pieces (tgsim/exchange/pieces.py).
+"""The pipelined exchanges of packed-code messages over MPI: the message in pieces (tgsim/exchange/pieces.py),
+or, in sharded_ps, each shard in pieces (tgsim/exchange/sharded.py, `ShardPieces`).
 
 Each piece is encoded just before it is sent (a `DeferredMessage`), and summed or decoded while the
 later pieces are on the wire; the bits are those of the whole-message exchange. A mixin of
@@ -13,21 +14,23 @@ import numpy as np
 
 from tgsim.codecs.message import Layout, Message
 from tgsim.exchange.base import CommBytes
+from tgsim.errors import PeerPayloadError
+from tgsim.exchange import sharded
 from tgsim.exchange.mpi_errors import (SERVER, STATUS_OK, malformed, malformed_downlink, raise_server_failure,
                                        read_status, server_failure, write_status)
-from tgsim.exchange.mpi_transport import _HDR, _TAG_AG, _TAG_PS_DOWN, _TAG_PS_UP
+from tgsim.exchange.mpi_transport import _HDR, _TAG_AG, _TAG_PS_DOWN, _TAG_PS_UP, _TAG_SHARD_DOWN, _TAG_SHARD_UP
 from tgsim.exchange.pieces import PiecePlan, SenderError
 
 
 class PipelinedModes:
-    """`defers_encode`, the pipelined all-gather and the pipelined parameter server."""
+    """`defers_encode`, the pipelined all-gather, parameter server and sharded parameter server."""
 
     def defers_encode(self, mode: str, shared: bool, reternarize: bool) -> bool:
         """True where this exchange takes a NumPy message in pieces (`aggregate` dispatches on it), so
         a `DeferredMessage` (codec.encode_many(deferred=True)) is encoded piece by piece while
         earlier pieces are on the wire; elsewhere a deferred message is encoded whole on this
-        thread, so the caller should not ask for one. Never for "sharded_ps" (not pipelined: every rank
-        unpacks its whole message's codes before the one Alltoallv)."""
+        thread, so the caller should not ask for one. Never for "sharded_ps": it is pipelined in pieces
+        of the shards (`_sharded_pipelined`), but every rank unpacks its whole message's codes first."""
         if self.chunk < 0 or mode == "sharded_ps":
             return False
         if mode == "ps":
@@ -154,6 +157,108 @@ class PipelinedModes:
         if self.rank == root:
             return mean, CommBytes((n - 1) * wire.size, (n - 1) * slot.size)
         return mean, CommBytes(slot.size, wire.size)
+
+    def _shard_piece(self, codes: np.ndarray, sp, s: int, k: int, out: np.ndarray) -> None:
+        """Piece k of shard s of this rank's codes into `out`, as sent (a seam for fault-injection tests)."""
+        sharded.fill_up_piece(codes, sp, s, k, out)
+
+    def _sharded_pipelined(self, codec, msg: Message, shared: bool, reternarize_key=None):
+        """The sharded parameter server in pieces (tgsim/exchange/sharded.py, pipelined): every rank
+        posts its Irecvs (the N-1 senders' pieces of its shard, the N-1 owners' downlink pieces), then
+        packs and Isends piece k of every other shard to its owner, k = 0, 1, ...; as owner it checks,
+        sums and packs piece k of its shard once it has arrived from everyone, Isends it with its u64
+        status word to the N-1 others, and every rank decodes sums piece k of every owner as it
+        arrives. An owner that failed still receives and sends every piece (marked with its status):
+        every request completes, then every rank raises the lowest failed owner's error. Bytes: those
+        of the buffers posted (`ShardPieces.code_bytes`), plus the float layers' reduce-scatter."""
+        why = sharded.refusal(shared, reternarize_key is not None)
+        if why is not None:
+            raise ValueError(why)
+        MPI, n, r = self.MPI, self.size, self.rank
+        layout = msg.layout
+        codes = sharded.ternary_codes(codec, msg, np.int8, np)
+        sp = sharded.shard_pieces(codes.size, n, codec.packing, self.chunk)
+        spans = sharded.ternary_spans(layout)
+        flat = {i: np.empty(layout.layers[i].size, dtype=np.float32) for i, _, _ in spans[1]}
+        sent = received = 0
+        failed: dict[int, int] = {}          # owner -> the first status other than STATUS_OK it sent
+        error, local_error = None, None      # this owner's failure text; a downlink this rank cannot decode
+        if sp.total:
+            kern = codec.kernels_for(np)
+            peers = [s for s in range(n) if s != r]
+            pieces = [sp.pieces(s) for s in range(n)]
+            rows = [np.empty((n, sp.up[r][k]), dtype=np.uint8) for k in range(pieces[r])]
+            got = np.empty(sp.down_bytes, dtype=np.uint8)     # every owner's downlink pieces (own too)
+            down = [[got[sp.down_at[s][k]:sp.down_at[s][k] + sp.down[s][k]] for k in range(pieces[s])]
+                    for s in range(n)]
+            ups = [[self.comm.Irecv([rows[k][s], MPI.BYTE], source=s, tag=_TAG_SHARD_UP) for s in peers]
+                   for k in range(pieces[r])]
+            downs = {s: [self.comm.Irecv([down[s][k], MPI.BYTE], source=s, tag=_TAG_SHARD_DOWN)
+                         for k in range(pieces[s])] for s in peers}
+            received = (n - 1) * sum(sp.up[r]) + sum(sum(sp.down[s]) for s in peers)
+            send = np.empty(sp.up_bytes, dtype=np.uint8)
+            sends = []
+            for k in range(max(pieces)):
+                for s in range(n):
+                    if k >= pieces[s]:
+                        continue
+                    if s == r:                  # its own codes: straight into its row of the owner's piece
+                        self._shard_piece(codes, sp, s, k, rows[k][r])
+                        continue
+                    piece = send[sp.up_at[s][k]:sp.up_at[s][k] + sp.up[s][k]]
+                    self._shard_piece(codes, sp, s, k, piece)
+                    sends.append(self.comm.Isend([piece, MPI.BYTE], dest=s, tag=_TAG_SHARD_UP))
+                    sent += piece.size
+
+            def decode(s: int, k: int) -> None:
+                nonlocal local_error
+                buf = down[s][k]
+                status = read_status(buf)
+                if status != STATUS_OK:
+                    failed.setdefault(s, status)
+                if failed or local_error is not None:      # the exchange fails: decode no further
+                    return
+                try:
+                    sums = sharded.piece_sums(buf[_HDR:], sp, s, k, r)
+                    sharded.scale_piece(sums, sp.piece(s, k)[0], spans, n, msg.scalers, flat)
+                except PeerPayloadError as e:
+                    local_error = e
+
+            status_mine = STATUS_OK
+            for k in range(max(pieces)):
+                if k < pieces[r]:               # the owner's piece k: sum, pack, send, decode
+                    self._waitall(ups[k])
+                    out = down[r][k]
+                    if status_mine == STATUS_OK:
+                        text = sharded.owner_piece(kern, rows[k], sp, r, k, out)
+                        if text is not None:
+                            status_mine, error = read_status(out), text
+                    else:
+                        out[:] = 0
+                        write_status(out, status_mine)
+                    sends += [self.comm.Isend([out, MPI.BYTE], dest=s, tag=_TAG_SHARD_DOWN) for s in peers]
+                    sent += (n - 1) * out.size
+                    decode(r, k)
+                for s in peers:                 # the other owners' piece k, as it arrives
+                    if k < pieces[s]:
+                        self._waitall(downs[s][k:k + 1])
+                        decode(s, k)
+            self._waitall(sends)
+        if failed:                              # every rank: the lowest failed owner's error, broadcast by it
+            root = min(failed)
+            raise_server_failure(self.comm, failed[root], error if root == r else None, root=root)
+        if local_error is not None:
+            raise local_error
+        fmean, nbytes = self._float_layers_mean(msg, np)
+        mean, foff = {}, 0
+        for i, spec in enumerate(layout.layers):
+            if i in flat:
+                mean[spec.name] = flat[i].reshape(spec.shape)
+            else:
+                mean[spec.name] = fmean[foff:foff + spec.size].reshape(spec.shape)
+                foff += spec.size
+        nbytes += CommBytes(sent, received)
+        return mean, nbytes
 
     def _waitall(self, requests: list) -> None:
         """Wait for nonblocking transfers (a seam: the benchmark times the wire here)."""

@@ -22,6 +22,7 @@ _U64 = np.dtype("<u8")
 _HDR = HDR        # slot prefix / downlink status: one little-endian u64
 _TAG_PS_UP, _TAG_PS_DOWN = 7101, 7102   # point-to-point parameter-server messages
 _TAG_AG = 7103                          # point-to-point pieces of the pipelined all-gather
+_TAG_SHARD_UP, _TAG_SHARD_DOWN = 7104, 7105   # pieces of the pipelined sharded_ps (codes, sums)
 
 
 def mpi_module():

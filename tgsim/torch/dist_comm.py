@@ -57,7 +57,7 @@ import numpy as np
 from tgsim.backend import array_module as _xp_of, get_xp, gpu_available
 from tgsim.torch.model import import_torch
 
-_TAG_GATHERV = 7201     # point-to-point messages of Gatherv (MPIExchange's own tags are 7101..7103)
+_TAG_GATHERV = 7201     # point-to-point messages of Gatherv (MPIExchange's own: 7101..7105, mpi_transport.py)
 
 
 # -- the MPI namespace ------------------------------------------------------------------------------------
