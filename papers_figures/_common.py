@@ -128,6 +128,21 @@ def t_half_width(x, level: float = 0.95) -> float:
     return float(q * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
+def t_band(x, level: float = 0.90) -> tuple[float, float]:
+    """(low, high) of the `level` Student-t interval of the mean of `x` (NaNs dropped), for seaborn's
+    `errorbar=`: 90 % by default, the interval the accuracy verdicts' one-sided tests at alpha 0.05 (TOST,
+    non-inferiority) decide on, so that a band drawn is the band judged (fig03, fig08, fig11). One
+    value: (mean, mean); none: (nan, nan)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return float("nan"), float("nan")
+    m, h = float(x.mean()), t_half_width(x, level)
+    return (m - h, m + h) if np.isfinite(h) else (m, m)
+
+
 def collapse_signs(run_dir: str | None) -> dict:
     """A run's scaler-sharing collapse signs from its metrics.csv (`tgsim analyze run-health`):
     the largest shared/median scaler ratio over layers and logged steps, whether any layer's units

@@ -102,6 +102,54 @@ def theme() -> None:
 
 theme()
 
+# One colour per codec in every figure (fig03, fig06, fig07, fig09, fig10, fig11): a method keeps its colour
+# from panel to panel and from figure to figure, and no colour stands for anything else where codecs are
+# drawn (a model, a problem or an exchange mode is told by marker, line style or hatch instead). A codec's
+# variants (TernGrad's sharing and scope, QSGD's levels, PowerSGD's rank) are shades of its own hue; error
+# feedback does not change the colour (the label says "+ef"). Okabe-Ito and Paul Tol's colour-blind safe
+# hues; tgsim.plotting.theme holds no palette of its own (its seaborn "colorblind" cycle is the fallback
+# for what is not a codec).
+CODEC_COLORS = {
+    "fp32": "#000000",                    # the reference: black
+    "fp16": "#6e6e6e", "bf16": "#b0b0b0",  # the other floats: greys
+    "terngrad": "#e69f00",                # TernGrad as the paper runs it (MAX sharing, clipping 2.5σ): orange
+    "terngrad[sharing=mean]": "#8c510a",  # tgsim's MEAN sharing: dark brown
+    "terngrad[scope=model]": "#d55e00",   # one scaler for the whole model: vermillion
+    "terngrad[sharing=none]": "#44aa99",  # each worker's own scaler: teal (an orange shade would pass for MAX's)
+    "terngrad+pqasgd": "#cc79a7",         # PQASGD (Jiang & Agrawal: TernGrad on the model difference): pink
+    "fp32+pqasgd": "#aa4499",             # sparse parameter averaging (Q = identity): purple
+    "qsgd": "#0072b2", "qsgd[levels=7]": "#0072b2",   # QSGD: blue, darker with more levels
+    "qsgd[levels=1]": "#56b4e9", "qsgd[levels=8]": "#2f8ac4", "qsgd[levels=127]": "#08306b",
+    "suresh": "#009e73",                  # green
+    "randomk": "#999933",                 # olive
+    "topk": "#882255",                    # wine
+    "sign": "#332288",                    # the sign codecs: indigo, scaled sign lighter
+    "scaled_sign": "#7b6fd0",
+    "powersgd": "#8c564b", "powersgd[rank=2]": "#8c564b",   # brown, darker with a higher rank
+    "powersgd[rank=1]": "#c49c94", "powersgd[rank=4]": "#4e2a24",
+}
+OTHER_COLOR = "#999999"      # a codec with no entry and no family in CODEC_COLORS
+
+
+def codec_color(label: str) -> str:
+    """The colour of a method label ("NAME[key=value][+ef][+pqasgd]", as the compare CSVs name methods) in
+    every figure: CODEC_COLORS[label]; else the label without "+ef"; else, for a "+pqasgd" label, its
+    codec's own "+pqasgd" entry or PQASGD's colour (terngrad+pqasgd's: periodic quantized averaging,
+    whatever its quantizer); else its codec's family colour (the name before "["); else OTHER_COLOR."""
+    base = label.replace("+ef", "")
+    for key in (label, base):
+        if key in CODEC_COLORS:
+            return CODEC_COLORS[key]
+    family = base.split("[", 1)[0].removesuffix("+pqasgd")
+    if base.endswith("+pqasgd"):
+        return CODEC_COLORS.get(family + "+pqasgd", CODEC_COLORS["terngrad+pqasgd"])
+    return CODEC_COLORS.get(family, OTHER_COLOR)
+
+
+def codec_palette(labels) -> dict:
+    """{label: codec_color(label)} for the method labels `labels`."""
+    return {m: codec_color(m) for m in labels}
+
 
 def out_dir(quick: bool) -> Path:
     d = QUICK_OUT if quick else OUT

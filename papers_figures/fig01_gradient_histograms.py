@@ -11,7 +11,9 @@
 # |g| fall into the edge bins) as is (original), clipped
 # (`tgsim.analysis.common.clip_values`) and after one TernGrad encode/decode
 # (`tgsim.analysis.pooled_bias.decoded_draws`); the length change and angle of clipping come from
-# `tgsim.analysis.clipping.clip_stats` over all 8 workers. Full: 1000 steps, every 10;
+# `tgsim.analysis.clipping.clip_stats` over all 8 workers, drawn in panels (g) and (h) per layer and step with
+# the tolerance the verdicts use and the paper's range (the verdicts judge their median over both layers,
+# every worker and every recorded step). Full: 1000 steps, every 10;
 # `--quick`: 30 steps, every 3. Run times: docs/MEASUREMENTS.md.
 
 # %%
@@ -23,7 +25,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, mnist1d_convnet_config  # noqa: E402
-from _theme import claim, plt, save, source  # noqa: E402
+from _theme import claim, log_ticks, plt, save, source  # noqa: E402
 
 from tgsim.analysis.clipping import clip_stats, gaussian_reference  # noqa: E402
 from tgsim.analysis.common import clip_values, single_thread, trajectory  # noqa: E402
@@ -73,30 +75,72 @@ for layer, by_step in grads0.items():
                       "count": int(k)} for c, k in zip(centers, counts)]
 df = pd.DataFrame(rows)
 
-# %% figure: 2 layers x 3 kinds of heat maps (iteration against gradient value, colour = log count, empty bins white)
-fig, axes = plt.subplots(2, 3, figsize=(12, 6.4), sharey=True)
+# %% figure: 2 layers x 3 kinds of heat maps (iteration against gradient value, colour = log count, empty bins white,
+# one colour bar per layer), and below them the two quantities the claims judge: clipping's length change and
+# angle over training, per layer, against the tolerance the verdict uses and the paper's range
+ref = gaussian_reference()
+TOL = {"length": (0.5, 3.0), "angle": (1.0, 6.0)}          # the verdicts' tolerances (claims below)
+PAPER = {"length": (1.0, 1.5), "angle": (2.0, 3.0)}        # the paper's Sec. 3.3 (not checked here)
+fig = plt.figure(figsize=(13, 10.8))
+outer = fig.add_gridspec(3, 1, height_ratios=[1, 1, 1.05], hspace=0.5, bottom=0.13)
+letters = iter("abcdefgh")
+heat = []
 for i, layer in enumerate(LAYERS):
+    row = outer[i].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.05], wspace=0.12)
+    d_layer = df[df.layer == layer]
+    vmax = np.log10(1 + d_layer["count"].max())           # one colour scale per layer: one colour bar
     for j, kind in enumerate(KINDS):
-        d = df[(df.layer == layer) & (df.kind == kind)].pivot(index="step", columns="bin_center", values="count")
-        ax = axes[i, j]
+        d = d_layer[d_layer.kind == kind].pivot(index="step", columns="bin_center", values="count")
+        ax = fig.add_subplot(row[0, j], sharey=heat[0] if heat else None)
+        heat.append(ax)
         mesh = ax.pcolormesh(d.columns.to_numpy(), d.index.to_numpy(), np.ma.masked_equal(np.log10(1 + d.to_numpy()), 0),
-                             cmap="mako_r", shading="nearest", vmin=0, vmax=np.log10(1 + d.to_numpy().max()))
-        ax.set_title(f"{LAYERS[layer]}: {kind}")
+                             cmap="mako_r", shading="nearest", vmin=0, vmax=vmax)
+        ax.set_title(f"({next(letters)}) {LAYERS[layer]}: {kind}", fontsize=10)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-2, 2))
         ax.grid(False)
-        if i == 1:
-            ax.set_xlabel("gradient value ∂L/∂w (loss per weight unit)")
+        ax.set_xlabel("gradient value ∂L/∂w (loss per weight unit)" if i == 1 else "")
         if j == 0:
             ax.set_ylabel("training step (iterations)")
-        fig.colorbar(mesh, ax=ax, label="log10(1 + count)", pad=0.02)
-fig.suptitle(f"Histograms of worker 0's gradient over training (MNIST-1D convnet, 23,882 parameters, TernGrad, "
-             f"{STEPS} steps, one run: seed 0;\nvalues beyond the axis counted in the edge bins)")
-fig.tight_layout()
+        else:
+            ax.tick_params(labelleft=False)
+    fig.colorbar(mesh, cax=fig.add_subplot(row[0, 3]), label="log10(1 + count)")
+bottom = outer[2].subgridspec(1, 2, wspace=0.25)
+LAYER_STYLE = {"conv2.w": ("#3b528b", "-", "o"), "fc1.w": ("#21918c", "--", "s")}
+judged = {"length": 100 * stats.length_change.abs().median(), "angle": stats.angle_deg.median()}
+for k, (col, what, unit, ref_v, scale) in enumerate([
+        ("length_change", "length", "%", 100 * abs(ref["length_change"]), 100.0),
+        ("angle_deg", "angle", "°", ref["angle_deg"], 1.0)]):
+    ax = fig.add_subplot(bottom[0, k])
+    vals = stats.assign(v=scale * stats[col].abs())
+    for layer, g in vals.groupby("layer", sort=False):
+        q = g.groupby("step").v.quantile([0.0, 0.5, 1.0]).unstack()
+        color, ls, mk = LAYER_STYLE.get(layer, ("0.3", "-", "o"))
+        ax.fill_between(q.index, q[0.0], q[1.0], color=color, alpha=0.2, lw=0)
+        ax.plot(q.index, q[0.5], color=color, ls=ls, lw=1.3, label=f"{layer}: median over the 8 workers (band: their min-max)")
+    ax.axhspan(*TOL[what], color="#2ca02c", alpha=0.15, lw=0,
+               label="the verdict's tolerance: (g) 0.5-3 %, (h) 1-6°")
+    ax.axhspan(*PAPER[what], color="#2ca02c", alpha=0.35, lw=0, label="the paper's range (Sec. 3.3): (g) 1-1.5 %, (h) 2-3°")
+    ax.axhline(judged[what], color="black", lw=1.2, label="judged: the median over both layers, workers and steps")
+    ax.axhline(ref_v, color="black", lw=1, ls=":", label="a Gaussian vector of 10^6 elements")
+    ax.set_yscale("log")
+    log_ticks(ax, "y", pd.concat([vals.v[vals.v > 0], pd.Series([*TOL[what], ref_v])]))
+    ax.set(xlabel="training step (iterations)",
+           ylabel="|length change| of clipping (%)" if what == "length" else "angle of clipping (degrees)",
+           title=f"({next(letters)}) clipping at 2.5σ: " + ("change of the gradient's length" if what == "length"
+                                                           else "turn of the gradient's direction")
+           + f"\n(judged: median {judged[what]:.2f} {unit}; Gaussian vector {ref_v:.2f} {unit})")
+    if k == 0:        # one legend for (g) and (h), below them
+        fig.legend(*ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.045), ncol=3,
+                   fontsize=8, title="panels (g), (h): the claims' quantity, its tolerance and the paper's range",
+                   title_fontsize=8.5)
+fig.suptitle(f"Worker 0's gradient over training (MNIST-1D convnet, 23,882 parameters, TernGrad, {STEPS} steps, one run: "
+             f"seed 0; values beyond the axis counted in the edge bins);\nbelow: the length change and angle of "
+             f"clipping that the claims judge, over all 8 workers", y=0.995)
 
-# %% claims, from the data (clipping statistics over every worker and recorded step)
-ref = gaussian_reference()
-length = 100 * stats.length_change.abs().median()
-angle = stats.angle_deg.median()
+# %% claims, from the data (clipping statistics over every worker and recorded step): the numbers drawn in (g), (h)
+length, angle = judged["length"], judged["angle"]
+POOLED = (f"median over {stats.layer.nunique()} layers ({', '.join(LAYERS)}) x {stats.worker.nunique()} workers x "
+          f"{stats.step.nunique()} recorded steps, panels (g), (h)")
 per_layer = stats.groupby("layer").agg(clipped=("fraction_clipped", "median"), length=("length_change", "median"),
                                       angle=("angle_deg", "median"))
 detail = "; ".join(f"{k}: {100 * r.clipped:.2f} % clipped, length {100 * r.length:+.2f} %, {r.angle:.2f}°"
@@ -108,13 +152,17 @@ claims = [
     claim("clipping changes the length little",
           source("tg-body", "paraphrase: clipping at 2.5σ changes the gradient's length by about 1.0-1.5 %",
                  where="Sec. 3.3"),
-          f"median |change| {length:.2f} % (Gaussian reference {100 * abs(ref['length_change']):.2f} %)",
-          0.5 <= length <= 3.0, kind="paper claim (proxy)", setting=SETTING,
+          f"median |change| {length:.2f} % ({POOLED}; per layer: " + ", ".join(
+              f"{k} {100 * abs(r.length):.2f} %" for k, r in per_layer.iterrows())
+          + f"; Gaussian reference {100 * abs(ref['length_change']):.2f} %)",
+          TOL["length"][0] <= length <= TOL["length"][1], kind="paper claim (proxy)", setting=SETTING,
           test="tolerance, no statistical test: the median over steps and workers inside [0.5, 3] % (around the "
                "paper's 1.0-1.5 %); one run, seed 0", scale="convnet", rows=CLIP_ROWS),
     claim("clipping changes the direction little",
           source("tg-body", "paraphrase: clipping at 2.5σ turns the gradient by about 2-3°", where="Sec. 3.3"),
-          f"median angle {angle:.2f}° (Gaussian reference {ref['angle_deg']:.2f}°)", 1.0 <= angle <= 6.0,
+          f"median angle {angle:.2f}° ({POOLED}; per layer: " + ", ".join(
+              f"{k} {r.angle:.2f}°" for k, r in per_layer.iterrows())
+          + f"; Gaussian reference {ref['angle_deg']:.2f}°)", TOL["angle"][0] <= angle <= TOL["angle"][1],
           kind="paper claim (proxy)", setting=SETTING,
           test="tolerance, no statistical test: the median angle inside [1, 6]° (around the paper's 2-3°); one run, "
                "seed 0", scale="convnet", rows=CLIP_ROWS),

@@ -36,8 +36,9 @@ from matplotlib.ticker import NullLocator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import collapse_signs, command_line, t_half_width, train_many  # noqa: E402
-from _theme import claim, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
+from _common import collapse_signs, command_line, t_band, train_many  # noqa: E402
+from _rules import diverged_note  # noqa: E402
+from _theme import claim, codec_color, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
 from reviewers import margin, reading, words  # noqa: E402
 from tgsim.analysis.verdicts import combine, equivalence  # noqa: E402
 
@@ -77,7 +78,7 @@ diag = pd.concat(diag, ignore_index=True)
 # %% figure: (a) accuracy gap to fp32, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
 MARGIN = margin("workers") / 100          # the claim's one margin (reviewers.WORDS), as a fraction
 fig = plt.figure(figsize=(13, 11.5))
-grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.5, wspace=0.7, top=0.92, bottom=0.11)
+grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.62, wspace=0.7, top=0.91, bottom=0.11)
 axes = np.empty((2, 2), dtype=object)
 for i in range(2):
     axes[i, 0] = fig.add_subplot(grid[i, 0:2], sharex=axes[0, 0] if i else None)
@@ -85,15 +86,56 @@ for i in range(2):
 axc = [fig.add_subplot(grid[2, k]) for k in range(4)]
 workers = sorted(df.workers.unique())
 variants = list(dict.fromkeys(df.variant))
-_cb = sns.color_palette("colorblind", 10)
-pal = {v: _cb[{"fp32": 0, "max": 1, "mean": 2, "none": 4}.get(v.split(", ")[-1], 7)] for v in variants}
-pal.update({f"terngrad, {m}": pal[v] for m in ("max", "mean") for v in variants if v.endswith(m)})
+# one colour per codec in every figure (_theme.CODEC_COLORS): TernGrad's MAX sharing (the paper's) orange, MEAN
+# dark brown, no sharing (each worker's own scaler) teal, fp32 black
+SHARE_LABEL = {"fp32": "fp32", "max": "terngrad", "mean": "terngrad[sharing=mean]", "none": "terngrad[sharing=none]"}
+pal = {v: codec_color(SHARE_LABEL.get(v.split(", ")[-1], v)) for v in variants}
+pal.update({f"terngrad, {m}": codec_color(SHARE_LABEL[m]) for m in ("max", "mean")})
 marks = dict(zip(variants, ["o", "X", "s", "P", "D"]))
-def t_band(x):
-    """The 90 % Student-t interval of the mean: the interval the accuracy verdicts (one-sided at alpha
-    0.05) decide on."""
-    m, h = float(np.nanmean(x)), t_half_width(x, 0.90)
-    return (m - h, m + h) if np.isfinite(h) else (m, m)
+# panels (a), (c): the axis shows the bulk of the per-run gaps; a run further than OUTLIER points from fp32's
+# same seed is an outlier: drawn as a triangle at the axis's edge and named with its value, and so is a
+# setting's mean beyond the axis (fp32's own failed run, 0.663 at N = 2, made the axis span -21..+28)
+OUTLIER = 10.0
+
+
+def gap_limits(gaps, margin_points: float) -> tuple[float, float]:
+    """(low, high) of a gap axis: the finite per-run gaps within OUTLIER points of 0, padded by 1 point,
+    and at least ±3 margins."""
+    g = np.asarray(gaps, float)
+    bulk = g[np.isfinite(g) & (np.abs(g) <= OUTLIER)]
+    lo = min(-3 * margin_points, float(bulk.min()) - 1 if bulk.size else -3 * margin_points)
+    hi = max(3 * margin_points, float(bulk.max()) + 1 if bulk.size else 3 * margin_points)
+    return lo, hi
+
+
+def mark_beyond(ax, d, lo: float, hi: float) -> None:
+    """On a gap panel with y limits (lo, hi): each finite run beyond them a triangle at the edge (its
+    variant's colour, side by side per variant), and one note inside the panel naming every such run
+    (N, seed, variant, its gap, fp32's accuracy) and every setting mean beyond the axis."""
+    import textwrap
+
+    out = d[np.isfinite(d.gap_points) & ((d.gap_points < lo) | (d.gap_points > hi))]
+    order = {v: k for k, v in enumerate(variants)}
+    for r in out.itertuples():
+        up = r.gap_points > hi
+        x = r.workers * np.exp(0.06 * (order.get(r.variant, 0) - 1))
+        ax.scatter([x], [hi if up else lo], marker="^" if up else "v", s=55, color=pal[r.variant], zorder=7,
+                   clip_on=False, edgecolor="black", linewidth=0.5)
+    means = d.groupby(["workers", "variant"], sort=True).gap_points.mean()
+    off = means[(means < lo) | (means > hi)]
+    parts = []
+    for (n, seed), g in out.groupby(["workers", "seed"], sort=True):
+        parts.append(f"N = {n}, seed {seed}: " + ", ".join(f"{v.split(', ')[-1]} {x:+.1f}"
+                                                          for v, x in zip(g.variant, g.gap_points))
+                     + f" (fp32 {g.ref.iloc[0]:.3f})")
+    text = ("runs beyond the axis (▲▼): " + "; ".join(parts) if parts else "") + \
+        (("\n" if parts else "") + "means beyond the axis: " + "; ".join(
+            f"N = {n}: " + ", ".join(f"{v.split(', ')[-1]} {x:+.1f}" for (_, v), x in g.items())
+            for n, g in off.groupby(level="workers")) if len(off) else "")
+    if text:
+        ax.text(0.99, 0.97, "\n".join(textwrap.fill(t, 62) for t in text.split("\n")), transform=ax.transAxes,
+                ha="right", va="top", fontsize=6.5, zorder=8,
+                bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.6", alpha=0.9))
 
 
 fp32_acc = df[df.variant == "fp32"].set_index(["optimizer", "workers", "seed"]).test_accuracy
@@ -107,19 +149,22 @@ for i, (opt, d) in enumerate(gap.groupby("optimizer", sort=False)):
     axes[i, 0].axhspan(-MARGIN * 100, MARGIN * 100, color="0.85", zorder=0, label="_margin")
     axes[i, 0].axhline(0, color="black", lw=0.8)
     bad = d[d.test_accuracy.isna()]          # diverged runs (the method's failure): drawn at the bottom, counted
-    lo = min(-3 * MARGIN * 100, float(np.nanmin(ok.gap_points)) - 1 if len(ok) else -3)
-    hi = max(3 * MARGIN * 100, float(np.nanmax(ok.gap_points)) + 1 if len(ok) else 3)
+    lo, hi = gap_limits(ok.gap_points, MARGIN * 100)
     axes[i, 0].set_ylim(lo, hi)
+    mark_beyond(axes[i, 0], ok, lo, hi)
+    n_out = int(((ok.gap_points < lo) | (ok.gap_points > hi)).sum())
     if len(bad):
         axes[i, 0].scatter(bad.workers, np.full(len(bad), lo), marker="x", s=60, color=[pal[v] for v in bad.variant],
                            zorder=6, clip_on=False)
-    axes[i, 0].set(ylabel="accuracy - fp32's, same seed (points)",
-                   title=f"({'ac'[i]}) {opt}: accuracy gap to fp32, mean, 90 % t-interval (the verdict's);\n"
-                         f"grey: the ±{MARGIN * 100:g}-point margin; x at the bottom: a diverged run ({len(bad)})")
+    axes[i, 0].set(ylabel="accuracy - fp32's,\nsame seed (points)",
+                   title=f"({'ac'[i]}) {opt}: gap to fp32's accuracy\n(mean, 90 % t-interval: the verdict's; "
+                         f"grey: the ±{MARGIN * 100:g}-point margin;\nx at the bottom: a diverged run ({len(bad)})"
+                         + (f"; ▲▼ at the edge: a run > {OUTLIER:g} points off ({n_out}))" if n_out else ")"))
+    axes[i, 0].title.set_fontsize(10)
     r = d[d.variant.str.contains("max|mean")]
     sns.lineplot(data=r, x="workers", y="ratio_max", hue="variant", style="variant", markers=marks, dashes=False,
                  errorbar=None, ax=axes[i, 1], legend=False, palette=pal)
-    axes[i, 1].set(yscale="log", ylabel="largest shared / median scaler (ratio)", title=f"({'bd'[i]}) {opt}: shared scaler")
+    axes[i, 1].set(yscale="log", ylabel="largest shared / median\nscaler (ratio)", title=f"({'bd'[i]}) {opt}: shared scaler")
 for ax in axes.flat:
     ax.set(xscale="log", xlabel=f"workers N (total batch {int((df.workers * df.batch_per_worker).iloc[0])})")
     ax.set_xticks(workers, [str(n) for n in workers])
@@ -142,7 +187,7 @@ for ax, letter, (col, label) in zip(axc, "efgh", [("accuracy", "test accuracy (f
         log_ticks(ax, "y", d[col])
 pos = axc[0].get_position()
 fig.text(pos.x0, pos.y1 + 0.035, f"Row (e)-(h), one run each (seed {SEEDS_C[0]}): the demo recipe ({STEPS_C} steps), "
-         "MAX (orange) vs MEAN (green) sharing", ha="left", va="bottom", fontsize=10)
+         "MAX (orange) vs MEAN (dark brown) sharing", ha="left", va="bottom", fontsize=10)
 steps = int(df.steps.iloc[0])
 fig.suptitle(f"MNIST-1D convnet (23,882 parameters), {steps} steps, {seeds_note(df.seed)}; row (e)-(h): one run each, "
              f"seed {SEEDS_C[0]}{' (quick: a smoke run)' if QUICK else ''}", y=0.985)
@@ -167,10 +212,12 @@ fp_low = fp[fp.test_accuracy < fp.med - 0.10]
 claims = []
 for v in [x for x in df.variant.unique() if x != "fp32"]:
     res = []
+    finite_only = {}  # per setting: the verdict of its finite runs alone (a diverged pair left out)
     for (opt, n), d in df.groupby(["optimizer", "workers"], sort=False):
         a = d[d.variant == v].set_index("seed").test_accuracy
         b = d[d.variant == "fp32"].set_index("seed").test_accuracy.reindex(a.index)
         res.append((opt, n, equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, scale=100, unit=" points")))
+        finite_only[(opt, n)] = equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, nonfinite="drop")
     verdicts = [r["verdict"] for _, _, r in res]
     joint = combine(verdicts, every=True)
     kind, what = VARIANT_KIND.get(v.split(", ")[-1], ("tgsim variant", v))
@@ -194,9 +241,10 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
         + (f"; {need.count(None)} undecided setting(s) no number of seeds would confirm (|gap| >= margin, or "
            "fewer than 2 seeds: no spread)" if None in need else "")
         + (f"; {ref_failed} pair(s) left out: fp32 diverged (fp32's failure)" if ref_failed else "")
-        + (f"; 'not confirmed' rests on {sum(k for *_, k in failed)} diverged run(s) of "
-           f"{int((df.variant == v).sum())}: the settings' finite runs alone would not refute it"
-           if failed and joint == "not confirmed" and verdicts.count("not confirmed") == len(failed) else "")
+        + ("; " + note if (note := diverged_note(
+            [dict(label=f"N = {n} ({o})", verdict=r["verdict"], failed=r["failed"],
+                  finite_verdict=finite_only[(o, n)]["verdict"], finite_n=finite_only[(o, n)]["n"])
+             for o, n, r in res], int((df.variant == v).sum()))) else "")
         + ("; fp32's own low runs (kept in their pairs, so their gaps favour the method): " + ", ".join(
             f"N = {r.workers} ({r.optimizer}) seed {r.seed}: {r.test_accuracy:.3f} against its setting's median "
             f"{r.med:.3f}" for r in fp_low.itertuples()) if len(fp_low) else "")

@@ -17,7 +17,8 @@
 # per net or per (cluster, N) setting and summed up by `tgsim.analysis.verdicts.combine` ("split"
 # when settings disagree); the measured cell prints the numbers and the verdict of every setting. The
 # paper publishes Fig. 5 as a plot only (no table of its points), so its claims are checked in words
-# and numbers in the claims table, not as drawn points. One colour per method in every panel.
+# and numbers in the claims table, not as drawn points. One colour per codec in every panel and figure
+# (_theme.CODEC_COLORS): fp32 black, fp16 grey, TernGrad orange (its two downlinks: solid and dashed).
 # Panels (a)-(f): the model. (g) the model's communication term against a real link:
 # `tgsim bench exchange --quick` (1 Gb/s
 # shaped with tc on a private network namespace's loopback, N = 2 and 4 MPI ranks, 1M and 4M
@@ -44,7 +45,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import OUT as FIGURES_OUT, command_line  # noqa: E402
-from _theme import claim, log_ticks, plt, save, sns, source  # noqa: E402
+from _theme import claim, codec_color, log_ticks, plt, save, sns, source  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from tgsim.bench import exchange as bench_exchange  # noqa: E402
@@ -85,11 +86,14 @@ CLUSTER = {"ethernet": "1 Gb/s Ethernet (GTX 1080)", "infiniband": "100 Gb/s Inf
 df["cluster_label"] = df.cluster.map(CLUSTER)
 print(gains.pivot_table(index="gpus", columns=["cluster", "net"], values="gain").round(2).to_string())
 
-# one colour per method in every panel: the model's four in (a)-(f), the benchmark's modes in (g)
-_C = sns.color_palette("colorblind")
-PALETTE = {LABEL["fp32"]: _C[0], LABEL["terngrad"]: _C[4], LABEL["fp16"]: _C[2], LABEL["terngrad2"]: _C[3],
-           "tg_allreduce": _C[5], "tg_ps": _C[9], "tg_allgather": _C[1]}
+# one colour per codec in every panel and every figure (_theme.CODEC_COLORS): fp32 black, fp16 grey, TernGrad
+# orange; TernGrad's two downlinks are told by line style and marker (solid: the paper's 2-bit downlink,
+# dashed: tgsim's exact-sum), (g)'s exchange modes (all TernGrad) by marker
+PALETTE = {LABEL["fp32"]: codec_color("fp32"), LABEL["terngrad"]: codec_color("terngrad"),
+           LABEL["fp16"]: codec_color("fp16"), LABEL["terngrad2"]: codec_color("terngrad")}
 MARKERS = {LABEL["fp32"]: "o", LABEL["terngrad"]: "X", LABEL["fp16"]: "s", LABEL["terngrad2"]: "P"}
+DASHES = {LABEL["fp32"]: "", LABEL["fp16"]: "", LABEL["terngrad2"]: "", LABEL["terngrad"]: (4, 2)}
+MODE_MARKERS = {"tg_allreduce": "o", "tg_ps": "s", "tg_allgather": "^"}
 
 
 # %% figure: (a)-(f) rows = cluster, columns = net; (g) the emulated link in the fourth column
@@ -102,7 +106,7 @@ def model_panel(ax, letter: str, net: str, cluster: str) -> None:
     TernGrad's gain over fp32 at 2 and 512 GPUs under each downlink."""
     d = df[(df.net == net) & (df.cluster == cluster)]
     sns.lineplot(data=d, x="gpus", y="throughput", hue="codec", style="codec", palette=PALETTE, markers=MARKERS,
-                 dashes=False, ax=ax, legend=False)
+                 dashes=DASHES, ax=ax, legend=False)
     ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="throughput (images/s)")
     ax.set_xticks([1, 8, 64, 512], ["1", "8", "64", "512"])
     ax.minorticks_off()
@@ -127,7 +131,8 @@ for ax in model_axes:
 # the legends of (a)-(f) and (g) in the fourth column's lower cell
 legend_ax = fig.add_subplot(grid[1, 3])
 legend_ax.axis("off")
-handles = [plt.Line2D([], [], color=PALETTE[k], marker=MARKERS[k], label=k) for k in MARKERS]
+handles = [plt.Line2D([], [], color=PALETTE[k], marker=MARKERS[k], ls="--" if DASHES[k] else "-", label=k)
+           for k in MARKERS]
 legend_ax.add_artist(legend_ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(-0.15, 1.12),
                                       title="method, panels (a)-(f)", fontsize=9, title_fontsize=9))
 fig.suptitle("MODEL ONLY, no measurement in (a)-(f): modeled throughput, parameter server, wait-free backprop "
@@ -182,20 +187,30 @@ def provenance(path: Path) -> str:
 
 
 def link_panel(ax, tg) -> None:
-    """Measured step speedup against the byte ratio per TernGrad exchange mode (colour) and
-    configuration (marker), with the model's line measured = byte ratio; its legend below it."""
-    sns.scatterplot(data=tg, x="byte_ratio", y="speedup", hue="mode", style="config", s=70, ax=ax,
-                    palette={m: PALETTE.get(m, _C[7]) for m in tg["mode"].unique()})
+    """Measured step speedup against the byte ratio per TernGrad exchange mode (marker; all TernGrad's
+    colour), N (hollow: 2 ranks, filled: more) and size (small: the fewest parameters, large: more), with
+    the model's line measured = byte ratio; its legend below it."""
+    tg_c = codec_color("terngrad")
+    few_ranks, few_params = tg.ranks.min(), tg.params.min()
+    for r in tg.itertuples():
+        ax.scatter([r.byte_ratio], [r.speedup], marker=MODE_MARKERS.get(r.mode, "D"), s=40 if r.params == few_params
+                   else 95, facecolor="white" if r.ranks == few_ranks else tg_c, edgecolor=tg_c, linewidth=1.3,
+                   zorder=3)
     lo = float(min(tg.byte_ratio.min(), tg.speedup.min())) / 1.2
     hi = float(max(tg.byte_ratio.max(), tg.speedup.max())) * 1.2
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="measured = byte ratio (model)")
     ax.set(xscale="log", yscale="log")
     log_ticks(ax, "x", [lo, hi], pad=1.0)
     log_ticks(ax, "y", [lo, hi], pad=1.0)
-    h, lab = ax.get_legend_handles_labels()
-    ax.get_legend().remove()
-    legend_ax.legend(h, lab, loc="lower left", bbox_to_anchor=(-0.15, -0.25), ncol=2, fontsize=7.5,
-                     title="(g) TernGrad exchange (colour), configuration (marker)", title_fontsize=8)
+    h = [plt.Line2D([], [], ls="none", marker=MODE_MARKERS.get(m, "D"), color=tg_c, label=m)
+         for m in dict.fromkeys(tg["mode"])]
+    h += [plt.Line2D([], [], ls="none", marker="o", mfc=fc, mec=tg_c, ms=ms, label=lab) for fc, ms, lab in (
+        ("white", 7, f"N = {few_ranks}: hollow"), (tg_c, 7, f"N = {', '.join(str(n) for n in sorted(set(tg.ranks)) if n != few_ranks)}: filled"),
+        ("white", 5, f"{few_params / 1e6:g}M params: small"),
+        ("white", 9, ", ".join(f"{p / 1e6:g}M" for p in sorted(set(tg.params)) if p != few_params) + " params: large"))]
+    h += [plt.Line2D([], [], color="black", lw=1, label="measured = byte ratio (model)")]
+    legend_ax.legend(handles=h, loc="lower left", bbox_to_anchor=(-0.15, -0.25), ncol=2, fontsize=7.5,
+                     title="(g) TernGrad (its colour): exchange mode (marker), N, size", title_fontsize=8)
 
 
 bench, where = bench_rows()

@@ -31,8 +31,18 @@
 #     proportional to the square root of the data dimension N");
 #   * sparse parameter averaging ("fp32+pqasgd": the model difference every 4 steps, uncompressed, Q = identity);
 #   * PQASGD, their own method ("terngrad+pqasgd": TernGrad's quantizer on the model difference every 4 steps);
-#   * TernGrad at its fixed 3 levels, outside the theorem's configuration (a tgsim variant of the claim).
+#   * TernGrad as the registry runs it, the paper's recipe (MAX-shared scaler, clipping at 2.5σ, 3 levels;
+#     at d = 64 its message carries about 9 bits per element, header and scaler included): no paper claims
+#     that TernGrad keeps a linear speedup (its Theorem 1 gives no rate); the row answers TernGrad's
+#     reviewer 3 (no rate analysis) and Jiang & Agrawal's reviewer 1 (linear speedup against prior art).
 # Every other registered codec: its own paper's claim (QSGD at its default 7 levels among them).
+# A row whose method sends what fp32 sends here (the same K on every run) is measured without a verdict;
+# a method that never reaches ε over the range fails (as fig08 counts a missed target): _rules.
+# speedup_row_verdict. Reviewer 4 of Jiang & Agrawal asks whether PQASGD still improves "when smaller
+# number of bits is used for QSGD": the row "PQASGD against fewer-bit QSGD" answers it from panel (d)'s
+# runs at one M (QSGD's fewest levels against PQASGD), with no verdict; PQASGD with QSGD as its own
+# quantizer was not run (reviewers.QUESTIONS names the command that would run it). One colour per method,
+# as in every figure (_theme.CODEC_COLORS).
 
 # %%
 import sys
@@ -44,7 +54,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, compare_outputs, paper_rule  # noqa: E402
-from _theme import (claim, label_points, log_ticks, plt, save, seeds_note, source, theme,  # noqa: E402
+from _rules import speedup_row_verdict  # noqa: E402
+from _theme import (claim, codec_palette, label_points, log_ticks, plt, save, seeds_note, source, theme,  # noqa: E402
                     untestable)
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 from tgsim.analysis.common import split_label  # noqa: E402
@@ -120,7 +131,7 @@ fig, axes = plt.subplots(rows_, 2, figsize=(15, 6.2 * rows_), squeeze=False)
 for ax in axes.flat[n_panels:]:
     ax.remove()
 ORDER = [m for _, ms in PANELS for m in ms]         # colours and markers in panel order: each method its own
-palette = {BASE: "black", **dict(zip(ORDER, (plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors) * 2))}
+palette = codec_palette([BASE, *ORDER])         # one colour per codec in every figure (fp32: black)
 MARKERS = {BASE: "o", **dict(zip(ORDER, "sD^vP*Xph<>8d" * 2))}
 
 
@@ -248,6 +259,8 @@ SPA_WORDS = source("ja-review", "This paper provides theoretical convergence ana
                    "quantization.", n=4)
 PQ_WORDS = source("ja-abstract", "We also propose a strategy called periodic quantized averaging (PQASGD) that "
                   "further reduces the communication cost while preserving the $O(1/\\sqrt{MK})$ convergence rate.")
+PRIOR_ART = source("ja-review", "Finally, since the paper claims to establish linear speedups, these should be also "
+                   "proved experimentally in comparison to prior art.", n=1)
 NO_RATE = source("tg-review", "it’s a pity that there’s no theoretical analysis of the convergence rate.", n=3)
 OTHER_WORDS = ("paraphrase: QSGD (Alistarh et al.), error-feedback SGD (Stich et al.) and the other codecs' papers: "
                "the compressed method keeps SGD's rate in M")
@@ -274,26 +287,83 @@ def measured(m: str) -> str:
 
 
 def row(name: str, m: str | None, paper: str, kind: str, setting: str, why_absent: str = "") -> dict:
-    """The claim `name` about method m: decided by `keeps_speedup` over the tested range; "untestable here"
-    without a range; "n/a" when the run did not include m, or when m's K is fp32's on every run (it
-    compresses nothing here: nothing to test); "not confirmed" when m missed ε on every run of the
-    range (its failure, as fig08 counts a missed target)."""
-    if m is None:
+    """The claim `name` about method m, its verdict by `_rules.speedup_row_verdict`: "n/a" when the run did
+    not include m, or when m's K is fp32's on every run (it compresses nothing here: nothing to test);
+    "untestable here" without a range; "not confirmed" when m missed ε on every run of the range (its
+    failure, as fig08 counts a missed target); else `keeps_speedup` over the tested range."""
+    mine = rows_of(m) if m is not None else runs.iloc[:0]
+    verdict, why = speedup_row_verdict(run=m is not None, has_range=bool(MS), same_as_reference=m in SAME,
+                                       reached=int(mine.K.notna().sum()), runs=len(mine),
+                                       slope_verdict=keep[m]["verdict"] if m in keep else None)
+    if why == "not run":
         return claim(name, paper, f"not run: {why_absent}", None, kind=kind, setting=setting)
-    if not MS:
+    if why == "no linear range":
         return {**untestable(name, paper, f"fp32 itself has no linear range here ({lin['test']})", WOULD, kind=kind,
                              setting=setting), "_rows": lin["prefixes"]}
-    mine = rows_of(m)
-    if m in SAME:
+    if why.startswith("the same runs"):
         return claim(name, paper, measured(m) + "; no verdict: the same runs as fp32's, nothing compressed to test",
                      None, kind=kind, setting=setting, scale="lsq", rows=rows_of(BASE, m))
-    if len(mine) and mine.K.isna().all():
+    if why.startswith("missed"):
         return claim(name, paper, f"{m}: missed ε on all {len(mine)} runs over M = {min(MS):g}..{max(MS):g} (cap "
-                     f"{int(mine.cap.max())} iterations)", False, kind=kind, setting=setting,
+                     f"{int(mine.cap.max())} iterations)", verdict, kind=kind, setting=setting,
                      test="a method that reaches ε on no run keeps no speedup (its failure, as in fig08)",
                      scale="lsq", rows=rows_of(BASE, m))
-    return claim(name, paper, measured(m), keep[m]["verdict"], kind=kind, setting=setting, test=keep[m]["test"],
+    return claim(name, paper, measured(m), verdict, kind=kind, setting=setting, test=keep[m]["test"],
                  scale="lsq", rows=rows_of(BASE, m))
+
+
+def tern_config(m: str) -> str:
+    """The configuration m ran with, from the CSV's codec_options (TernGrad's clipping and sharing) and its
+    measured bits up per element."""
+    cell = runs[runs.method == m].codec_options.dropna()
+    opts = dict(kv.split("=", 1) for kv in str(cell.iloc[0]).split(";") if "=" in kv) if len(cell) else {}
+    shown = ", ".join(f"{k}={opts[k]}" for k in ("sharing", "clip", "clip_factor", "scope") if k in opts)
+    return (f"{m} with {shown or 'the registry defaults'} (the registry's defaults: the paper's recipe, a MAX-shared "
+            f"scaler and clipping at 2.5σ), every step, fp32's learning rate; "
+            f"{runs[runs.method == m].bits_up.mean():.3g} bits up per element measured at d = {DIM} (3 levels, "
+            "packed 4 to a byte, plus the message header and the float32 scaler, which weigh heavily at 64 "
+            "elements)")
+
+
+def fewer_bits_row() -> dict:
+    """Reviewer 4 of Jiang & Agrawal: "Will the proposed method still have improvement when smaller number of
+    bits is used for QSGD?" Read as PQASGD against QSGD at fewer levels: at panel (d)'s M, PQASGD's K and
+    compression beside QSGD's at each level count of the compression sweep (an answer, no verdict). The
+    other reading, PQASGD quantizing with fewer-bit QSGD itself, was not run (reviewers.QUESTIONS)."""
+    words = source("ja-review", "Will the proposed method still have improvement when smaller number of bits is used "
+                   "for QSGD?", n=4)
+    name = "PQASGD against fewer-bit QSGD (reviewer 4's question)"
+    q = c_rows[c_rows.method == "qsgd"].sort_values("knob_value") if len(c_rows) else c_rows
+    if not len(q) or not PQ:
+        return claim(name, words, "not in this run: " + ("no QSGD level sweep" if not len(q) else "no PQASGD"),
+                     None, kind="reviewer question", setting="tgsim compare speedup's compression sweep")
+    M = int(q.workers.iloc[0])
+    pq = w[(w.method == PQ[0]) & (w.workers == M)].iloc[0]
+    fp = w[(w.method == BASE) & (w.workers == M)].iloc[0]
+
+    def k(r) -> str:
+        return (f"K {r.K_gmean:.0f} [{r.K_lo:.0f}, {r.K_hi:.0f}]" if np.isfinite(r.K_gmean) else
+                "missed ε on some seed")
+    text = (f"at M = {M}: {PQ[0]} {k(pq)} at compression x{pq.compression:.3g} ({32 / pq.compression:.3g} bits up "
+            f"per element); fp32 {k(fp)}; QSGD by levels: " + "; ".join(
+                f"{r.knob_value:g} level(s) {k(r)} at x{r.compression:.3g}" for r in q.itertuples())
+            + f". PQASGD compresses more than QSGD at its fewest level ({q.knob_value.min():g}: "
+              f"x{q.compression.iloc[0]:.3g}) and reaches ε in "
+            + ("fewer" if pq.K_gmean < q.K_gmean.iloc[0] else "more") + " iterations (geometric means; the "
+            "intervals " + ("overlap" if pq.K_hi >= q.K_lo.iloc[0] and q.K_hi.iloc[0] >= pq.K_lo else "do not overlap")
+            + "). Not answered: PQASGD quantizing with fewer-bit QSGD itself (no qsgd+pqasgd run; the command is in "
+              "the reviewers' table)")
+    return claim(name, words, text, None, kind="reviewer question",
+                 setting=f"least squares (dim {DIM}), M = {M} (panel (d)'s; "
+                         + (f"inside fp32's linear range M = {min(MS):g}..{max(MS):g}" if MS and min(MS) <= M <= max(MS)
+                            else "outside fp32's linear range: K near its deterministic floor") + "), fp32's "
+                         "learning rate for every method; PQASGD = "
+                         f"{PQ[0]} (TernGrad's quantizer every 4 steps), QSGD = the compression sweep's levels "
+                         "(one QSGD bucket of 64)",
+                 test="an answer to the question (iterations to ε and measured compression side by side), no "
+                      "verdict: one M, geometric means over seeds with 95 % t-intervals",
+                 scale="lsq", rows=pd.concat([q, w[w.method.isin([PQ[0], BASE]) & (w.workers == M)]],
+                                             ignore_index=True))
 
 
 fp_rows = runs[runs.method == BASE].assign(in_tested_range=lambda d: d.workers.isin(MS))
@@ -335,11 +405,16 @@ claims = [
         "Jiang & Agrawal's Algorithm 1 (their own method); here TernGrad's quantizer on the model difference every "
         f"4 steps ({PQ_M}), K counted in iterations on the last synchronized model; " + SETTING, not_run),
     *[row(f"{m} keeps the linear speedup", m, PQ_WORDS, "paper claim", "a PQASGD variant; " + SETTING) for m in PQ[1:]],
-    row("TernGrad keeps the linear speedup", TERN[0] if TERN else None, CONDITIONS + "; " + NO_RATE, "tgsim variant",
-        "Jiang & Agrawal's rate claim tested on TernGrad at its fixed 3 levels (2 bits), which their conditions on "
-        "the levels do not cover, and TernGrad's paper states no rate: a tgsim variant of the claim; " + SETTING,
-        "this run has no TernGrad"),
+    row("TernGrad keeps the linear speedup", TERN[0] if TERN else None,
+        PRIOR_ART + "; " + NO_RATE, "reviewer question",
+        "the words quoted are not the paper's about TernGrad, and neither is a claim about its speedup: the first asks "
+        "Jiang & Agrawal to show linear speedup against prior art, the second regrets that TernGrad has no rate "
+        "analysis; no paper claims that TernGrad keeps a linear speedup. "
+        + (f"Ran: {tern_config(TERN[0])}. " if TERN else "") + "Jiang & Agrawal's test of the linear speedup applied to "
+        "TernGrad as prior art (their conditions on the quantization levels do not cover its 3 fixed levels); "
+        + SETTING, "this run has no TernGrad"),
     *[row(f"{m} keeps the linear speedup", m, OTHER_WORDS, "other paper's result", SETTING) for m in OTHERS],
+    fewer_bits_row(),
 ]
 tables = [df.assign(table="speedup"), lin["prefixes"].assign(table="fp32 linear-range prefixes"),
           pd.DataFrame([dict(keep[m], table="slope against fp32 over the tested range") for m in keep])]

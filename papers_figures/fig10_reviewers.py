@@ -15,6 +15,8 @@
 #     QSGD against TernGrad: the row answers the question Jiang & Agrawal's reviewer 1 put to their
 #     paper, the variance "for a given communication budget, in comparison to prior art", for
 #     TernGrad and QSGD.
+# One colour per codec, as in every figure (_theme.CODEC_COLORS): TernGrad (one scaler per layer) orange,
+# its whole-model scaler vermillion, QSGD blue, fp16 grey.
 # Full: 300 MLP steps plus the shared compare run; `--quick`: 60 steps. Run times: docs/MEASUREMENTS.md.
 
 # %%
@@ -26,7 +28,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import coding_of, command_line, compare_outputs  # noqa: E402
-from _theme import claim, log_ticks, plt, save, seeds_note, sns, source, theme  # noqa: E402
+from _theme import claim, codec_color, log_ticks, plt, save, seeds_note, sns, source, theme  # noqa: E402
 
 from tgsim.analysis.common import mlp_digits_config, single_thread, terngrad_error, trajectory  # noqa: E402
 from tgsim.analysis.verdicts import combine, noninferiority  # noqa: E402
@@ -72,14 +74,19 @@ b = pick[pick.workers == 1][["kind", "codec", "label", "workers", "budget", "kno
 
 # %% figure: (a) the error the layer-wise verdicts judge, (b) the error at each codec's bits
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+# one colour per codec in every figure (_theme.CODEC_COLORS): one scaler per layer is TernGrad as the paper runs
+# it, one for the model its scope=model variant (fig11's terngrad[scope=model])
+SCALER_COLORS = {"one per layer": codec_color("terngrad"), "one for the model": codec_color("terngrad[scope=model]")}
 sns.lineplot(data=errs, x="step", y="mse", hue="scaler", style="clip", estimator="median", errorbar=("pi", 50),
-             ax=axes[0])
+             ax=axes[0], palette=SCALER_COLORS)
 axes[0].set(yscale="log", xlabel="training step (iterations)", ylabel="E||Q - g||² / ||g||²  (dimensionless)",
             title="(a) whole MLP's error incl. clipping's bias")
 log_ticks(axes[0], "y", errs.mse)
 axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
 sns.barplot(data=b, x="kind", y="rel_mse", hue="label", ax=axes[1], errorbar=None,
-            hue_order=["TernGrad, 2 bits", "QSGD, 4-bit budget", "fp16, 16 bits"])
+            hue_order=["TernGrad, 2 bits", "QSGD, 4-bit budget", "fp16, 16 bits"], saturation=1,
+            palette={"TernGrad, 2 bits": codec_color("terngrad"), "QSGD, 4-bit budget": codec_color("qsgd"),
+                     "fp16, 16 bits": codec_color("fp16")})
 for bars in axes[1].containers:
     axes[1].bar_label(bars, fmt="%.1e", fontsize=6.5, rotation=90, padding=2)
 axes[1].set(yscale="log", xlabel="vector kind (one worker, N = 1)",

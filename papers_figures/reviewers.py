@@ -17,13 +17,14 @@ words that gives it (`margin(key)`, `reading(key)`): every figure that tests the
 
 from __future__ import annotations
 
+from _rules import NO_LOSS_RULE
 from _theme import source, untestable
 
 WORDS = {
     "no-loss": dict(src="tg-abstract", words="Our experiments show that applying TernGrad on AlexNet does not incur "
                     "any accuracy loss and can even improve accuracy.", margin=0.0,
                     reading="\"does not incur any accuracy loss\": the method's accuracy is not below fp32's "
-                            "(non-inferiority, margin 0 points)"),
+                            "(non-inferiority, " + NO_LOSS_RULE + ")"),
     "under-2": dict(src="tg-abstract", words="The accuracy loss of GoogLeNet induced by TernGrad is less than 2% on "
                     "average.", margin=2.0,
                     reading="\"less than 2% on average\": the mean loss over seeds under 2 points of accuracy "
@@ -73,6 +74,13 @@ def reading(key: str) -> str:
     return WORDS[key]["reading"]
 
 TERNGRAD = "Wen et al. 2017 (TernGrad)"
+# the runs that would answer Jiang & Agrawal's reviewer 4 on PQASGD with fewer-bit QSGD as its quantizer
+# (labels NAME[options]+pqasgd: tgsim.analysis.common.split_label); fig08 / fig09 would read them
+R4_METHODS = ("fp32,qsgd[levels=1],qsgd[levels=3],qsgd[levels=8],terngrad+pqasgd,qsgd[levels=1]+pqasgd,"
+              "qsgd[levels=3]+pqasgd,qsgd[levels=8]+pqasgd")
+R4_COMMAND = (f"`tgsim compare speedup --methods '{R4_METHODS}' --out papers_figures/out/compare-speedup-r4` "
+              f"(iterations to ε against M and the compression ratio) and `tgsim compare bits --methods "
+              f"'{R4_METHODS}' --out papers_figures/out/compare-bits-r4` (bits and accuracy to the loss target)")
 JIANG = "Jiang & Agrawal 2018"
 
 QUESTIONS = [
@@ -116,7 +124,7 @@ QUESTIONS = [
          note="PQASGD (TernGrad every 4 steps) against TernGrad and QSGD alone, in bits to the same loss"),
     dict(paper=JIANG, reviewer="R1", question="speedup against the compression ratio; P machines against 1",
          rows=(("fig09", "TernGrad keeps the linear speedup"), ("fig09", "PQASGD keeps the linear speedup")),
-         note="fig09 (a) iterations against M, (b) against the compression ratio at a fixed M"),
+         note="fig09 (a)-(c) iterations against M, (d) against the compression ratio at a fixed M"),
     dict(paper=JIANG, reviewer="R1", question="were the learning rates tuned for every method and worker count?",
          rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss (each method's tuned rate)"),
                ("fig11", "TernGrad needs fewer bits in total to reach the loss (paper recipe; own-lr)"),
@@ -148,7 +156,7 @@ QUESTIONS = [
     dict(paper=JIANG, reviewer="R4", question="how many bits does the O(1/√MK) rate need; how many are used?",
          rows=(("fig07", "QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance"),
                ("fig09", "qsgd[levels=8] keeps the linear speedup (Jiang & Agrawal's rate)")),
-         note="fig09 (b) plots iterations against the measured bits of each level count; QSGD at s = sqrt(64) = 8 "
+         note="fig09 (d) plots iterations against the measured bits of each level count; QSGD at s = sqrt(64) = 8 "
               "levels (its measured bits per element in fig09's rows) is the level count the rate needs here"),
     dict(paper=JIANG, reviewer="R4", question="networks faster than 1 Gb/s",
          rows=(("fig06", "the gain grows as the bandwidth falls"),
@@ -158,10 +166,19 @@ QUESTIONS = [
               "N); no measured fast link here"),
     dict(paper=JIANG, reviewer="R4", question="results on ImageNet", rows=(),
          note="cannot be answered at this scale (see the untestable claims)"),
-    dict(paper=JIANG, reviewer="R4", question="QSGD's number of bits; fewer bits for QSGD",
-         rows=(("fig10", "TernGrad against 4-bit QSGD at N = 1"),
-               ("fig11", "QSGD's bits with the paper's coding (2, 4, 8-bit words)")),
-         note="fig07 and fig09 (b) sweep QSGD's levels; the bits are measured from its payloads"),
+    dict(paper=JIANG, reviewer="R4", question="the exact number of bits used for QSGD",
+         rows=(("fig11", "QSGD's bits with the paper's coding (2, 4, 8-bit words)"),
+               ("fig09", "qsgd[levels=8] keeps the linear speedup (Jiang & Agrawal's rate)")),
+         note="measured from QSGD's payloads: fig11's row per level count and model, fig09's row at s = 8 levels "
+              "(its bits up per element in the row); fig07 and fig09 (d) sweep QSGD's levels"),
+    dict(paper=JIANG, reviewer="R4", question="\"Will the proposed method still have improvement when smaller "
+                                              "number of bits is used for QSGD?\"",
+         rows=(("fig09", "PQASGD against fewer-bit QSGD (reviewer 4's question)"),),
+         note="partly. Read as PQASGD against QSGD at fewer levels: fig09's row, at one M on least squares (PQASGD "
+              "with TernGrad's quantizer against QSGD at 1-32767 levels), no verdict. Read as PQASGD quantizing "
+              "with fewer-bit QSGD itself: unanswered, no run exists (fig08 and fig09 run PQASGD with TernGrad's "
+              "quantizer only, and fig10's 'TernGrad against 4-bit QSGD' compares the quantizers, not PQASGD). "
+              "The runs that would answer it: " + R4_COMMAND),
 ]
 
 UNTESTABLE = [

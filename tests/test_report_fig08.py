@@ -112,9 +112,16 @@ def test_fig08_verdicts_on_known_data(tmp_path):
     assert len(none) == 4 and none.test.str.contains("margin 0 points").all()
     assert set(none[none.claim.str.contains("MEAN")].verdict) == {"not confirmed"}
     assert "not confirmed" not in set(none[~none.claim.str.contains("MEAN")].verdict)   # equal by construction
-    assert row("PQASGD's accuracy against fp32's", "terngrad+pqasgd").verdict != "not confirmed"
-    diverged = row("PQASGD's accuracy against fp32's", "qsgd+pqasgd")          # on one seed: its own failure
-    assert diverged.verdict == "not confirmed" and "diverged in 1 of 3" in diverged.measured
+    # "no accuracy loss" gives no tolerance: at margin 0 the verdict is at best inconclusive (not contradicted)
+    assert set(none[~none.claim.str.contains("MEAN")].verdict) == {"inconclusive"}
+    assert none[~none.claim.str.contains("MEAN")].measured.str.contains("(not contradicted)", regex=False).all()
+    assert none[none.claim.str.contains("MEAN")].measured.str.contains("(loss shown)", regex=False).all()
+    # reviewer 3 of Jiang & Agrawal asks whether periodic averaging diverged and for the accuracies: an
+    # answer (differences, intervals, divergences counted), not a claim that can fail
+    assert row("PQASGD's accuracy against fp32's", "terngrad+pqasgd").verdict == "n/a"
+    diverged = row("PQASGD's accuracy against fp32's", "qsgd+pqasgd")          # on one seed
+    assert diverged.verdict == "n/a" and "diverged before the common step in 1 of 3" in diverged.measured
+    assert "90 % interval" in diverged.measured                                  # over the finite pairs
 
 
 def test_fig08_refuses_csvs_without_the_common_step(tmp_path):
