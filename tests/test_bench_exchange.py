@@ -12,9 +12,55 @@ import pandas as pd
 import pytest
 
 from tgsim.bench import exchange as be
+from tgsim.codecs.packing import uint_width
+from tgsim.exchange.base import ring_allreduce_bytes
+from tgsim.exchange.mpi import CHUNK
+from tgsim.exchange.sharded import shard_pieces, shard_plan
 
 OK, WHY = be.check_environment()
 needs_netns = pytest.mark.skipif(not OK, reason=f"cannot emulate a network here: {WHY}")
+LAYERS = 16         # the bench's AlexNet-shaped gradient: one float32 scaler per layer
+
+
+def _per_rank(cell) -> list[float]:
+    """A payload_sent_by_rank / payload_received_by_rank cell ("b0;b1;...") as floats, rank order."""
+    return [float(v) for v in str(cell).split(";")]
+
+
+def check_sharded_bytes(row, mode: str, n: int, params: int) -> None:
+    """tg_sharded_ps (pipelined: `shard_pieces(T, N, "2bit", CHUNK)`, one header per piece) and
+    tg_sharded_ps_whole (one Alltoallv + one Allgatherv: `shard_plan(T, N, "2bit")`): every rank's
+    bytes are the plan's `code_bytes(rank)` (every bench layer is ternary: T = P) plus the scaler
+    all-reduce, and the busiest link carries (N-1)/N (2 + w) bits per element."""
+    sc = ring_allreduce_bytes(4 * LAYERS, n)
+    assert row["payload_scalers"] == pytest.approx(sc)
+    whole = mode.endswith("_whole")
+    assert row["chunk"] == (-1 if whole else CHUNK)
+    plan = shard_plan(params, n, "2bit") if whole else shard_pieces(params, n, "2bit", CHUNK)
+    sent, recv = _per_rank(row["payload_sent_by_rank"]), _per_rank(row["payload_received_by_rank"])
+    assert len(sent) == len(recv) == n
+    for rank in range(n):
+        want = plan.code_bytes(rank)
+        assert sent[rank] == pytest.approx(want.sent + sc, abs=1e-6), rank
+        assert recv[rank] == pytest.approx(want.received + sc, abs=1e-6), rank
+    assert row["payload_total"] == pytest.approx(sum(sent))
+    assert row["payload_max_link"] == pytest.approx(max(max(sent), max(recv)))
+    assert row["payload_max_link"] == pytest.approx((n - 1) / n * (2 + plan.width) / 8 * params, rel=0.01)
+
+
+def check_rank0_ps_bytes(row, n: int, params: int) -> None:
+    """tg_ps: rank 0's link carries (N-1) x a worker's bytes (the scaler all-reduce, the same on every
+    rank, aside): N-1 slots of 2-bit codes in, N-1 downlinks of sums at w = ceil(log2(2N+1)) bits out;
+    every worker alike."""
+    sc = row["payload_scalers"]
+    sent, recv = _per_rank(row["payload_sent_by_rank"]), _per_rank(row["payload_received_by_rank"])
+    assert len(set(sent[1:])) == 1 and len(set(recv[1:])) == 1
+    assert sent[0] - sc == pytest.approx((n - 1) * (recv[1] - sc))
+    assert recv[0] - sc == pytest.approx((n - 1) * (sent[1] - sc))
+    assert sent[0] - sc == pytest.approx((n - 1) * uint_width(n) / 8 * params, rel=0.01)    # the direction
+    assert recv[0] - sc == pytest.approx((n - 1) * 2 / 8 * params, rel=0.01)
+    assert row["payload_rank0_sent"] == pytest.approx(sent[0])
+    assert row["payload_rank0_received"] == pytest.approx(recv[0])
 
 
 def test_layer_split_and_rate_parsing():
@@ -57,6 +103,10 @@ def test_summarize_ratios_targets_and_causes():
     assert "one after the other" not in r.loc[("switch", "tg_ps"), "cause"]
     assert "one after the other" not in r.loc[("shared", "tg_ps_whole"), "cause"]
     assert np.isnan(r.loc[("shared", "fp32_exact"), "meets_target"])
+    # unshaped (rate none, the host-bound reference rows): no line rate, no line-rate cause, no error
+    none = be.summarize(pd.DataFrame(rows).assign(rate="none")).set_index(["topology", "mode"])
+    assert "one after the other" not in none.loc[("switch", "tg_ps_whole"), "cause"]
+    assert np.isnan(none.loc[("switch", "tg_ps_whole"), "meets_target"])
 
 
 def test_summarize_target_threshold():
@@ -88,17 +138,50 @@ def test_bench_smoke_shared_1gbit(tmp_path):
     rc = be.run_point("shared", "1gbit", 2, [400_000], raw, steps=2, warmup=1, budget=0, timeout=120, quiet=True)
     assert rc == 0
     df = be.summarize(pd.read_csv(raw))
-    assert set(df["mode"]) == {"fp32_native", "fp32_exact", "tg_allreduce", "tg_ps", "tg_allgather"}
+    assert set(df["mode"]) == {"fp32_native", "fp32_exact", "tg_allreduce", "tg_ps", "tg_allgather", "tg_sharded_ps"}
     r = df.set_index("mode")
     # the bytes went over the shaped interface, and the count matches the payload model
-    for mode in ("fp32_native", "tg_allreduce", "tg_allgather"):
+    for mode in ("fp32_native", "tg_allreduce", "tg_allgather", "tg_sharded_ps"):
         assert r.loc[mode, "wire_bytes"] == pytest.approx(r.loc[mode, "payload_total"], rel=0.1)
     # the link really is shaped: fp32 needs >= 70% of its line time at 1 Gb/s (unshaped lo is ~10x faster)
     line = r.loc["fp32_native", "payload_total"] * 8 / 1e9
     assert r.loc["fp32_native", "t_wire"] >= 0.7 * line
     assert r.loc["tg_allgather", "byte_ratio"] == pytest.approx(16, rel=0.02)
     assert r.loc["tg_allreduce", "byte_ratio"] == pytest.approx(4, rel=0.01)
+    # sharded_ps at N = 2: (N-1)/N (2 + 3) = 2.5 bits per element each way against fp32's 32
+    assert r.loc["tg_sharded_ps", "byte_ratio"] == pytest.approx(32 / 2.5, rel=0.01)
+    check_sharded_bytes(r.loc["tg_sharded_ps"], "tg_sharded_ps", 2, 400_000)
     assert (df["t_step"] > 0).all() and (df["speedup"] > 0).all()
+
+
+@needs_netns
+def test_sharded_and_rank0_ps_bytes_on_a_switch(tmp_path):
+    """N = 3 on the switch topology (one shaped full-duplex link per rank), 1.2M elements (shards of
+    400k: two pieces each at the default chunk of 2^18), several seconds: tg_sharded_ps's bytes per
+    rank are `shard_pieces(P, N, "2bit", CHUNK).code_bytes(rank)` plus the scaler all-reduce,
+    tg_sharded_ps_whole's `shard_plan(P, N, "2bit").code_bytes(rank)` plus it (one header less per
+    extra piece each way), and they are what crossed the ranks' interfaces; rank 0's ps link
+    carries (N-1) x a worker's bytes, so its busiest link is heavier than every sharded link."""
+    raw = tmp_path / "raw.csv"
+    n, params = 3, 1_200_000
+    modes = ["fp32_native", "tg_ps", "tg_sharded_ps", "tg_sharded_ps_whole"]
+    rc = be.run_point("switch", "1gbit", n, [params], raw, steps=2, warmup=1, budget=0, timeout=180, quiet=True,
+                      modes=modes)
+    assert rc == 0
+    df = be.summarize(pd.read_csv(raw))
+    assert list(df["mode"]) == modes
+    r = df.set_index("mode")
+    for mode in ("tg_sharded_ps", "tg_sharded_ps_whole"):
+        check_sharded_bytes(r.loc[mode], mode, n, params)
+        # on the switch every rank's eth0 tx is counted: the sum is what the ranks sent (+ TCP/IP, Barriers)
+        assert r.loc[mode, "wire_bytes"] == pytest.approx(r.loc[mode, "payload_total"], rel=0.1)
+        assert r.loc["tg_ps", "payload_max_link"] > 1.5 * r.loc[mode, "payload_max_link"]
+        assert r.loc[mode, "t_step"] > 0 and r.loc[mode, "t_wire"] > 0
+    # two pieces per shard: one more 8-byte header per shard each way, to and from N-1 peers
+    extra = _per_rank(r.loc["tg_sharded_ps", "payload_sent_by_rank"])[0] - \
+        _per_rank(r.loc["tg_sharded_ps_whole", "payload_sent_by_rank"])[0]
+    assert extra == pytest.approx(2 * (n - 1) * 8)
+    check_rank0_ps_bytes(r.loc["tg_ps"], n, params)
 
 
 @needs_netns
@@ -113,6 +196,12 @@ def test_the_whole_quick_grid(tmp_path):
     df = pd.read_csv(tmp_path / "bx.csv")
     assert set(zip(df.ranks, df.params)) == {(2, 1_000_000), (2, 4_000_000), (4, 1_000_000), (4, 4_000_000)}
     assert df["quick"].astype(bool).all() and (df["t_step"] > 0).all()
+    assert set(df["mode"]) == {"fp32_native", "fp32_exact", "tg_allreduce", "tg_ps", "tg_allgather", "tg_sharded_ps"}
+    assert len(df) == 4 * 6
+    for row in df[df["mode"] == "tg_sharded_ps"].to_dict("records"):
+        check_sharded_bytes(row, "tg_sharded_ps", int(row["ranks"]), int(row["params"]))
+    for row in df[df["mode"] == "tg_ps"].to_dict("records"):
+        check_rank0_ps_bytes(row, int(row["ranks"]), int(row["params"]))
 
 
 def test_cmd_explains_when_namespaces_are_unavailable(monkeypatch, capsys):

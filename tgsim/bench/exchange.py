@@ -218,12 +218,15 @@ def _cause(r) -> str:
                     "(binomial Gather/Bcast forward through inner ranks)")
     if cpu > 0.3 * r.t_step:
         where = "server parse + sum + pack of the downlink, workers unpack" if r.mode.startswith("tg_ps") else \
-            "int8 unpack + float64 scaling" if r.mode == "tg_allreduce" else "parse + weighted sum"
+            "int8 unpack + float64 scaling" if r.mode == "tg_allreduce" else \
+            "unpack + cut + pack the codes, sum one shard, unpack + decode every sum" \
+            if r.mode.startswith("tg_sharded_ps") else "parse + weighted sum"
         over = f", {r.ranks} ranks on {int(r.cores)} cores" if r.ranks > r.cores else ""
         bits.append(f"CPU-bound: encode {r.t_encode * 1e3:.0f} ms + decode {r.t_decode * 1e3:.0f} ms "
                     f"({where}) of a {r.t_step * 1e3:.0f} ms step{over}")
     up, down = getattr(r, "payload_rank0_received", float("nan")), getattr(r, "payload_rank0_sent", float("nan"))
-    if r.mode in ("tg_ps_whole", "tg_ps_collective") and r.topology == "switch" and up + down > 1.3 * max(up, down):
+    if r.mode in ("tg_ps_whole", "tg_ps_collective") and r.topology == "switch" and r.rate != "none" \
+            and up + down > 1.3 * max(up, down):            # (unshaped: no line rate to compare with)
         bps = rate_bits(r.rate)
         bits.append(f"the server's link carries the uplink ({up / 1e6:.1f} MB in) and then the downlink "
                     f"({down / 1e6:.1f} MB out) one after the other: {(up + down) * 8e3 / bps:.0f} ms at line "
@@ -300,11 +303,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="shared topology, 1 Gb/s, N = 2, 4, P = 1M, 4M, 3 steps; "
                    "a smoke test: every row of the CSV gets quick = True (readers refuse or mark it)")
     p.add_argument("--topologies", help="comma list of shared,switch (default: both)")
-    p.add_argument("--rates", help="comma list of tc rates (default 1gbit,10gbit)")
+    p.add_argument("--rates", help="comma list of tc rates: NUMBER + kbit, mbit or gbit (e.g. 100mbit, 1gbit), "
+                   "or none (unshaped) (default 1gbit,10gbit)")
     p.add_argument("--ranks", help="comma list of N (default 2,4,8)")
     p.add_argument("--params", help="comma list of gradient sizes (default 1e6,4e6,16e6)")
-    p.add_argument("--steps", type=int, help="timed steps per point (default 5)")
-    p.add_argument("--modes", help="comma list (default: fp32_exact,fp32_native,tg_allreduce,tg_ps,tg_allgather)")
+    p.add_argument("--steps", type=int, help="timed steps per point (default 5; --quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds of every mode before the timed ones (default 1)")
+    p.add_argument("--budget", type=float, help="seconds per size: when the last warm-up round of all modes is "
+                   "slow, time fewer steps (at least 3); 0 = always --steps (default 45; --quick 20)")
+    p.add_argument("--modes", help="comma list (default: fp32_exact,fp32_native,tg_allreduce,tg_ps,tg_allgather,"
+                   "tg_sharded_ps; also tg_ps_whole, tg_ps_collective, tg_allgather_whole, tg_sharded_ps_whole)")
     p.add_argument("--out", default="results/bench_exchange.csv", help="CSV of every row")
     p.add_argument("--quiet", action="store_true")
 
@@ -326,6 +334,17 @@ def cmd(args) -> int:
         cfg["params"] = lst(args.params, lambda x: int(float(x)))
     if args.steps:
         cfg["steps"] = args.steps
+    if getattr(args, "warmup", None) is not None:
+        cfg["warmup"] = args.warmup
+    if getattr(args, "budget", None) is not None:
+        cfg["budget"] = args.budget
+    for rate in cfg["rates"]:
+        try:
+            if rate != "none":
+                rate_bits(rate)
+        except ValueError as e:     # before any namespace is made
+            print(f"tgsim bench exchange: --rates: {e}, or none", file=sys.stderr)
+            return 2
     ok, why = check_environment()
     if not ok:
         print(f"tgsim bench exchange: {why}", file=sys.stderr)

@@ -26,6 +26,18 @@ large FC layers). Modes, each through `tgsim.exchange.mpi.MPIExchange` (the code
   tg_allgather  TernGrad, shared scalers, all-gather of the packed messages: pieces of 2^18 elements
                 Isent to every other rank, piece k summed while later pieces arrive (MPIExchange's
                 default for NumPy buffers)
+  tg_sharded_ps TernGrad, shared scalers, the sharded parameter server (MPIExchange mode "sharded_ps",
+                tgsim/exchange/sharded.py): every rank owns a contiguous 1/N of the T ternary elements
+                (every layer of the bench is ternary: T = P); shard r's 2-bit codes go to rank r, the
+                owner sums them and returns its sums packed at ceil(log2(2N+1)) bits to every rank.
+                MPIExchange's default for NumPy buffers: pipelined, each shard in pieces of about
+                `chunk` elements (Isend/Irecv, one u64 header per piece each way; mpi_pipelined
+                `_sharded_pipelined`); bytes of rank r: sharded.shard_pieces(T, N, "2bit",
+                chunk).code_bytes(r) + the scaler all-reduce
+  tg_sharded_ps_whole  the same server not pipelined: one Alltoallv of the shards' blocks, the sums,
+                one Allgatherv (what CuPy buffers take; not in the default set); bytes of rank r:
+                sharded.shard_plan(T, N, "2bit").code_bytes(r) + the scaler all-reduce (equal to
+                the pipelined count while every shard fits in one piece, T <= N chunk)
 
 A TernGrad step is: pass 1 (codec.scaling) -> MAX all-reduce of the scalers (ex.max_scalers) ->
 encode -> ex.terngrad (wire + server sum + decode). Steps of the modes are interleaved
@@ -55,7 +67,13 @@ shares its cores with whatever else runs, and the CPU parts of a step slow down 
 
 Bytes: `payload_total` = Σ over ranks of the bytes each rank sent (MPIExchange's CommBytes, counted
 from the payloads: ring model for Allreduce, N-1 copies for the server's Bcast, the scaler Allreduce
-included); `payload_max_link` = max over ranks of max(sent, received) (the busiest link of a switch).
+included); `payload_max_link` = max over ranks of max(sent, received) (the busiest link of a switch);
+`payload_sent_by_rank` / `payload_received_by_rank` = every rank's bytes, rank order, joined by ";"
+(in ps mode, less the scaler all-reduce, rank 0's are N-1 times a worker's; in sharded_ps they are
+`ShardPieces.code_bytes` -- `ShardPlan.code_bytes` not pipelined -- + the scaler all-reduce);
+`payload_scalers` = the scaler all-reduce's bytes per rank and direction (ring model 2 (N-1)/N x
+the float32 scalers, one per layer; 0 for the fp32 modes), included in every TernGrad mode's sent
+and received; `chunk` = MPIExchange.chunk during the mode's steps (-1 in the _whole modes: not pipelined).
 `wire_bytes` = bytes the kernel actually moved per step on the counted interface (/proc/self/net/dev
 tx_bytes): `--count-scope node` reads one shared interface on rank 0 (lo of the shared topology);
 `--count-scope rank` sums every rank's own interface (eth0 of the switch topology). It includes
@@ -78,8 +96,8 @@ import numpy as np
 from tgsim.bench.timing import rounds
 
 MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
-         "tg_allgather_whole")
-DEFAULT_MODES = MODES[:5]
+         "tg_allgather_whole", "tg_sharded_ps", "tg_sharded_ps_whole")
+DEFAULT_MODES = MODES[:5] + ("tg_sharded_ps",)
 
 # AlexNet (Krizhevsky et al. 2012, single-tower): weight and bias sizes per layer.
 _ALEXNET = [("conv1", 34_848, 96), ("conv2", 307_200, 256), ("conv3", 884_736, 384),
@@ -194,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_step(mode, ex, codec, grads, step, rank, comm):
-    """Run one step of `mode`; returns (timings dict, CommBytes)."""
+    """Run one step of `mode`; returns (timings dict, CommBytes); the dict's "scaler_bytes" = the bytes
+    of the scaler all-reduce included in the CommBytes (TernGrad modes only)."""
+    from tgsim.exchange.base import ring_allreduce_bytes
     from tgsim.rng import StreamKey
 
     t = {}
@@ -216,6 +236,7 @@ def _one_step(mode, ex, codec, grads, step, rank, comm):
         ta = time.perf_counter()
         shared = ex.max_scalers(local)
         tb = time.perf_counter()
+        t["scaler_bytes"] = ring_allreduce_bytes(local[0].nbytes, comm.Get_size())   # as ex.max_scalers counts
         comm.wire = 0.0                      # the scaler Allreduce is `scalers`, not `wire`
         base = mode[3:].removesuffix("_collective").removesuffix("_whole")
         chunk = ex.chunk
@@ -253,6 +274,7 @@ class _ModeSteps:
         self.mode, self.ex, self.codec, self.grads, self.comm = mode, ex, codec, grads, comm
         self.read_counter, self.warmup = read_counter, warmup
         self.calls, self.components, self.wire_bytes, self.load, self.last_bytes = 0, [], 0, [], None
+        self.scaler_bytes = 0.0
 
     def __call__(self) -> None:
         comm, rank, n = self.comm, self.comm.Get_rank(), self.comm.Get_size()
@@ -270,6 +292,7 @@ class _ModeSteps:
             if rank == 0 and r0 >= 0 and r1 >= 0:     # our n ranks are runnable (busy-polling MPI)
                 self.load += [max(0, r0 - n), max(0, r1 - n)]
         self.last_bytes = (nb.sent, nb.received)
+        self.scaler_bytes = float(t.get("scaler_bytes", 0.0))
 
 
 def main(argv=None) -> int:
@@ -328,7 +351,8 @@ def main(argv=None) -> int:
             sent = np.array([s for s, _ in sent_recv], dtype=np.float64)
             recv = np.array([r for _, r in sent_recv], dtype=np.float64)
             row = {"topology": args.topology, "rate": args.rate, "ranks": n, "params": params,
-                   "layers": len(grads), "mode": mode, "steps": steps}
+                   "layers": len(grads), "mode": mode, "steps": steps,
+                   "chunk": -1 if mode.endswith("_whole") else ex.chunk}
             for k, v in zip(COMPONENTS, med):
                 row[f"t_{k}"] = float(v)
             row["t_wire_max"], row["t_wire"] = row["t_wire"], float(wire_min)
@@ -338,6 +362,9 @@ def main(argv=None) -> int:
             row["payload_max_link"] = float(np.maximum(sent, recv).max())
             row["payload_rank0_sent"] = float(sent[0])
             row["payload_rank0_received"] = float(recv[0])
+            row["payload_sent_by_rank"] = ";".join(f"{v:.15g}" for v in sent)
+            row["payload_received_by_rank"] = ";".join(f"{v:.15g}" for v in recv)
+            row["payload_scalers"] = stepper.scaler_bytes
             row["wire_bytes"] = float(wb) / steps if args.count_scope != "off" else float("nan")
             row["count_iface"] = args.count_iface if args.count_scope != "off" else ""
             row["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
