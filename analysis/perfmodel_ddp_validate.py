@@ -85,8 +85,11 @@ from tgsim.analysis.perfmodel_ddp import (MIB, DDPExchange, Link, collective, ra
 from tgsim.analysis.perfmodel_emulation import (bench_layer_sizes, message_header_bytes, mode_payloads, pieces,
                                                 tbf_burst)
 
-MODES = ("fp32_native", "tg_allreduce", "tg_ps", "tg_ps_whole", "tg_sharded_ps")
+MODES = ("fp32_native", "tg_allreduce", "tg_ps", "tg_ps_whole", "tg_sharded_ps", "tg_sharded_ps_whole")
 ALIASES = {"sharded_ps": "tg_sharded_ps"}     # the exchange's own mode name -> the bench's
+# tg_sharded_ps is pipelined in pieces (the owners' sums overlap the wire) and tg_sharded_ps_whole is
+# not; both get the whole form's wire time, one Alltoallv then one Allgatherv (an upper bound for the
+# pipelined one, whose bench t_wire counts only the waits: compare it on t_exchange)
 TOLERANCE = 0.20
 DDP_MODES = {"ddp_allreduce": 4, "ddp_fp16": 2}    # variant -> bytes per gradient element on the wire
 DDP_REFERENCE = "local"
@@ -130,8 +133,8 @@ def predict_wire(mode: str, params: int, ranks: int, link: Link, tbf: bool = Tru
         t = rank0_ps(up, down, ranks, 1, link, link, pieces=k)
         moved = [(ranks - 1) * max(up, down)] if k > 1 else [(ranks - 1) * up, (ranks - 1) * down]
         return scaler_allreduce(layers, ranks, 1, link, link) + t - sum(tbf_saving(b, burst, link) for b in moved)
-    if mode == "tg_sharded_ps":                 # Alltoallv of the codes, then Allgatherv of the sums
-        pay = mode_payloads(mode, bench_layer_sizes(params), ranks)
+    if mode in ("tg_sharded_ps", "tg_sharded_ps_whole"):    # Alltoallv of the codes, then Allgatherv of the sums
+        pay = mode_payloads("tg_sharded_ps", bench_layer_sizes(params), ranks)
         t = sharded_ps(pay["alltoallv"], pay["allgatherv"], ranks, 1, link, link)
         return scaler_allreduce(layers, ranks, 1, link, link) + t - \
             tbf_saving((ranks - 1) / ranks * pay["alltoallv"], burst, link)

@@ -45,7 +45,8 @@ tasks, the bench's `ext_load`, on `cores` cores):
                 out, and the server's sum (in t_decode) lies between them; the bench's t_wire
                 (minimum over ranks) is the first worker's (slots, sum, its downlink) or the
                 server's, whichever is shorter.
-    tg_sharded_ps (the code's sharded_ps, tgsim/exchange/sharded.py; not pipelined): an Alltoallv of
+    tg_sharded_ps, tg_sharded_ps_whole (the code's sharded_ps, tgsim/exchange/sharded.py, pipelined in
+                pieces and whole; both modeled whole, the pieces' 8-byte headers left out): an Alltoallv of
                 every rank's blocks [u64 count | shard r's 2-bit codes] (each rank sends (N-1)/N of
                 its codes), the owners' sums, an Allgatherv of the blocks [u64 status | sums at
                 ceil(log2(2N+1)) bits] (each rank sends its block to N-1 ranks): the additive form,
@@ -67,7 +68,7 @@ from tgsim.analysis.perfmodel_throughput import packed_size, uint_width
 # -- bytes of one bench step: the codec's messages and MPICH's collectives --------------------------
 
 MODES = ("fp32_exact", "fp32_native", "tg_allreduce", "tg_ps", "tg_allgather", "tg_ps_collective", "tg_ps_whole",
-         "tg_allgather_whole", "tg_sharded_ps")
+         "tg_allgather_whole", "tg_sharded_ps", "tg_sharded_ps_whole")
 PIPELINED = ("tg_ps", "tg_allgather")   # in pieces: wire, sums and decode overlap (tgsim.exchange.pieces)
 CHUNK = 1 << 18         # elements per piece (tgsim.exchange.mpi.CHUNK)
 _ALEXNET = [(34_848, 96), (307_200, 256), (884_736, 384), (663_552, 384), (442_368, 256), (37_748_736, 4096),
@@ -113,7 +114,7 @@ def mode_payloads(mode: str, sizes: Sequence[int], n: int, packing: str = "2bit"
         return {"reduce": 4 * P}
     if mode == "tg_allreduce":
         return {"reduce": P * (1 if n <= 127 else 2), "scalers": 4 * len(sizes)}
-    if mode == "tg_sharded_ps":
+    if mode in ("tg_sharded_ps", "tg_sharded_ps_whole"):    # the whole form's bytes (pieces add a header each)
         up, down = sharded_blocks(P, n, packing)
         return {"alltoallv": sum(up), "allgatherv": sum(down), "scalers": 4 * len(sizes)}
     slot = 8 + message_header_bytes(len(sizes)) + sum(4 + packed_size(s, packing) for s in sizes)
@@ -181,7 +182,7 @@ def mode_collectives(mode: str, sizes: Sequence[int], n: int) -> list[tuple[str,
     out = [("allreduce", pay["scalers"])]
     if mode == "tg_allreduce":
         return out + [("allreduce", pay["reduce"])]
-    if mode == "tg_sharded_ps":            # the code's sharded_ps: Alltoallv of the codes, Allgatherv of the sums
+    if mode in ("tg_sharded_ps", "tg_sharded_ps_whole"):   # Alltoallv of the codes, Allgatherv of the sums
         return out + [("alltoallv", pay["alltoallv"]), ("allgatherv", pay["allgatherv"])]
     if mode in ("tg_allgather", "tg_allgather_whole"):   # pipelined: p2p pieces, a ring's bytes
         return out + [("allgather", pay["gather"])]
@@ -323,7 +324,8 @@ def cpu_shape(mode: str, n: int, part: str = "all") -> float:
 
 CPU_ATTR = {"fp32_native": "c_fp32_native", "fp32_exact": "c_fp32_exact", "tg_allreduce": "c_ar_decode",
              "tg_ps": "c_ps_pipe", "tg_ps_collective": "c_ps", "tg_ps_whole": "c_ps", "tg_allgather": "c_ag_pipe",
-             "tg_allgather_whole": "c_ag_decode", "tg_sharded_ps": "c_sharded_ps"}
+             "tg_allgather_whole": "c_ag_decode", "tg_sharded_ps": "c_sharded_ps",
+             "tg_sharded_ps_whole": "c_sharded_ps"}
 
 
 def encode_attr(mode: str) -> str:
