@@ -93,7 +93,7 @@ PALETTE = {LABEL["fp32"]: codec_color("fp32"), LABEL["terngrad"]: codec_color("t
            LABEL["fp16"]: codec_color("fp16"), LABEL["terngrad2"]: codec_color("terngrad")}
 MARKERS = {LABEL["fp32"]: "o", LABEL["terngrad"]: "X", LABEL["fp16"]: "s", LABEL["terngrad2"]: "P"}
 DASHES = {LABEL["fp32"]: "", LABEL["fp16"]: "", LABEL["terngrad2"]: "", LABEL["terngrad"]: (4, 2)}
-MODE_MARKERS = {"tg_allreduce": "o", "tg_ps": "s", "tg_allgather": "^"}
+MODE_MARKERS = {"tg_allreduce": "o", "tg_ps": "s", "tg_allgather": "^", "tg_sharded_ps": "P", "tg_sharded_ps_whole": "X"}
 
 
 # %% figure: (a)-(f) rows = cluster, columns = net; (g) the emulated link in the fourth column
