@@ -90,7 +90,7 @@ def refusal(shared: bool, reternarize: bool) -> str | None:
     """The one-line reason a sharded exchange cannot run (None when it can)."""
     if not shared:
         return (f'[exchange] mode = "{MODE}" needs share_scalers = true and a codec that shares its scalers '
-                '(e.g. terngrad sharing = "max" or "mean"): each owner sums codes under one scaler per layer')
+                '([codec] sharing = "max" or "mean"): each owner sums codes under one scaler per layer')
     if reternarize:
         return f"[exchange] reternarize_downlink needs mode = 'ps' (mode = \"{MODE}\" sends the exact sums)"
     return None
