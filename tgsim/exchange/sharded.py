@@ -124,12 +124,7 @@ class ShardPlan:
     def code_bytes(self, rank: int) -> CommBytes:
         """This rank's bytes of the ternary codes (module docstring): the blocks to the other owners
         and its own downlink block to N-1 ranks; the N-1 blocks of its shard and N-1 downlink blocks."""
-        if self.total == 0:
-            return CommBytes()
-        n = self.n
-        others_up = sum(self.up) - self.up[rank]
-        others_down = sum(self.down) - self.down[rank]
-        return CommBytes(others_up + (n - 1) * self.down[rank], (n - 1) * self.up[rank] + others_down)
+        return shard_pieces(self.total, self.n, self.fmt, 0).code_bytes(rank)     # one piece per shard
 
 
 @functools.lru_cache(maxsize=64)
@@ -412,19 +407,23 @@ def first_failure(got: np.ndarray, plan: ShardPlan) -> tuple[int, int] | None:
 def gathered_sums(got: np.ndarray, plan: ShardPlan, rank: int) -> np.ndarray:
     """The T integer code sums (code_dtype(N)) of every owner's block in `got` (all STATUS_OK);
     PeerPayloadError naming the owner when a packed value lies beyond 2N."""
-    n = plan.n
-    codes = np.empty(plan.total, dtype=code_dtype(n))
-    for r in range(n):
-        c = plan.count(r)
-        if c == 0:
-            continue
-        at = plan.down_at[r] + HDR
-        vals = packing.unpack_uint(got[at:plan.down_at[r] + plan.down[r]], c, plan.width)
-        top = int(vals.max())
-        if top > 2 * n:
-            raise malformed(f"rank {rank}", r, f"shard {r}'s code sum {top - n} exceeds N = {n}")
-        codes[plan.bounds[r]:plan.bounds[r + 1]] = vals.astype(np.int32) - n
+    codes = np.empty(plan.total, dtype=code_dtype(plan.n))
+    for r in range(plan.n):
+        if plan.count(r):
+            at = plan.down_at[r] + HDR
+            codes[plan.bounds[r]:plan.bounds[r + 1]] = _unpack_sums(
+                got[at:plan.down_at[r] + plan.down[r]], plan.count(r), plan.n, plan.width, rank, r, f"shard {r}'s")
     return codes
+
+
+def _unpack_sums(buf: np.ndarray, c: int, n: int, width: int, rank: int, owner: int, what: str) -> np.ndarray:
+    """The c integer code sums (code_dtype(N)) packed as Σ + N at `width` bits in `buf`;
+    PeerPayloadError naming `owner` ("{what} code sum ... exceeds N") when a value lies beyond 2N."""
+    vals = packing.unpack_uint(buf, c, width)
+    top = int(vals.max())
+    if top > 2 * n:
+        raise malformed(f"rank {rank}", owner, f"{what} code sum {top - n} exceeds N = {n}")
+    return (vals.astype(np.int32) - n).astype(code_dtype(n))
 
 
 
@@ -432,14 +431,9 @@ def piece_sums(buf: np.ndarray, sp: ShardPieces, owner: int, k: int, rank: int) 
     """The integer code sums (code_dtype(N)) in downlink piece k of `owner` (`buf`: its bytes after the
     status word); PeerPayloadError naming the owner when a packed value lies beyond 2N."""
     a, b = sp.piece(owner, k)
-    n, dtype = sp.n, code_dtype(sp.n)
     if b == a:
-        return np.zeros(0, dtype=dtype)
-    vals = packing.unpack_uint(buf, b - a, sp.width)
-    top = int(vals.max())
-    if top > 2 * n:
-        raise malformed(f"rank {rank}", owner, f"shard {owner}'s piece {k}: code sum {top - n} exceeds N = {n}")
-    return (vals.astype(np.int32) - n).astype(dtype)
+        return np.zeros(0, dtype=code_dtype(sp.n))
+    return _unpack_sums(buf, b - a, sp.n, sp.width, rank, owner, f"shard {owner}'s piece {k}:")
 
 
 def ternary_spans(layout: Layout) -> tuple[list, list]:
