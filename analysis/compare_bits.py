@@ -39,8 +39,17 @@ method about as fast needs room past `steps`. At the stopping step: K (1-based s
 worker sent (uplink) and received (downlink) summed over steps 1..K, from the wire bytes the
 exchange counts for the codec's real payloads (`StepInfo.sent` / `received`), and the test accuracy
 of the model then (the accuracy at the threshold; at the last step where not reached). Exchange mode
-"ps" (push the codes, pull the server's downlink); the float32 wire (fp32) is always counted as a ring
-all-reduce, 2 (N-1)/N x 32 = 56 bits per element each way at N = 8: fp32's best uncompressed baseline.
+"ps" (push the codes, pull the server's downlink); the exchange itself counts the float32 wire (fp32)
+as a ring all-reduce, 2 (N-1)/N x 32 = 56 bits per element each way at N = 8 (`bits_total` of its rows).
+
+Matched accounting (`matched_bits`, `ACCOUNTING`): every ratio compares methods on one exchange, a
+parameter server. fp32's bits there are derived, not measured (its per-step bits are constant): stopping
+step x elements x (32 up + 32 down), `bits_ps`; every other method's `bits_ps` is its measured
+`bits_total` (its codes up, the server's downlink: a float32 mean for a codec whose messages do not sum,
+e.g. fp16's 16 up + 32 down). `ratio` = bits_ps / fp32's bits_ps, same problem and seed. A caller that
+names the dense float codecs (`dense=`, e.g. the report's fp16 and bf16 at 16 bits) charges them b up +
+b down, a server that sends the mean back in their own format. `ring_ratio`: bits_total / fp32's
+bits_total as the exchange counts them (fp32 on the ring), kept apart, never beside a verdict.
 
 Common step. The stopping steps differ between methods, so every phase-2 run also measures the test
 loss and accuracy at one step common to all methods of a problem: fp32's step budget `steps`
@@ -52,8 +61,9 @@ loss and `accuracy` stay those of step K. `common_status`: "ok" (measured at ste
 Outputs (`--out DIR`, default results/compare-bits):
   bits_lr_grid.csv  one row per (problem, method, lr) of the tuning grid: `GRID_COLUMNS`
   bits_runs.csv     one row per (problem, rule, method, seed): `RUN_COLUMNS`
-  bits.csv          one row per (problem, rule, method): `COLUMNS` (ratio to fp32 at fp32's rate:
-                    mean over seeds with a 95 % t-interval; nan unless every seed reached the threshold;
+  bits.csv          one row per (problem, rule, method): `COLUMNS` (ratio to fp32 at fp32's rate, both
+                    on a parameter server (`matched_bits`): mean over seeds with a 95 % t-interval;
+                    bits_ps_mean: the mean matched bits; nan unless every seed reached the threshold;
                     accuracy_common_mean / _lo / _hi: the accuracy at the common step, mean with a 95 %
                     t-interval, nan unless every seed was measured there; common_measured: how many were)
   bits.png          bits to threshold relative to fp32 per method (log scale), one panel per problem,
@@ -102,11 +112,12 @@ def method_sections(method: str) -> tuple[dict, dict]:
 
 
 RUN_COLUMNS = ["problem", "rule", "method", "codec_options", "seed", "lr", "cap", "steps", "window", "threshold",
-               "status", "K", "bits_up", "bits_down", "bits_total", "ratio", "bits_up_per_step", "bits_up_per_element",
+               "status", "K", "elements", "bits_up", "bits_down", "bits_total", "bits_ps", "ratio", "ring_ratio",
+               "bits_up_per_step", "bits_up_per_element",
                "loss_smoothed", "accuracy", "common_step", "common_status", "test_loss_common", "accuracy_common",
                "seconds", "quick"]
 COLUMNS = ["problem", "rule", "method", "codec_options", "lr", "seeds", "reached", "threshold", "K_mean",
-           "bits_total_mean", "ratio_mean", "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean",
+           "bits_total_mean", "bits_ps_mean", "ratio_mean", "ratio_lo", "ratio_hi", "bits_up_per_element", "accuracy_mean",
            "common_step", "common_measured", "accuracy_common_mean", "accuracy_common_lo", "accuracy_common_hi", "quick"]
 QUICK_COLUMN = "quick"     # True in every row of a --quick run (1 seed, a few steps): a smoke test, not a result
 
@@ -276,7 +287,7 @@ def train(cfg, window: int, threshold: float | None, common: int | None = None, 
         common_status, common_step, at_common = "diverged", float("nan"), nan2
     else:                               # the cap came first: the state at the last step
         common_status, common_step, at_common = "capped", last, (at_stop if steps == last else evaluate())
-    return dict(K=K, status=status, steps=steps, eval_loss=at_stop[0], accuracy=at_stop[1], bits_up=up,
+    return dict(K=K, status=status, steps=steps, elements=n_params, eval_loss=at_stop[0], accuracy=at_stop[1], bits_up=up,
                 bits_down=down, bits_total=up + down, bits_up_per_step=up / max(steps, 1),
                 bits_up_per_element=up / max(steps, 1) / n_params, loss_smoothed=smin,
                 common_step=common_step, common_status=common_status, test_loss_common=at_common[0],
@@ -369,6 +380,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          reached=int(g.K.notna().sum()), threshold=float(g.threshold.iloc[0]),
                          K_mean=float(g.K.mean()) if every else float("nan"),
                          bits_total_mean=float(g.bits_total.mean()) if every else float("nan"),
+                         bits_ps_mean=float(g.bits_ps.mean()) if every and "bits_ps" in g else float("nan"),
                          ratio_mean=m, ratio_lo=lo, ratio_hi=hi,
                          bits_up_per_element=float(g.bits_up_per_element.mean()),
                          accuracy_mean=float(g.accuracy.mean()),
@@ -377,6 +389,76 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                          accuracy_common_hi=chi,
                          quick=bool(g[QUICK_COLUMN].astype(bool).any()) if QUICK_COLUMN in g else False))
     return with_codec_options(pd.DataFrame(rows, columns=COLUMNS))
+
+
+ACCOUNTING = ("parameter server for every method: fp32 32 up + 32 down bits per element per step (derived: "
+              "stopping step x elements x 64; not the ring all-reduce the exchange charges it)")
+ACCOUNTING_DENSE = ("parameter server for every method: fp32 32 up + 32 down, {dense} 16 up + 16 down bits per "
+                    "element per step (derived: stopping step x elements x bits; the exchange itself charges fp32 a "
+                    "ring all-reduce and a 16-bit float a 32-bit float downlink), every other codec its measured "
+                    "payloads (its codes up, the server's downlink)")
+
+
+def elements(runs: pd.DataFrame) -> pd.Series:
+    """Each run's element count: the `elements` column where written, else bits_up_per_step /
+    bits_up_per_element (the two columns of every bits_runs.csv, also those written before `elements`)."""
+    derived = runs.bits_up_per_step / runs.bits_up_per_element
+    if "elements" in runs:
+        return runs.elements.astype(float).where(runs.elements.notna(), derived)
+    return derived
+
+
+def matched_bits(runs: pd.DataFrame, dense: dict | None = None, reference: str | None = None) -> pd.DataFrame:
+    """A copy of bits_runs `runs` with every method's bits on one exchange, a parameter server (module
+    docstring): `elements`; `bits_ps`, the baseline (`reference`, default fp32: common.baseline) charged
+    steps x elements x (32 + 32) and a method of `dense` ({label: b bits}) steps x elements x 2b, where
+    `steps` is the stopping step (K when reached); every other method its measured `bits_total`; `ratio`,
+    bits_ps / the reference's bits_ps of the same problem and seed (its fp32-lr run; NaN where the
+    method did not reach the target or the reference has no run); `ring_ratio`, bits_total / the
+    reference's bits_total as the exchange counts them (fp32 on a ring all-reduce). Works on
+    bits_runs.csv files written before these columns existed (`elements`)."""
+    if reference is None:
+        from tgsim.analysis.common import baseline
+
+        reference = baseline()
+    per_element = {reference: 32.0, **{k: float(v) for k, v in (dense or {}).items()}}
+    out = runs.copy()
+    out["elements"] = elements(out)
+    b = out.method.map(per_element)
+    derived = out.steps.astype(float) * out.elements * 2 * b
+    out["bits_ps"] = np.where(b.notna(), derived, out.bits_total.astype(float))
+    at = out[(out.method == reference) & (out.rule == (RULES[0] if (out.rule == RULES[0]).any() else out.rule.iloc[0]))]
+    ref_ps = at.set_index(["problem", "seed"]).bits_ps
+    ref_ring = at.set_index(["problem", "seed"]).bits_total
+    key = pd.MultiIndex.from_frame(out[["problem", "seed"]])
+    fp, fr = ref_ps.reindex(key).to_numpy(float), ref_ring.reindex(key).to_numpy(float)
+    reached = out.K.notna().to_numpy()
+    out["ratio"] = np.where(reached & np.isfinite(fp), out.bits_ps / fp, np.nan)
+    out["ring_ratio"] = np.where(reached & np.isfinite(fr), out.bits_total / fr, np.nan)
+    return out
+
+
+def ratio_rows(runs: pd.DataFrame, reference: str | None = None, alpha: float = 0.05) -> pd.DataFrame:
+    """Per (problem, rule, method) of `matched_bits` runs: tgsim.analysis.verdicts.reached_ratio of the
+    per-seed bits_ps against the reference's (fp32; same rule, problem and seed): ratio (the mean per-seed
+    ratio), lo, hi (its (1 - 2 alpha) t-interval: the interval the verdicts judge; NaN unless every seed of
+    both reached the target), verdict (ratio < 1), missed (the method's seeds that missed the target),
+    ref_missed, n."""
+    from tgsim.analysis.verdicts import reached_ratio
+
+    if reference is None:
+        from tgsim.analysis.common import baseline
+
+        reference = baseline()
+    rows = []
+    for (prob, rule, method), g in runs.groupby(["problem", "rule", "method"], sort=False):
+        ref = runs[(runs.method == reference) & (runs.rule == rule) & (runs.problem == prob)]
+        x = g.merge(ref, on=["problem", "seed"], suffixes=("", "_ref"))
+        r = reached_ratio(x.bits_ps, x.bits_ps_ref, x.K.notna(), x.K_ref.notna(), alpha=alpha)
+        rows.append(dict(problem=prob, rule=rule, method=method, ratio=r["ratio"], lo=r["lo"], hi=r["hi"],
+                         verdict=r["verdict"], missed=r["a_missed"], ref_missed=r["b_missed"], n=r["n"]))
+    return pd.DataFrame(rows, columns=["problem", "rule", "method", "ratio", "lo", "hi", "verdict", "missed",
+                                       "ref_missed", "n"])
 
 
 def _figure(runs: pd.DataFrame, path: Path, quick: bool = False) -> None:
@@ -400,7 +482,7 @@ def _figure(runs: pd.DataFrame, path: Path, quick: bool = False) -> None:
             sns.stripplot(data=d, x="method", y="ratio", order=order, hue="rule", hue_order=hue_order, dodge=True,
                           palette=["k"] * len(hue_order), size=3, legend=False, ax=ax)
         ax.axhline(1.0, color="k", ls=":")
-        ax.set(yscale="log", xlabel="", ylabel="bits (up + down) to threshold / fp32's",
+        ax.set(yscale="log", xlabel="", ylabel="bits (up + down) to threshold / fp32's\n(parameter server: fp32 32 up + 32 down)",
                title=f"{prob}: loss <= {FACTOR} x fp32's min (no bar: some seed did not reach it)")
         if ax.get_legend() is not None:
             if ax is axes[0, -1]:
@@ -461,9 +543,7 @@ def run(out=DEFAULT_OUT, *, problems=tuple(PROBLEMS.values()), methods=None, see
     rows = [dict(done[(p.name, m, lr[(p.name, rule, m)], s)], rule=rule) for p in problems
             for rule in (RULES if lr_grid else RULES[:1]) for m in methods for s in seeds]
     runs = pd.DataFrame(rows)
-    ref = runs[(runs.method == base) & (runs.rule == RULES[0])].set_index(["problem", "seed"]).bits_total
-    fp = runs.apply(lambda r: ref.get((r.problem, r.seed), float("nan")), axis=1)
-    runs["ratio"] = np.where(runs.K.notna() & np.isfinite(fp), runs.bits_total / fp, np.nan)
+    runs = matched_bits(runs)       # every ratio on one exchange: fp32 on a parameter server too
     runs[QUICK_COLUMN] = bool(quick)
     runs, grid = with_codec_options(runs)[RUN_COLUMNS], grid.assign(**{QUICK_COLUMN: bool(quick)})
     table = summarize(runs)
@@ -498,6 +578,7 @@ def _print_summary(res: dict, problems, seeds, seconds: float, out, jobs: int, c
         print(t[["rule", "method", "lr", "reached", "seeds", "K_mean", "bits_total_mean", "ratio_mean", "ratio_lo",
                  "ratio_hi", "bits_up_per_element", "accuracy_mean", "accuracy_common_mean"]].to_string(index=False,
                                                                                 float_format=lambda v: f"{v:.4g}"))
+    print(f"\nratio: bits / fp32's, {ACCOUNTING}; other codecs: their measured parameter-server payloads")
     if out is not None:
         print(f"\nwrote {out}/bits_lr_grid.csv, bits_runs.csv, bits.csv, bits.png ({seconds:.0f} s, {jobs} process"
               f"{'es' if jobs > 1 else ''})")

@@ -47,7 +47,16 @@ The report's other rules, shared by every figure (`papers_figures/`):
 - `combine(verdicts)`: the summary of one claim judged per model or setting: the common verdict
   when all agree, "split" when they disagree (any two different verdicts);
   `combine(verdicts, every=True)` for a claim worded "at every N": any refuted
-  setting refutes it.
+  setting refutes it; `combine(verdicts, best="inconclusive")` for a claim no test here can
+  confirm (a sentence with no tolerance, "does not incur any accuracy loss": at best
+  "inconclusive"): a "not confirmed" on any setting is the summary, never "split", since no
+  setting can weigh against it. `tally(verdicts, labels)` says what happened, setting by setting
+  ("not confirmed on 2 of 4 (convnet, transformer); inconclusive on 2 of 4 (...)").
+  A setting may also be "conditional" (the test passed, but a condition of the claim's own rule was
+  not checked here): it is a weaker "confirmed", so "conditional" among "confirmed" settings makes
+  the summary "conditional" (never "confirmed", never "split"); beside "not confirmed" or
+  "inconclusive" it is as "confirmed" would be ("split"; with `every=True`: "not confirmed" or
+  "inconclusive"); under `best="inconclusive"` it is an error, as "confirmed" is.
 """
 
 from __future__ import annotations
@@ -59,6 +68,8 @@ import pandas as pd
 
 VERDICTS = ("confirmed", "not confirmed", "inconclusive")
 SUMMARY_VERDICTS = VERDICTS + ("split",)
+# a passed test whose rule has a condition not checked here (the figures' claims tables); `combine` takes it
+PASSED = ("confirmed", "conditional")
 NONFINITE = ("attribute", "drop", "fail")
 
 
@@ -312,22 +323,55 @@ def interval_verdict(lo: float, hi: float, low: float = -math.inf, high: float =
     return "inconclusive"
 
 
-def combine(verdicts, every: bool = False) -> str:
+def combine(verdicts, every: bool = False, best: str = "confirmed") -> str:
     """One claim's summary over its per-model (or per-setting) verdicts (module docstring): the
     common verdict when all agree; "split" when any two differ (the per-setting verdicts, printed
     beside it, say how). `every=True` (a claim worded "at every N"): any "not confirmed" refutes it, all
-    "confirmed" confirm it, else "inconclusive". No verdicts: "n/a"."""
+    "confirmed" confirm it, else "inconclusive". `best="inconclusive"` (a claim that no test can
+    confirm, e.g. "no accuracy loss" at margin 0): any "not confirmed" is the summary, else
+    "inconclusive"; a "confirmed" (or "conditional") among such verdicts is a caller's error
+    (ValueError). "conditional" (a passed test, a condition of the rule unchecked) with only
+    "confirmed" beside it gives "conditional", under either `every`: the summary is no stronger than
+    its weakest passed setting. No verdicts: "n/a"."""
+    if best not in ("confirmed", "inconclusive"):
+        raise ValueError(f"best must be 'confirmed' or 'inconclusive', not {best!r}")
     v = [x for x in verdicts if x != "n/a"]
     if not v:
         return "n/a"
-    bad = [x for x in v if x not in VERDICTS]
+    bad = [x for x in v if x not in VERDICTS + ("conditional",)]
     if bad:
         raise ValueError(f"not a verdict: {bad[0]!r}")
+    if best == "inconclusive":
+        passed = [x for x in v if x in PASSED]
+        if passed:
+            raise ValueError(f"a claim that can at best be inconclusive got a {passed[0]!r} verdict")
+        return "not confirmed" if "not confirmed" in v else "inconclusive"
     if all(x == v[0] for x in v):
         return v[0]
+    if set(v) <= set(PASSED):      # every setting passed, some with a condition unchecked
+        return "conditional"
     if every:
         return "not confirmed" if "not confirmed" in v else "inconclusive"
     return "split"
+
+
+def tally(verdicts, labels=None, words: dict | None = None) -> str:
+    """What the per-setting `verdicts` say, verdict by verdict in the order first seen: "not confirmed on
+    2 of 4 (convnet, transformer); inconclusive on 2 of 4 (logistic, resnet)"; `labels` (one per
+    verdict) are named in brackets, "n/a" verdicts left out; `words` renames a verdict (e.g. {"not
+    confirmed": "loss shown"}). "" for no verdicts."""
+    v = list(verdicts)
+    labels = list(labels) if labels is not None else [None] * len(v)
+    if len(labels) != len(v):
+        raise ValueError("verdicts and labels differ in length")
+    pairs = [(x, lab) for x, lab in zip(v, labels) if x != "n/a"]
+    n = len(pairs)
+    parts = []
+    for x in dict.fromkeys(x for x, _ in pairs):
+        names = [str(lab) for y, lab in pairs if y == x and lab is not None]
+        k = sum(1 for y, _ in pairs if y == x)
+        parts.append(f"{(words or {}).get(x, x)} on {k} of {n}" + (f" ({', '.join(names)})" if names else ""))
+    return "; ".join(parts)
 
 
 def missed(k: int, n: int, who: str = "") -> str:

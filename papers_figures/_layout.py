@@ -1,11 +1,15 @@
 """The layout check of every figure, `check_layout(fig)` and LayoutError: tgsim.plotting.layout's checks
 (in the package, so that `tgsim plot` runs the same ones), imported here by the bare name the figure
-scripts use (`from _layout import check_layout`), plus one check the package's lacks:
+scripts use (`from _layout import check_layout`), plus two checks the package's lacks:
 
 - a title running into another panel: an axes title (left, centre or right) whose drawn rectangle,
   shrunk by tgsim's SLACK_PX, overlaps another visible axes' frame, title, axis label or tick labels,
   or its own axes' y label (fig11's panel (a) title ran into panel (b)'s y label; tgsim.plotting.layout
   compares tick labels with tick labels only, so it passed that figure).
+- two texts that overlap: any two visible, non-empty texts drawn inside one axes (`ax.text`,
+  `ax.annotate`: point labels, notes), or two of the figure's own texts (`fig.text`), whose drawn
+  rectangles, shrunk by SLACK_PX, overlap (fig09 (d)'s point labels ran into each other; the package
+  checks texts against their panel's edge only).
 """
 
 from __future__ import annotations
@@ -62,6 +66,27 @@ def title_overlaps(fig) -> list[str]:
     return problems
 
 
+def text_overlaps(fig) -> list[str]:
+    """Pairs of visible, non-empty texts inside one axes, or among the figure's own texts, whose drawn
+    rectangles (shrunk by SLACK_PX) overlap, one sentence each; [] when none. Draws the figure."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    groups = [(_name(ax, i), ax.texts) for i, ax in enumerate(fig.axes) if ax.get_visible()]
+    groups.append(("the figure", fig.texts))
+    problems = []
+    for where, texts in groups:
+        shown = [(t, _shrunk(Text.get_window_extent(t, renderer))) for t in texts
+                 if t.get_visible() and t.get_text().strip()]
+        for k, (a, ba) in enumerate(shown):
+            for b, bb in shown[k + 1:]:
+                if ba.overlaps(bb):
+                    problems.append(f"{where}: text {a.get_text()[:30]!r} overlaps text {b.get_text()[:30]!r}")
+    return problems
+
+
 def check_layout(fig) -> list[str]:
-    """tgsim.plotting.layout.check_layout's problems and `title_overlaps`'s, one sentence each."""
-    return _package_check(fig) + title_overlaps(fig)
+    """tgsim.plotting.layout.check_layout's problems, `title_overlaps`'s and `text_overlaps`'s, one
+    sentence each."""
+    return _package_check(fig) + title_overlaps(fig) + text_overlaps(fig)

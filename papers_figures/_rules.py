@@ -9,7 +9,9 @@ its threshold.
                             relative error's slope against log N.
 `speedup_row_verdict(...)`  which verdict a fig09 row gets before any slope is compared (not run, no
                             range, the same runs as fp32's, no claim, never reached ε).
-`diverged_note(...)`        fig03's note when a "not confirmed" rests on diverged runs only.
+`diverged_note(...)`        fig03's note when a "not confirmed" rests on diverged runs only;
+`diverged_summary(...)`     its few words beside the verdict in the summary (the runs named, the verdict
+                            without them).
 """
 
 from __future__ import annotations
@@ -109,3 +111,16 @@ def diverged_note(settings: list[dict], n_runs: int) -> str:
             + ", ".join(f"{s['label']} {s['finite_verdict']}"
                         + (f" (on {s['finite_n']} seed(s))" if s.get("finite_n") is not None else "") for s in failed)
             + f" and the claim {without}")
+
+
+
+def diverged_summary(settings: list[dict], diverged: list[dict], n_runs: int) -> str:
+    """The summary's words beside a joint verdict that `diverged_note` explains (else ""): "not confirmed: K of
+    `n_runs` runs diverged (each run of `diverged`: dict(workers, optimizer, seed)); V without it/them", V the
+    joint verdict with the diverged runs left out."""
+    if not diverged_note(settings, n_runs):
+        return ""
+    without = combine([s["finite_verdict"] if s["failed"] else s["verdict"] for s in settings], every=True)
+    return (f"not confirmed: {len(diverged)} of {n_runs} runs diverged ("
+            + "; ".join(f"N = {r['workers']}, {r['optimizer']}, seed {r['seed']}" for r in diverged)
+            + f"); {without} without " + ("it" if len(diverged) == 1 else "them"))

@@ -13,7 +13,9 @@ with TGSIM_FIGURES_OUT, as `_common` does):
                          (KINDS, below); setting (the setting the paper made it in); test (the test
                          behind the verdict: its name, margin, alpha and seeds); scale (how the row
                          depends on this repository's small models and emulated links, SCALE);
-                         rows (the path, relative to the report, of the table the verdict used)
+                         rows (the path, relative to the report, of the table the verdict used);
+                         role (ROLES: how the report's summary counts the row; "" = under its verdict);
+                         note (optional: what the verdict hinges on, printed beside it in the summary)
     inputs/NAME_K.csv    the rows claim K's verdict was decided on (`claim(..., rows=df)`), so that
                          every number printed beside a verdict can be traced to its data
 
@@ -61,11 +63,21 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from _common import OUT, QUICK_MARK, QUICK_OUT, print_written, write_csv  # noqa: E402
 from _layout import LayoutError, check_layout  # noqa: E402,F401
 
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows"]
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows", "role", "note"]
 INPUTS = "inputs"       # the folder beside the claims CSVs (and REPORT.md) holding each verdict's rows
 KINDS = ("paper claim", "paper claim (proxy)", "model arithmetic", "tgsim variant", "reviewer question",
          "other paper's result", "self-check")
-VERDICTS = ("confirmed", "not confirmed", "inconclusive", "split", "n/a", "untestable here")
+VERDICTS = ("confirmed", "conditional", "not confirmed", "inconclusive", "split", "n/a", "untestable here")
+# "conditional": the test passed, but a condition of the claim's own rule was not checked here (the row's
+# setting names it), so it is not counted as confirmed.
+# ROLES, how the report's summary counts a row (the `role` column; "" = counted under its verdict):
+ROLES = {
+    "": "counted under its verdict",
+    "supporting": "listed with its kind, not counted: it supports a row that counts the same claim once",
+    "placeholder": "no measurement of its own (it points to another row's runs), not counted",
+    "re-test": "a reviewer-question row that re-tests a claim (the paper's, or the reviewer's premise) in the "
+               "reviewer's setting rather than answering a question; counted on a line of its own",
+}
 # Where a reader finds the words a row tests. The texts at hand when the report was made: TernGrad's
 # abstract (arXiv 1705.07878) and the public reviews of both papers (NIPS 2017 paper 970, NeurIPS 2018
 # paper 1261); anything else is marked as not checked against them.
@@ -82,8 +94,8 @@ PAPERS = {"terngrad": "Wen et al., NeurIPS 2017 (TernGrad)",
           "jiang": "Jiang & Agrawal, NeurIPS 2018 (linear speedup, PQASGD)"}
 # What each scale-dependent row rests on; REPORT.md's caveat lists them at the top.
 SCALE = {
-    "convnet": "MNIST-1D convnet, 23,882 parameters, 4,000 training samples (the paper: AlexNet, GoogLeNet, "
-               "VGG on ImageNet)",
+    "convnet": "MNIST-1D convnet, 23,882 parameters, 4,000 training samples (the paper: AlexNet and GoogLeNet, "
+               "its abstract's networks)",
     "logreg": "logistic regression, 640 weights",
     "lsq": "least squares, 64 dimensions (synthetic)",
     "mlp": "MLP on scikit-learn's digits (1,797 samples)",
@@ -106,28 +118,77 @@ theme()
 # from panel to panel and from figure to figure, and no colour stands for anything else where codecs are
 # drawn (a model, a problem or an exchange mode is told by marker, line style or hatch instead). A codec's
 # variants (TernGrad's sharing and scope, QSGD's levels, PowerSGD's rank) are shades of its own hue; error
-# feedback does not change the colour (the label says "+ef"). Okabe-Ito and Paul Tol's colour-blind safe
-# hues; tgsim.plotting.theme holds no palette of its own (its seaborn "colorblind" cycle is the fallback
-# for what is not a codec).
+# feedback does not change the colour (the label says "+ef"). Okabe-Ito's colour-blind safe hues where they
+# fit (black, orange, vermillion, blue, sky blue, pink); the rest chosen so that every two colours of the
+# table lie at least MIN_COLOR_DISTANCE apart (CIEDE2000, `color_distance`; the only equal pairs are a family
+# and its default variant, "qsgd" = "qsgd[levels=7]", "powersgd" = "powersgd[rank=2]").
+# tgsim.plotting.theme holds no palette of its own (its seaborn "colorblind" cycle is the fallback for what is
+# not a codec).
 CODEC_COLORS = {
     "fp32": "#000000",                    # the reference: black
-    "fp16": "#6e6e6e", "bf16": "#b0b0b0",  # the other floats: greys
+    "fp16": "#747474", "bf16": "#b9b9b9",  # the other floats: greys
     "terngrad": "#e69f00",                # TernGrad as the paper runs it (MAX sharing, clipping 2.5σ): orange
-    "terngrad[sharing=mean]": "#8c510a",  # tgsim's MEAN sharing: dark brown
+    "terngrad[sharing=mean]": "#7c5808",  # tgsim's MEAN sharing: dark brown (an ochre shade of the orange)
     "terngrad[scope=model]": "#d55e00",   # one scaler for the whole model: vermillion
-    "terngrad[sharing=none]": "#44aa99",  # each worker's own scaler: teal (an orange shade would pass for MAX's)
+    "terngrad[sharing=none]": "#73b7aa",  # each worker's own scaler: teal (an orange shade would pass for MAX's)
     "terngrad+pqasgd": "#cc79a7",         # PQASGD (Jiang & Agrawal: TernGrad on the model difference): pink
-    "fp32+pqasgd": "#aa4499",             # sparse parameter averaging (Q = identity): purple
-    "qsgd": "#0072b2", "qsgd[levels=7]": "#0072b2",   # QSGD: blue, darker with more levels
-    "qsgd[levels=1]": "#56b4e9", "qsgd[levels=8]": "#2f8ac4", "qsgd[levels=127]": "#08306b",
-    "suresh": "#009e73",                  # green
-    "randomk": "#999933",                 # olive
-    "topk": "#882255",                    # wine
-    "sign": "#332288",                    # the sign codecs: indigo, scaled sign lighter
-    "scaled_sign": "#7b6fd0",
-    "powersgd": "#8c564b", "powersgd[rank=2]": "#8c564b",   # brown, darker with a higher rank
-    "powersgd[rank=1]": "#c49c94", "powersgd[rank=4]": "#4e2a24",
+    "fp32+pqasgd": "#695c9e",             # sparse parameter averaging (Q = identity): slate purple
+    "qsgd": "#0072b2", "qsgd[levels=7]": "#0072b2",   # QSGD: blues, darker with more levels
+    "qsgd[levels=1]": "#56b4e9", "qsgd[levels=8]": "#045763", "qsgd[levels=127]": "#01315b",
+    "suresh": "#2d783e",                  # dark green
+    "randomk": "#a3c124",                 # yellow-green
+    "topk": "#8a1251",                    # wine
+    "sign": "#4f057f",                    # the sign codecs: violet, scaled sign lighter (periwinkle)
+    "scaled_sign": "#8386ff",
+    "powersgd": "#b94e4c", "powersgd[rank=2]": "#b94e4c",   # PowerSGD: brick red, darker with a higher rank
+    "powersgd[rank=1]": "#feac92", "powersgd[rank=4]": "#4d1c12",
 }
+MIN_COLOR_DISTANCE = 18.0    # CIEDE2000 between any two different colours of CODEC_COLORS (about 8 "just noticeable")
+
+
+def _lab(color) -> tuple[float, float, float]:
+    """CIELAB (D65) of a matplotlib colour (sRGB)."""
+    rgb = np.asarray(matplotlib.colors.to_rgb(color), np.float64)
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124564, 0.3575761, 0.1804375], [0.2126729, 0.7151522, 0.0721750],
+                    [0.0193339, 0.1191920, 0.9503041]]) @ lin / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def color_distance(a, b) -> float:
+    """The CIEDE2000 colour difference of two colours (matplotlib colour specs, or CIELAB triples as
+    tuples of 3 floats): about 1 is the smallest a viewer notices side by side; Sharma, Wu and Dalal
+    (2005) give the formula and its test pairs."""
+    import math
+
+    L1, a1, b1 = a if isinstance(a, tuple) and len(a) == 3 and not isinstance(a[0], str) else _lab(a)
+    L2, a2, b2 = b if isinstance(b, tuple) and len(b) == 3 and not isinstance(b[0], str) else _lab(b)
+    cbar = (math.hypot(a1, b1) + math.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - math.sqrt(cbar ** 7 / (cbar ** 7 + 25 ** 7)))
+    a1p, a2p = (1 + g) * a1, (1 + g) * a2
+    c1, c2 = math.hypot(a1p, b1), math.hypot(a2p, b2)
+    h1 = math.degrees(math.atan2(b1, a1p)) % 360 if c1 else 0.0
+    h2 = math.degrees(math.atan2(b2, a2p)) % 360 if c2 else 0.0
+    dh = 0.0 if c1 * c2 == 0 else (h2 - h1 - 360 if h2 - h1 > 180 else h2 - h1 + 360 if h2 - h1 < -180 else h2 - h1)
+    d_big_h = 2 * math.sqrt(c1 * c2) * math.sin(math.radians(dh / 2))
+    lbar, cbarp = (L1 + L2) / 2, (c1 + c2) / 2
+    if c1 * c2 == 0:
+        hbar = h1 + h2
+    elif abs(h1 - h2) <= 180:
+        hbar = (h1 + h2) / 2
+    else:
+        hbar = (h1 + h2 + 360) / 2 if h1 + h2 < 360 else (h1 + h2 - 360) / 2
+    t = (1 - 0.17 * math.cos(math.radians(hbar - 30)) + 0.24 * math.cos(math.radians(2 * hbar))
+         + 0.32 * math.cos(math.radians(3 * hbar + 6)) - 0.20 * math.cos(math.radians(4 * hbar - 63)))
+    rc = 2 * math.sqrt(cbarp ** 7 / (cbarp ** 7 + 25 ** 7))
+    rt = -math.sin(math.radians(60 * math.exp(-(((hbar - 275) / 25) ** 2)))) * rc
+    sl = 1 + 0.015 * (lbar - 50) ** 2 / math.sqrt(20 + (lbar - 50) ** 2)
+    sc, sh = 1 + 0.045 * cbarp, 1 + 0.015 * cbarp * t
+    dl, dc, dhh = (L2 - L1) / sl, (c2 - c1) / sc, d_big_h / sh
+    return math.sqrt(dl ** 2 + dc ** 2 + dhh ** 2 + rt * dc * dhh)
+
+
 OTHER_COLOR = "#999999"      # a codec with no entry and no family in CODEC_COLORS
 
 
@@ -184,23 +245,27 @@ def source(key: str, words: str = "", **fields) -> str:
 
 
 def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str = "", test: str = "",
-          scale: str = "", rows=None) -> dict:
+          scale: str = "", rows=None, role: str = "", note: str = "") -> dict:
     """One row of a claims table (CLAIM_COLUMNS, see the module docstring).
 
     `paper`: the paper's words, quoted exactly with their place ('"..." (Sec. 3.3)'), or a line
     starting "paraphrase:" (a self-check may name its reference instead). `ok`: bool, None, a verdict
     string or a tgsim.analysis.verdicts result (its `test` is used when `test` is empty). `kind`: one of
-    KINDS. `scale`: keys of SCALE joined by "+" (expanded) or free text. `rows`: the data frame the
+    KINDS. `role`: one of ROLES ("" counts the row under its verdict; "supporting", "placeholder" and
+    "re-test" are counted as ROLES says). `note`: what the verdict hinges on, in a few words (the summary
+    prints it beside the verdict). `scale`: keys of SCALE joined by "+" (expanded) or free text. `rows`: the data frame the
     verdict was decided on (written by `save` to inputs/NAME_K.csv, its path in the row's `rows`
     column). A verdict other than n/a needs a named test; a paper claim, a reviewer question or
     another paper's result needs a quote or a marked paraphrase with its place (`source`), and no
     row may send a reader to a path outside the repository (ValueError otherwise)."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {tuple(ROLES)}")
     if isinstance(ok, dict) and not test:
         test = ok["test"]
     v = verdict(ok)
-    if v in ("confirmed", "not confirmed", "inconclusive") and not test.strip():
+    if v in ("confirmed", "conditional", "not confirmed", "inconclusive") and not test.strip():
         raise ValueError(f"claim {claim!r}: a verdict ({v}) needs the test it came from")
     if kind in ("paper claim", "paper claim (proxy)", "reviewer question", "other paper's result", "tgsim variant",
                 "model arithmetic") \
@@ -213,7 +278,7 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
     if scale and all(k in SCALE for k in scale.split("+")):
         scale = "; ".join(SCALE[k] for k in scale.split("+"))
     out = {"claim": claim, "paper": paper, "measured": measured, "verdict": v, "kind": kind, "setting": setting,
-           "test": test, "scale": scale, "rows": ""}
+           "test": test, "scale": scale, "rows": "", "role": role, "note": note}
     if rows is not None:
         out["_rows"] = rows
     return out

@@ -37,8 +37,8 @@ from matplotlib.ticker import NullLocator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import collapse_signs, command_line, t_band, train_many  # noqa: E402
-from _rules import diverged_note  # noqa: E402
-from _theme import claim, codec_color, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
+from _rules import diverged_note, diverged_summary  # noqa: E402
+from _theme import UNCHECKED, claim, codec_color, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
 from reviewers import margin, reading, words  # noqa: E402
 from tgsim.analysis.verdicts import combine, equivalence  # noqa: E402
 
@@ -78,7 +78,7 @@ diag = pd.concat(diag, ignore_index=True)
 # %% figure: (a) accuracy gap to fp32, (b) MAX scaler ratio, one row per optimizer; (c) one run's diagnostics
 MARGIN = margin("workers") / 100          # the claim's one margin (reviewers.WORDS), as a fraction
 fig = plt.figure(figsize=(13, 11.5))
-grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.62, wspace=0.7, top=0.91, bottom=0.11)
+grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 0.85], hspace=0.62, wspace=0.7, top=0.91, bottom=0.13)
 axes = np.empty((2, 2), dtype=object)
 for i in range(2):
     axes[i, 0] = fig.add_subplot(grid[i, 0:2], sharex=axes[0, 0] if i else None)
@@ -108,12 +108,11 @@ def gap_limits(gaps, margin_points: float) -> tuple[float, float]:
     return lo, hi
 
 
-def mark_beyond(ax, d, lo: float, hi: float) -> None:
-    """On a gap panel with y limits (lo, hi): each finite run beyond them a triangle at the edge (its
-    variant's colour, side by side per variant), and one note inside the panel naming every such run
-    (N, seed, variant, its gap, fp32's accuracy) and every setting mean beyond the axis."""
-    import textwrap
-
+def mark_beyond(ax, d, lo: float, hi: float, letter: str) -> str:
+    """On a gap panel with y limits (lo, hi): each finite run beyond them a filled triangle at the edge,
+    each setting mean beyond them a hollow one (its variant's colour, side by side per variant); returns
+    the note naming every such run (N, seed, variant, its gap, fp32's accuracy) and every such mean,
+    printed below the figure (a box inside the panel covered its data)."""
     out = d[np.isfinite(d.gap_points) & ((d.gap_points < lo) | (d.gap_points > hi))]
     order = {v: k for k, v in enumerate(variants)}
     for r in out.itertuples():
@@ -123,6 +122,10 @@ def mark_beyond(ax, d, lo: float, hi: float) -> None:
                    clip_on=False, edgecolor="black", linewidth=0.5)
     means = d.groupby(["workers", "variant"], sort=True).gap_points.mean()
     off = means[(means < lo) | (means > hi)]
+    for (n, v), x in off.items():
+        up = x > hi
+        ax.scatter([n * np.exp(0.06 * (order.get(v, 0) - 1))], [hi if up else lo], marker="^" if up else "v", s=70,
+                   facecolor="white", edgecolor=pal[v], linewidth=1.5, zorder=7, clip_on=False)
     parts = []
     for (n, seed), g in out.groupby(["workers", "seed"], sort=True):
         parts.append(f"N = {n}, seed {seed}: " + ", ".join(f"{v.split(', ')[-1]} {x:+.1f}"
@@ -132,34 +135,53 @@ def mark_beyond(ax, d, lo: float, hi: float) -> None:
         (("\n" if parts else "") + "means beyond the axis: " + "; ".join(
             f"N = {n}: " + ", ".join(f"{v.split(', ')[-1]} {x:+.1f}" for (_, v), x in g.items())
             for n, g in off.groupby(level="workers")) if len(off) else "")
-    if text:
-        ax.text(0.99, 0.97, "\n".join(textwrap.fill(t, 62) for t in text.split("\n")), transform=ax.transAxes,
-                ha="right", va="top", fontsize=6.5, zorder=8,
-                bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.6", alpha=0.9))
+    return f"({letter}) " + text.replace("\n", "; ") if text else ""
 
 
 fp32_acc = df[df.variant == "fp32"].set_index(["optimizer", "workers", "seed"]).test_accuracy
 gap = df[df.variant != "fp32"].assign(
     ref=lambda d: fp32_acc.reindex(pd.MultiIndex.from_frame(d[["optimizer", "workers", "seed"]])).to_numpy())
 gap["gap_points"] = 100 * (gap.test_accuracy - gap.ref)      # the paired difference the verdicts test
+BEYOND = []          # the notes on what lies beyond the gap axes, printed below the figure
+RINGED = []          # per gap panel: its diverged runs, named in its title
+DODGE = 0.05         # the variants' intervals side by side (log x): bands of three colours mixed into one
 for i, (opt, d) in enumerate(gap.groupby("optimizer", sort=False)):
     ok = d.dropna(subset=["gap_points"])
-    sns.lineplot(data=ok, x="workers", y="gap_points", hue="variant", style="variant", markers=marks, dashes=False,
-                 errorbar=t_band, ax=axes[i, 0], legend=i == 0, palette=pal)
+    rank = {v: k for k, v in enumerate(dict.fromkeys(ok.variant))}
+    ok = ok.assign(x=ok.workers * np.exp(DODGE * (ok.variant.map(rank) - 1)))
+    sns.lineplot(data=ok, x="x", y="gap_points", hue="variant", style="variant", markers=marks, dashes=False,
+                 errorbar=None, ax=axes[i, 0], legend=i == 0, palette=pal)
+    for (v, x), g in ok.groupby(["variant", "x"]):      # the verdict's 90 % t-interval, as bars (no data line)
+        band = t_band(g.gap_points) if len(g) > 1 else (np.nan, np.nan)
+        if np.all(np.isfinite(band)):
+            m = g.gap_points.mean()
+            axes[i, 0].errorbar([x], [m], yerr=[[m - band[0]], [band[1] - m]], fmt="none", ecolor=pal[v], capsize=3,
+                                elinewidth=1.4, zorder=2)
     axes[i, 0].axhspan(-MARGIN * 100, MARGIN * 100, color="0.85", zorder=0, label="_margin")
     axes[i, 0].axhline(0, color="black", lw=0.8)
     bad = d[d.test_accuracy.isna()]          # diverged runs (the method's failure): drawn at the bottom, counted
+    RINGED.clear()
     lo, hi = gap_limits(ok.gap_points, MARGIN * 100)
     axes[i, 0].set_ylim(lo, hi)
-    mark_beyond(axes[i, 0], ok, lo, hi)
+    BEYOND.append(mark_beyond(axes[i, 0], ok, lo, hi, "ac"[i]))
     n_out = int(((ok.gap_points < lo) | (ok.gap_points > hi)).sum())
     if len(bad):
         axes[i, 0].scatter(bad.workers, np.full(len(bad), lo), marker="x", s=60, color=[pal[v] for v in bad.variant],
                            zorder=6, clip_on=False)
+        # the verdict counts a diverged run as its setting's failure, while the line's mean there rests on the
+        # finite runs only: ring that mean, and name the run in the title (a note inside the panel crossed lines)
+        for (v, n), g in bad.groupby(["variant", "workers"]):
+            fin = ok[(ok.variant == v) & (ok.workers == n)]
+            if len(fin):
+                axes[i, 0].scatter([fin.x.iloc[0]], [fin.gap_points.mean()], s=260, facecolor="none",
+                                   edgecolor="crimson", linewidth=1.6, zorder=8)
+            RINGED.append(f"{v.split(', ')[-1].upper()} at N = {n}, seed " + ", ".join(str(x) for x in g.seed)
+                          + f": its setting fails; red ring: the mean of its {len(fin)} finite run(s)")
     axes[i, 0].set(ylabel="accuracy - fp32's,\nsame seed (points)",
                    title=f"({'ac'[i]}) {opt}: gap to fp32's accuracy\n(mean, 90 % t-interval: the verdict's; "
                          f"grey: the ±{MARGIN * 100:g}-point margin;\nx at the bottom: a diverged run ({len(bad)})"
-                         + (f"; ▲▼ at the edge: a run > {OUTLIER:g} points off ({n_out}))" if n_out else ")"))
+                         + (f"; ▲▼ at the edge: a run > {OUTLIER:g} points off ({n_out}))" if n_out else ")")
+                         + "".join(f"\n{r}" for r in RINGED))
     axes[i, 0].title.set_fontsize(10)
     r = d[d.variant.str.contains("max|mean")]
     sns.lineplot(data=r, x="workers", y="ratio_max", hue="variant", style="variant", markers=marks, dashes=False,
@@ -173,14 +195,22 @@ for i, (opt, d) in enumerate(df.groupby("optimizer", sort=False)):   # labelled 
     log_ticks(axes[i, 1], "y", d[d.variant.str.contains("max|mean")].ratio_max)
 h, lab = axes[0, 0].get_legend_handles_labels()
 axes[0, 0].get_legend().remove()
-fig.legend(h, lab, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(lab), title="variant (scaler sharing)")
+fig.legend(h, lab, loc="lower center", bbox_to_anchor=(0.5, 0.025), ncol=len(lab), title="variant (scaler sharing)")
+if any(BEYOND):
+    import textwrap
+    fig.text(0.02, 0.002, textwrap.fill("Beyond the gap axes (▲ run, △ mean; values in the CSV): "
+                                        + "; ".join(b for b in BEYOND if b), 190), fontsize=7, ha="left", va="bottom")
 for ax, letter, (col, label) in zip(axc, "efgh", [("accuracy", "test accuracy (fraction)"),
                                                   ("scaler_ratio", "shared / median scaler\n(largest layer)"),
                                                   ("noise_to_signal", "noise-to-signal\n(largest layer)"),
                                                   ("zero_grad_fraction", "dead units\n(largest layer, fraction)")]):
     ax.set_title(f"({letter})", loc="left", fontsize=10)
     d = diag.dropna(subset=[col])
-    sns.lineplot(data=d, x="step", y=col, hue="variant", palette=pal, ax=ax, legend=False, lw=1.3)
+    order_c = sorted(d.variant.unique(), key=lambda v: v.endswith("max"))      # MAX last: drawn on top
+    for v in order_c:
+        dv = d[d.variant == v]
+        ax.plot(dv.step, dv[col], color=pal[v], lw=1.6 if v.endswith("max") else 1.0,
+                alpha=1.0 if v.endswith("max") else 0.75, zorder=3 if v.endswith("max") else 2)
     ax.set(xlabel="training step (iterations)", ylabel=label)
     if col in ("scaler_ratio", "noise_to_signal"):
         ax.set_yscale("log")
@@ -196,7 +226,8 @@ fig.suptitle(f"MNIST-1D convnet (23,882 parameters), {steps} steps, {seeds_note(
 # (optimizer, N), the claim's one margin, alpha 0.05; a diverged run is the failure of the method that
 # diverged (tgsim.analysis.verdicts, nonfinite="attribute"): in TernGrad's arm it refutes that setting,
 # in fp32's arm it leaves the pair out
-SETTING = ("the paper: CIFAR-10, up to 8 workers, MAX sharing; here MNIST-1D convnet, total batch "
+SETTING = ("the paper: CIFAR-10, up to 8 workers, MAX sharing (paraphrase of its body, " + UNCHECKED + "; the "
+           "seeds say only that the scalar is shared among workers, its reviewer 2); here MNIST-1D convnet, total batch "
            f"{int((df.workers * df.batch_per_worker).iloc[0])}, N = {min(workers)}..{max(workers)}, {steps} steps")
 div = df[df.test_accuracy.isna()].groupby(["variant", "optimizer", "workers"]).size()
 VARIANT_KIND = {"max": ("paper claim (proxy)", "TernGrad as published (MAX sharing)"),   # Table 1: CIFAR-10
@@ -226,6 +257,14 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
     need = [r["seeds_needed"] for _, _, r in res if r["verdict"] == "inconclusive"]
     failed = [(o, n, r["failed"]) for o, n, r in res if r["failed"]]
     ref_failed = sum(r["ref_failed"] for _, _, r in res)
+    settings = [dict(label=f"N = {n} ({o})", verdict=r["verdict"], failed=r["failed"],
+                     finite_verdict=finite_only[(o, n)]["verdict"], finite_n=finite_only[(o, n)]["n"])
+                for o, n, r in res]
+    n_runs = int((df.variant == v).sum())
+    note = diverged_note(settings, n_runs)
+    # the summary's words beside the verdict: what it hinges on (the diverged runs, each named)
+    gone = df[(df.variant == v) & df.test_accuracy.isna()]
+    short = diverged_summary(settings, gone[["workers", "optimizer", "seed"]].to_dict("records"), n_runs)
     claims.append(claim(
         f"{what}: within {MARGIN * 100:g} point of fp32 at every N",
         words("workers"),
@@ -241,16 +280,13 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
         + (f"; {need.count(None)} undecided setting(s) no number of seeds would confirm (|gap| >= margin, or "
            "fewer than 2 seeds: no spread)" if None in need else "")
         + (f"; {ref_failed} pair(s) left out: fp32 diverged (fp32's failure)" if ref_failed else "")
-        + ("; " + note if (note := diverged_note(
-            [dict(label=f"N = {n} ({o})", verdict=r["verdict"], failed=r["failed"],
-                  finite_verdict=finite_only[(o, n)]["verdict"], finite_n=finite_only[(o, n)]["n"])
-             for o, n, r in res], int((df.variant == v).sum()))) else "")
+        + ("; " + note if note else "")
         + ("; fp32's own low runs (kept in their pairs, so their gaps favour the method): " + ", ".join(
             f"N = {r.workers} ({r.optimizer}) seed {r.seed}: {r.test_accuracy:.3f} against its setting's median "
             f"{r.med:.3f}" for r in fp_low.itertuples()) if len(fp_low) else "")
         + (f"; the demo recipe (8 workers x 8 samples, momentum 0.9): MAX collapsed in {n_max} of "
            f"{len(lost_c['max'])} runs (self-check row below)" if v.split(", ")[-1] == "max" else ""),
-        joint, kind=kind, setting=SETTING,
+        joint, kind=kind, setting=SETTING, note=short,
         test=f"TOST equivalence (paired t) per (optimizer, N), {reading('workers')}, alpha 0.05, "
              f"{df.seed.nunique()} seed(s); a diverged run fails its own method; confirmed when every setting is, "
              "not confirmed when any is",

@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line  # noqa: E402
-from _theme import source, claim, log_ticks, plt, save, sns  # noqa: E402
+from _theme import UNCHECKED, source, claim, log_ticks, plt, save, sns  # noqa: E402
 
 from tgsim.analysis import convergence  # noqa: E402
 
@@ -86,7 +86,8 @@ claims = [
           f"E||w-w*||² tail slope {tg.slope_vs_t:.2f} [{tg.slope_ci_low:.2f}, {tg.slope_ci_high:.2f}] (fp32 "
           f"{fp.slope_vs_t:.2f}); final median ||w-w*||/||w*|| {tg.median_final_rel:.3f}", tg.slope_ci_high < 0,
           kind="paper claim", setting="Assumptions 1-3 (one minimum, Σγ = ∞, Σγ² < ∞, the gradient bound; the theorem "
-          "gives no rate); here "
+          "gives no rate: paraphrase of the paper's body, " + UNCHECKED + "; the single minimum and the missing rate "
+          "are also in its reviewer 3's words); here "
           + SETTING + ", γ_t = 0.5/(1 + t/50)",
           test=f"the 95 % t-interval of the tail slope of log E||w-w*||² on log t lies below 0; {SEEDS} seeds",
           rows=rm,

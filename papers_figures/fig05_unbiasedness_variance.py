@@ -34,6 +34,11 @@ from tgsim.analysis.unbiased_check import codec_table, power_curve  # noqa: E402
 from tgsim.analysis.variance import variance_table  # noqa: E402
 from tgsim.codecs import registry  # noqa: E402
 
+# the peers' functions named as the registry names the same codec, so that panel (a) shows one label per codec
+PEER_NAMES = {"top_k": "topk", "random_sparsification": "randomk"}
+# categories that are not codecs (the two sources of (a), the two declarations of (c)) in colours no codec has
+# (orange, blue and the rest mean a codec in every figure: _theme.CODEC_COLORS), told apart by marker too
+NONCODEC_COLORS = ("#ddcc77", "#404040")     # sand, dark slate
 QUICK, OUT = command_line("Unbiasedness and variance: measured against exact error; the power of the test.")
 N, R, RS = (1000, 200, (100, 300, 1000, 3000)) if QUICK else (3000, 1000, (100, 300, 1000, 3000, 10000))
 
@@ -49,7 +54,8 @@ theme()    # the compare run may have set its own
 # %% tidy: (a) one row per measured error; (b) power; (c) codecs
 a_peer = var[var.quantity == "error"].assign(source="peers' pure functions (analysis/variance)",
                                              measured=lambda d: d.empirical / d.norm2, exact=lambda d: d.formula / d.norm2,
-                                             label=lambda d: d.quantizer.str.replace(r"\[.*", "", regex=True),
+                                             label=lambda d: d.quantizer.str.replace(r"\[.*", "", regex=True)
+                                             .replace(PEER_NAMES),
                                              reject=lambda d: d.reject.astype(bool))
 ok = cv[(cv.status == "ok") & (cv.exact_rel_mse > 0)]
 a_codec = ok.assign(source="registered codecs, N = 1/8/32 (compare variance)", measured=ok.rel_mse,
@@ -70,8 +76,10 @@ a = df[df.panel == "a"].assign(reject=lambda d: d.reject.astype(bool))
 a["ratio"] = a.measured / a.exact
 a["verdict"] = np.where(a.reject, "rejected (Bonferroni, and off by > 0.1 %)", "accepted")
 order = sorted(a.label.unique(), key=lambda x: (not x.startswith("terngrad"), x))
-sns.stripplot(data=a, x="label", y="ratio", hue="source", order=order, dodge=True, jitter=0.25, size=4, alpha=0.75,
-              ax=axes[0], palette="colorblind")
+SOURCES_A = sorted(a.source.unique())
+sns.stripplot(data=a, x="label", y="ratio", hue="source", order=order, hue_order=SOURCES_A, dodge=True, jitter=0.25,
+              size=4, alpha=0.85, ax=axes[0], palette=dict(zip(SOURCES_A, NONCODEC_COLORS)), linewidth=0.4,
+              edgecolor="black")
 bad = a[a.reject]
 if len(bad):
     axes[0].scatter([order.index(x) for x in bad.label], bad.ratio, marker="X", s=80, color="black", zorder=5,
@@ -83,7 +91,10 @@ axes[0].set(xlabel="codec or quantizer", ylabel="measured / exact  E||Q(g) - g||
 plt.setp(axes[0].get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
 axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="source")
 b = df[df.panel == "b"]
-sns.lineplot(data=b, x="R", y="delta_power90", hue="shape", marker="o", ax=axes[1])
+# gradient shapes are not codecs: shades of grey, told apart by marker and dash too
+SHAPES_B = list(dict.fromkeys(b["shape"]))
+sns.lineplot(data=b, x="R", y="delta_power90", hue="shape", style="shape", markers=True, ax=axes[1],
+             hue_order=SHAPES_B, palette=dict(zip(SHAPES_B, sns.color_palette("Greys_r", len(SHAPES_B) + 1))))
 axes[1].set(xscale="log", yscale="log", xlabel="draws R of the binomial test",
             ylabel="smallest bias δ detected, power 0.9  (fraction)",
             title=f"(b) power of the exact test\n(n = {N}, α = 1e-3)")
@@ -92,7 +103,7 @@ log_ticks(axes[1], "x", b.R, pad=1.3)
 log_ticks(axes[1], "y", b.delta_power90, pad=1.3)
 c = df[df.panel == "c"].copy()
 HUE_ORDER = ["declared unbiased", "declared biased"]
-DECLARED_COLORS = dict(zip(HUE_ORDER, sns.color_palette()[:2]))
+DECLARED_COLORS = dict(zip(HUE_ORDER, NONCODEC_COLORS))
 
 
 def codec_label(name: str) -> str:
@@ -115,7 +126,8 @@ no_value = c.bias.isna()            # tested as a matrix (PowerSGD): no relative
 c["bias"] = c.bias.fillna(1e-6)
 c["label"] = [codec_label(x) for x in c.label]
 sns.scatterplot(data=c[~no_value], x="label", y="bias", hue="declared", style="verdict", s=90, ax=axes[2],
-                markers={"test rejects unbiasedness": "X", "test accepts": "o"}, hue_order=HUE_ORDER)
+                markers={"test rejects unbiasedness": "X", "test accepts": "o"}, hue_order=HUE_ORDER,
+                palette=DECLARED_COLORS, edgecolor="black")
 if no_value.any():
     axes[2].scatter(c[no_value].label, c[no_value].bias, marker="o", s=90, facecolor="none",
                     edgecolor=[DECLARED_COLORS[x] for x in c[no_value].declared], zorder=3,

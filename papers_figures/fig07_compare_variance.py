@@ -5,7 +5,8 @@
 # to prior art"; here every codec, TernGrad among them, at equal measured bits. TernGrad's paper
 # reports only its own 2-bit variance bound; QSGD (Alistarh et al.) claims its stochastic levels
 # trade bits for variance smoothly (Lemma 3.1), and that with enough levels (Elias-coded) it needs
-# fewer bits than a 2-bit ternary code for the same variance.
+# fewer bits than a 2-bit ternary code for the same variance (both paraphrased from QSGD's paper, not
+# checked against the seeds: only the TernGrad abstract and the public reviews were at hand).
 #
 # Here: `tgsim compare variance` (tgsim.analysis.compare_variance; --quick's parameters from
 # analysis/compare_cli.py under `--quick`), its variance.csv: the relative MSE ||avg - v̄||² / ||v̄||²
@@ -46,7 +47,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import coding_of, command_line, compare_outputs  # noqa: E402
 from _rules import AVERAGING_FLOOR, AVERAGING_RULE, averaging_verdict  # noqa: E402
-from _theme import claim, codec_color, codec_palette, log_ticks, plt, save, seeds_note, sns, theme  # noqa: E402
+from _theme import UNCHECKED, claim, codec_color, codec_palette, log_ticks, plt, save, seeds_note, sns, theme  # noqa: E402
 
 from tgsim.analysis.common import terngrad_error  # noqa: E402
 from tgsim.analysis.compare_variance import reach_terngrad  # noqa: E402
@@ -117,15 +118,15 @@ TG_N = {1: dict(marker="*", ms=14, mfc=_TG, mec="black"), 8: dict(marker="*", ms
         32: dict(marker="*", ms=11, mfc="white", mec=_TG)}
 
 
-def floor_note(ax, kind: str) -> None:
-    """Name, inside the panel's lower left corner, the codecs whose error is below FLOOR (not drawn)."""
+def floor_note(kind: str) -> str:
+    """The codecs whose error is below FLOOR (not drawn), for the panel's title ("" when none): a box inside
+    the panel covered a codec's line."""
     below = exact[(exact.workers == 1) & (exact.kind == kind)]
-    if len(below):
-        least = below.groupby("codec", sort=False).bits_per_element.min()
-        names = ", ".join(f"{c} ({b:.3g} bits)" for c, b in least.items())
-        ax.text(0.03, 0.03, f"error < {FLOOR:.0e}, not drawn:\n" + textwrap.fill(names, 38), transform=ax.transAxes,
-                fontsize=7, va="bottom", ha="left", zorder=11,
-                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.6", alpha=0.9))
+    if not len(below):
+        return ""
+    least = below.groupby("codec", sort=False).bits_per_element.min()
+    names = ", ".join(f"{c} ({b:.3g} bits)" for c, b in least.items())
+    return "\n" + textwrap.fill(f"error < {FLOOR:.0e}, not drawn: {names}", 48)
 
 
 def kind_panel(ax, letter: str, kind: str) -> None:
@@ -137,10 +138,9 @@ def kind_panel(ax, letter: str, kind: str) -> None:
         t = df[(df.codec == TOP) & (df.kind == kind) & (df.workers == n)].sort_values("bits_per_element")
         ax.plot(t.bits_per_element, t.rel_mse, ls="none", zorder=10, mew=0.8, label=f"TernGrad, N = {n}", **style)
     ax.set(xscale="log", yscale="log", xlabel="bits per element (measured payload)",
-           ylabel="MSE / ||v̄||² (dimensionless)", title=f"({letter}) {kind} vectors")
+           ylabel="MSE / ||v̄||² (dimensionless)", title=f"({letter}) {kind} vectors" + floor_note(kind))
     log_ticks(ax, "x", df.bits_per_element)
     ax.set_yscale("log")
-    floor_note(ax, kind)
 
 
 HET_STYLES = {   # own scaler = no sharing; one colour per codec (_theme.CODEC_COLORS)
@@ -150,13 +150,21 @@ HET_STYLES = {   # own scaler = no sharing; one colour per codec (_theme.CODEC_C
     "top-k 1 %, no EF": (codec_color("topk"), "-.", "v", 6)}
 
 
+HET_DODGE = {"terngrad, MEAN shared": 0.9, "terngrad, own scaler": 1.1}
+
+
 def het_panel(ax, letter: str, value: str = "mse") -> None:
     """E||mean Q - mean v||² against N with different gradients per worker (mean over seeds): absolute
     (`value` "mse") or relative to ||mean v||² ("rel_mse", the quantity the biased codec's row judges)."""
     mean = het.groupby(["codec", "workers"], sort=False)[value].mean()
-    for codec, (color, ls, marker, ms) in HET_STYLES.items():     # own scaler over MEAN shared: they nearly coincide
+    for codec, (color, ls, marker, ms) in HET_STYLES.items():
         m = mean[codec]
-        ax.plot(m.index, m.to_numpy(), color=color, ls=ls, marker=marker, ms=ms, label=codec)
+        # own scaler and MEAN shared nearly coincide: side by side in log N (MEAN left, own scaler right),
+        # the own scaler's hollow star drawn over MEAN's dots, so that neither hides the other
+        dodge = HET_DODGE.get(codec, 1.0)
+        ax.plot(m.index.to_numpy(float) * dodge, m.to_numpy(), color=color, ls=ls, marker=marker, ms=ms, label=codec,
+                mfc="white" if codec.endswith("own scaler") else color, mew=1.4,
+                zorder=4 if codec.endswith("own scaler") else 3)
     absolute = value == "mse"
     ax.set(xscale="log", yscale="log", xlabel="workers N (each its own gradient)",
            ylabel="E||mean Q - mean v||²  (squared units)" if absolute else
@@ -276,7 +284,8 @@ def qsgd_row() -> dict:
     text = "; ".join(f"{r.kind}: " + (f"{r.bits:.2f} bits{q_coding(r.kind, r.budget)}" if r.bits == r.bits
                                        else "not reached") + f" ({per[r.kind]})" for r in q.itertuples())
     return claim("QSGD needs fewer bits than TernGrad for TernGrad's 2-bit variance", "paraphrase: QSGD (Alistarh "
-                 "et al.): with Elias-coded levels, fewer bits than a 2-bit code for the same variance",
+                 "et al.): with Elias-coded levels, fewer bits than a 2-bit code for the same variance (not checked "
+                 "against the seeds: " + UNCHECKED + ")",
                  text or "not reached", combine(list(per.values())) if per else False, kind="other paper's result",
                  setting="one worker, tgsim compare variance's vectors and bit budgets",
                  test="per kind: the measured bits at which QSGD first reaches TernGrad's error below 2 (means over R "

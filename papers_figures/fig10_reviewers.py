@@ -1,15 +1,16 @@
 # %% [markdown]
 # # Fig. 10 (tgsim): the two questions of TernGrad's reviews
 #
-# (a) Layer-wise against whole-model ternarizing (reviewer 1 asks to elaborate the choices made in
+# (a), (b) Layer-wise against whole-model ternarizing (reviewer 1 asks to elaborate the choices made in
 #     layer-wise ternarizing). The paper (Sec. 3.3) uses one scaler per layer to narrow the gap of its
 #     bound against one scaler for the whole model. Drawn and judged here: the whole model's error
 #     E||Q - g||² / ||g||² including the bias of clipping (`terngrad_error`), one scaler per layer
 #     (summed over layers) against one for the model, without and with 2.5σ clipping, along the
-#     training of an MLP on scikit-learn's digits with TernGrad, over 4 seeds (quick: 1). The gap
+#     training of an MLP on scikit-learn's digits with TernGrad, over 4 seeds (quick: 1); (a) without,
+#     (b) with clipping, each on its own y range. The gap
 #     itself is fig02's (on the MNIST-1D convnet): with clipping it divides E||Q(clip g)||² by the
 #     unclipped ||g||² and falls below 1 through the bias, so it does not measure the error.
-# (b) TernGrad against fp16 (reviewer 2: "quantizing to 16bit is reasonably safe") and QSGD at a 4-bit
+# (c) TernGrad against fp16 (reviewer 2: "quantizing to 16bit is reasonably safe") and QSGD at a 4-bit
 #     budget (its best knob under it): the relative error of one worker's code and the bits it sends,
 #     from `tgsim compare variance`'s CSV (shared with fig05 and fig07). No review asks about 4-bit
 #     QSGD against TernGrad: the row answers the question Jiang & Agrawal's reviewer 1 put to their
@@ -73,16 +74,27 @@ b = pick[pick.workers == 1][["kind", "codec", "label", "workers", "budget", "kno
                              *(["codec_options"] if "codec_options" in pick else []), "bits_per_element", "rel_mse"]]
 
 # %% figure: (a) the error the layer-wise verdicts judge, (b) the error at each codec's bits
-fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw=dict(width_ratios=[1, 1, 1.35]))
 # one colour per codec in every figure (_theme.CODEC_COLORS): one scaler per layer is TernGrad as the paper runs
 # it, one for the model its scope=model variant (fig11's terngrad[scope=model])
 SCALER_COLORS = {"one per layer": codec_color("terngrad"), "one for the model": codec_color("terngrad[scope=model]")}
-sns.lineplot(data=errs, x="step", y="mse", hue="scaler", style="clip", estimator="median", errorbar=("pi", 50),
-             ax=axes[0], palette=SCALER_COLORS)
-axes[0].set(yscale="log", xlabel="training step (iterations)", ylabel="E||Q - g||² / ||g||²  (dimensionless)",
-            title="(a) whole MLP's error incl. clipping's bias")
-log_ticks(axes[0], "y", errs.mse)
-axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
+# one panel per clipping setting, each on its own y range: on one shared axis the clipped pair (0.73 against
+# 0.80, the pair the paper's recipe judges) lay on top of each other; the two scalers told apart by colour,
+# line style and marker (orange and vermillion alone were too close)
+SCALER_STYLE = {"one per layer": dict(ls="-", marker="o"), "one for the model": dict(ls="--", marker="s")}
+for ax, (clip, letter) in zip(axes[:2], (("no clipping", "a"), ("clipping 2.5σ", "b"))):
+    e = errs[errs["clip"] == clip]
+    for sc, st in SCALER_STYLE.items():
+        g = e[e.scaler == sc].groupby("step").mse
+        med, q1, q3 = g.median(), g.quantile(0.25), g.quantile(0.75)
+        ax.fill_between(med.index, q1, q3, color=SCALER_COLORS[sc], alpha=0.18, lw=0)
+        ax.plot(med.index, med, color=SCALER_COLORS[sc], lw=1.5, ms=4, markevery=max(1, len(med) // 12),
+                label=f"{sc} (median, 25-75 % band)", **st)
+    ax.set(yscale="log", xlabel="training step (iterations)", ylabel="E||Q - g||² / ||g||²  (dimensionless)",
+           title=f"({letter}) whole MLP's error incl. clipping's bias:\n{clip}")
+    log_ticks(ax, "y", e.mse)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=1, title="TernGrad's scaler")
+axes = [axes[0], axes[2]]        # (c), the codecs' errors, is drawn below as axes[1]
 sns.barplot(data=b, x="kind", y="rel_mse", hue="label", ax=axes[1], errorbar=None,
             hue_order=["TernGrad, 2 bits", "QSGD, 4-bit budget", "fp16, 16 bits"], saturation=1,
             palette={"TernGrad, 2 bits": codec_color("terngrad"), "QSGD, 4-bit budget": codec_color("qsgd"),
@@ -90,7 +102,7 @@ sns.barplot(data=b, x="kind", y="rel_mse", hue="label", ax=axes[1], errorbar=Non
 for bars in axes[1].containers:
     axes[1].bar_label(bars, fmt="%.1e", fontsize=6.5, rotation=90, padding=2)
 axes[1].set(yscale="log", xlabel="vector kind (one worker, N = 1)",
-            ylabel="MSE / ||v̄||² of one worker  (dimensionless)", title="(b) error at their bits (N = 1)")
+            ylabel="MSE / ||v̄||² of one worker  (dimensionless)", title="(c) error at their bits (N = 1)")
 axes[1].set_ylim(top=b.rel_mse.max() * 1e3)
 axes[1].legend(fontsize=8, title="codec", loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Left: MLP on scikit-learn's digits, {STEPS} steps, median over the workers x {seeds_note(SEEDS)}, "
@@ -123,7 +135,11 @@ def layerwise_row(clip: str) -> dict:
     return claim(f"one scaler per layer lowers the error (MLP, {clip})", GUIDED,
                  "median E||Q - g||²/||g||² per layer vs one scaler, per seed: " + ", ".join(
                      f"{a:.2f}/{b:.2f}" for a, b in zip(d["one per layer"], d["one for the model"])),
-                 r, kind="paper claim (proxy)", setting=SETTING + (", the paper's recipe" if clip != "no clipping" else ""),
+                 r, kind="paper claim (proxy)", setting=SETTING + (", the paper's recipe" if clip != "no clipping" else
+                                                                   ", not the paper's recipe (no clipping)"),
+                 # the layer-wise claim counts once, here with clipping (the paper's recipe, over seeds); the
+                 # row without clipping and fig02's gap support it
+                 role="" if clip != "no clipping" else "supporting",
                  test=f"one-sided t-test over seeds of log(error per layer / error with one scaler) < 0 (error incl. "
                       f"the bias of clipping; median over steps and workers per seed), alpha 0.05, {len(d)} seed(s)",
                  scale="mlp", rows=errs[errs["clip"] == clip])
@@ -148,16 +164,24 @@ def qsgd_row() -> dict:
                  scale="synthetic", rows=b[b.codec.isin(["terngrad", "qsgd"])])
 
 
+FP16_LIMIT = 1e-3      # "negligible": fp16's relative error sqrt(E||Q - g||² / ||g||²) below 0.1 %
+
+
 def fp16_row() -> dict:
-    """Per vector kind: fp16's relative error below 1e-4; summed up by `combine`."""
-    per = {k: yes(n1.loc[k, "fp16"] < 1e-4) for k in n1.index}
+    """Per vector kind: fp16's relative error, the square root of its relative MSE E||Q - g||² / ||g||²
+    (the CSV's rel_mse), below FP16_LIMIT; summed up by `combine`. It tests the reviewer's premise,
+    so it is a re-test (its role), not an answer."""
+    rel = np.sqrt(n1["fp16"])
+    per = {k: yes(rel[k] < FP16_LIMIT) for k in n1.index}
     return claim("fp16's error is negligible",
                  source("tg-review", "for many setups, quantizing to 16bit is reasonably safe", n=2),
-                 "; ".join(f"{k}: {n1.loc[k, 'fp16']:.1e} (TernGrad {n1.loc[k, 'terngrad']:.2f}; {per[k]})"
-                           for k in n1.index),
+                 "relative error sqrt(relative MSE): " + "; ".join(
+                     f"{k}: {rel[k]:.1e} (relative MSE {n1.loc[k, 'fp16']:.1e}; TernGrad's relative MSE "
+                     f"{n1.loc[k, 'terngrad']:.2f}; {per[k]})" for k in n1.index),
                  combine(list(per.values())), kind="reviewer question", setting="one worker, tgsim compare variance",
-                 test="per vector kind: fp16's relative error below 1e-4 (seed 0); summed up by verdicts.combine",
-                 scale="synthetic", rows=b[b.codec.isin(["fp16", "terngrad"])])
+                 test=f"per vector kind: fp16's relative error sqrt(E||Q - g||² / ||g||²) below {FP16_LIMIT:g} (0.1 %; "
+                      "means over R draws, seed 0); summed up by verdicts.combine",
+                 scale="synthetic", rows=b[b.codec.isin(["fp16", "terngrad"])], role="re-test")
 
 
 claims = [layerwise_row("no clipping"), layerwise_row("clipping 2.5σ"), qsgd_row(), fp16_row()]

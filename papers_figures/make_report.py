@@ -14,9 +14,13 @@ and, on a terminal, a progress bar over the scripts on stderr (hidden under CI, 
 stop the others; the report lists it and the command exits with status 1.
 
 REPORT.md: papers_figures/REPORT.md (quick: out/quick/REPORT.md; with TGSIM_FIGURES_OUT set, the full
-report goes to that folder): a scale caveat (CAVEAT: model sizes, emulated links, modeled parts); the
+report goes to that folder): a scale caveat (CAVEAT: model sizes, emulated links, modeled parts); the bits
+accounting, said once (BITS_NOTE: fp32 32 + 32, fp16/bf16 16 + 16 bits per element per step on the parameter
+server every codec uses; TernGrad's exact-sum downlink, not the paper's 2-bit one); the
 summary, counting verdicts separately for the papers' claims, other papers' results and self-checks
-(`_theme.KINDS`), with every verdict's test; the reviewers' questions of both papers with the rows that
+(`_theme.KINDS`; `summary_counts`: a claim tested by several rows counted once, its other rows "supporting",
+placeholders not counted, reviewer-question rows that re-test a claim on a line of their own, `_theme.ROLES`),
+with every verdict's test, what it hinges on (the row's note) and a short scale; the reviewers' questions of both papers with the rows that
 answer them (`reviewers.QUESTIONS`); then per figure its PNG (relative link), PDF, CSV, runtime and
 claims table (the paper's words, the setting, the number measured, the test, the verdict, the scale);
 last, the claims out of reach at this scale (`reviewers.UNTESTABLE`). The `tgsim compare` runs that fig05 and fig07-10 share are kept
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,80 +107,205 @@ def run_all(paths: list[Path], quick: bool, logs: Path, quiet: bool = False) -> 
     return rows
 
 
-CAVEAT = [
+CAVEAT_TEXT = [
     "> **Scale.** Every measurement here is small: the MNIST-1D convnet has 23,882 parameters (4,000 training "
     "samples), logistic regression 640 weights, least squares 64 dimensions (fig04: 16), the MLP runs on "
     "scikit-learn's 1,797 digits; fig11's torch models are a GroupNorm ResNet of 5,122 parameters (digits) "
-    "and a character transformer of 82,665 (the standard library's source); the papers trained AlexNet, "
-    "GoogLeNet and VGG on ImageNet and CIFAR-10 on GPU clusters. Workers are simulated in one process; the only link measured is an emulated 1 Gb/s "
-    "loopback (tc, 2-4 ranks on one machine). fig06 (panels a-f) is the performance model's arithmetic, "
+    "and a character transformer of 82,665 (the standard library's source); the TernGrad abstract names AlexNet "
+    "and GoogLeNet (the papers' datasets and clusters are in their bodies, not at hand). Workers are simulated in "
+    "one process; the only link measured is an emulated 1 Gb/s "
+    "loopback (tc, 2-4 ranks on one machine){bench}. fig06 (panels a-f) is the performance model's arithmetic, "
     "not a measurement. A verdict says what the data show at this scale; each row's `scale` column says "
-    "what it rests on.",
+    "what it rests on; the summary's tables carry a short form of it.",
 ]
+
+
+def reused_runs(out: Path) -> str:
+    """The earlier runs this report's scripts read rather than ran (out/compare-*/, out/real-models/): each
+    folder with the time its newest file was written (no commit is recorded for them); "" when none."""
+    found = []
+    for d in sorted([*out.glob("compare-*"), out / "real-models"]):
+        files = [f for f in d.rglob("*") if f.is_file()] if d.is_dir() else []
+        if files:
+            when = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(max(f.stat().st_mtime for f in files)))
+            found.append(f"{d.name}/ (last written {when})")
+    return ("> **Reused runs.** Some scripts read earlier runs kept in the output folder instead of running them "
+            "again (their commit is not recorded): " + ", ".join(found) + ".") if found else ""
+
+
+def caveat(s: pd.DataFrame | None = None) -> list[str]:
+    """The scale caveat; when fig06's bench row (`s`, the claims) says its CSV was written by a QUICK bench,
+    the caveat says so beside "the only link measured", with the steps and cores the row names."""
+    bench = ""
+    if s is not None and len(s) and "measured" in s:
+        rows = s[(s.get("figure", "") == "fig06") & s.measured.astype(str).str.contains("QUICK (tgsim bench", regex=False)]
+        if len(rows):
+            m = re.search(r"QUICK \(tgsim bench exchange --quick(?:: ([^)]*))?\)", str(rows.measured.iloc[0]))
+            bench = (", and fig06 (g) read a QUICK bench of it (tgsim bench exchange --quick"
+                     + (f": {m.group(1)}" if m and m.group(1) else "") + "), a smoke run, not a timing")
+    return [CAVEAT_TEXT[0].replace("{bench}", bench)]
+
+
+CAVEAT = caveat()
+# the bits accounting of every "of fp32's bits", "x fewer bits" and "parameter server" in the report (fig08,
+# fig11: compare_bits.matched_bits), said once at the top
+BITS_NOTE = ("> **Bits.** Every \"of fp32's bits\", \"x fewer bits\" and \"parameter server\" below (fig08, fig11) "
+             "counts every method on one exchange, the same parameter server: fp32 is charged 32 bits up + 32 down "
+             "per element per step, fp16 and bf16 16 + 16, every codec its measured payloads up and down on that "
+             "server. TernGrad's downlink there is tgsim's exact-sum downlink (the server sends the sum of the N "
+             "workers' codes, ceil(log2(2N+1)) bits per element: 5 at N = 8), not the paper's re-ternarized 2-bit "
+             "one; fig06 models both.")
+BITS_WORDS = ("of fp32's bits", "fewer bits", "x fewer", "parameter server")
+
+
+def bits_note(s: pd.DataFrame | None) -> str:
+    """BITS_NOTE when some row of the claims `s` speaks of bits against fp32's or of the parameter server
+    (BITS_WORDS, or a row of fig08 or fig11); "" otherwise."""
+    if s is None or not len(s):
+        return ""
+    text = s.reindex(columns=["claim", "measured", "setting", "test"]).astype(object).fillna("").astype(str) \
+        .agg(" ".join, axis=1)
+    fig = s["figure"].astype(str) if "figure" in s else pd.Series("", index=s.index)
+    hit = fig.isin(["fig08", "fig11"]) | text.apply(lambda t: any(w in t for w in BITS_WORDS))
+    return BITS_NOTE if hit.any() else ""
 KIND_TITLES = {"paper claim": "The papers' claims about their own method, under their own rule (Wen et al. 2017, "
                               "Jiang & Agrawal 2018)",
                "paper claim (proxy)": "The papers' claims judged on a stand-in: a quantity the claim implies "
                                       "(the quantizer's error for 'improves convergence', bits for communication "
                                       "time, modeled for measured time), or this repository's small models and data "
-                                      "for the paper's (AlexNet, GoogLeNet, CIFAR-10)",
-               "model arithmetic": "The performance model's arithmetic (formulas, no measurement)",
-               "tgsim variant": "The claims tested on tgsim's variants (MEAN sharing, exact-sum downlink), not the "
-                                "papers' method",
+                                      "for the paper's (AlexNet, GoogLeNet, CIFAR-10), or the paper's method run outside its own "
+                                      "conditions (PQASGD with TernGrad's 3 levels)",
+               "model arithmetic": "The performance model's arithmetic (formulas, no measurement), under the paper's "
+                                   "2-bit downlink",
+               "tgsim variant": "The claims tested on tgsim's variants (MEAN sharing, exact-sum downlink; the "
+                                "performance model under the exact-sum downlink among them), not the papers' method",
                "reviewer question": "The reviewers' questions, answered with data (16-bit baselines, tuned rates)",
                "other paper's result": "Other papers' results (QSGD, Stich et al., Suresh et al., SGD theory)",
                "self-check": "Self-checks of tgsim's code"}
-SUMMARY_VERDICTS = ("confirmed", "not confirmed", "split", "inconclusive", "untestable here", "n/a")
+SUMMARY_VERDICTS = ("confirmed", "conditional", "not confirmed", "split", "inconclusive", "untestable here", "n/a")
 COLUMNS = ["claim", "paper", "setting", "measured", "test", "verdict", "scale", "rows"]
+# rows written before the `role` column: a placeholder says it points to another row's runs
+PLACEHOLDER_WORDS = "not counted again"
+RETEST_LINE = "reviewer question (re-test)"
 
 
 def _cell(x) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 
 
+def with_note(verdict: str, note: str) -> str:
+    """A verdict and what it hinges on ("not confirmed: 1 of 36 runs diverged ..."), the verdict said once
+    when the note starts with it."""
+    note = str(note or "").strip()
+    if not note:
+        return verdict
+    return note if note.startswith(verdict) else f"{verdict}: {note}"
+
+
 def claims_table(claims: pd.DataFrame, rows_dir: str = "") -> str:
     """A claims CSV as a markdown table: claim, the words tested and where they are, setting, measured,
     test, verdict (bold unless confirmed or n/a), scale, and a link to the rows the verdict used
     (`rows_dir`: their folder relative to the report, e.g. "out/")."""
-    c = claims.reindex(columns=COLUMNS).astype(object).fillna("")
+    c = claims.reindex(columns=COLUMNS + ["note", "role"]).astype(object).fillna("")
     out = ["| claim | words tested (source) | setting | measured | test | verdict | scale | rows |",
            "|---|---|---|---|---|---|---|---|"]
     for r in c.itertuples(index=False):
         cells = [_cell(getattr(r, k)) for k in COLUMNS]
         cells[5] = f"**{cells[5]}**" if cells[5] not in ("confirmed", "n/a", "") else cells[5]
+        if str(r.note).strip():
+            cells[5] += f" ({_cell(with_note(str(r.verdict), r.note).removeprefix(str(r.verdict) + ': '))})"
+        if str(r.role).strip() in ("supporting", "placeholder"):
+            cells[5] += f" [{r.role}: not counted in the summary]"
         cells[7] = f"[{cells[7].rsplit('/', 1)[-1]}]({rows_dir}{cells[7]})" if cells[7] else "-"
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
+def short_scale(scale: str) -> str:
+    """A row's scale in a few words for the summary: each "; "-part up to its first " (" and its first
+    two comma-separated pieces ("MNIST-1D convnet, 23,882 parameters; ...")."""
+    parts = []
+    for part in str(scale).split("; "):
+        part = part.split(" (")[0].strip()
+        if part:
+            parts.append(", ".join(part.split(", ")[:2]))
+    return "; ".join(parts) or "-"
+
+
+def roles(s: pd.DataFrame) -> pd.Series:
+    """Each row's role (_theme.ROLES): its `role` column, or "placeholder" for a row that points to another
+    row's runs (PLACEHOLDER_WORDS in `measured`) and names no role."""
+    role = s["role"].astype(object).fillna("").astype(str) if "role" in s else pd.Series("", index=s.index)
+    measured = s["measured"].astype(object).fillna("").astype(str) if "measured" in s else pd.Series("", index=s.index)
+    return role.where((role != "") | ~measured.str.contains(PLACEHOLDER_WORDS, regex=False), "placeholder")
+
+
+def summary_counts(s: pd.DataFrame) -> pd.DataFrame:
+    """Verdict counts per summary line (index: KIND_TITLES' kinds, with RETEST_LINE after "reviewer
+    question"), columns SUMMARY_VERDICTS, "not counted" and "words not at hand". Only what each line tests
+    is counted: a row with role "supporting" (it supports another row that counts the same claim) or
+    "placeholder" (no measurement of its own) goes to "not counted"; a reviewer-question row with role
+    "re-test" (it re-tests a claim rather than answers a question) is counted on RETEST_LINE."""
+    s = s.fillna("").assign(count_role=roles(s.fillna("")))
+    s["count_line"] = s.kind.where(~((s.kind == "reviewer question") & (s.count_role == "re-test")), RETEST_LINE)
+    lines = [k for kind in KIND_TITLES for k in ((kind, RETEST_LINE) if kind == "reviewer question" else (kind,))]
+    out = []
+    for line in lines:
+        k = s[s.count_line == line]
+        counted = k[~k.count_role.isin(["supporting", "placeholder"])]
+        c = counted.verdict.value_counts()
+        unchecked = int(((counted.paper.str.contains(UNCHECKED, regex=False)
+                          | (counted.kind == "other paper's result")) & (counted.verdict != "n/a")).sum())
+        out.append({"line": line, **{v: int(c.get(v, 0)) for v in SUMMARY_VERDICTS},
+                    "not counted": len(k) - len(counted), "words not at hand": unchecked})
+    return pd.DataFrame(out).set_index("line")
+
+
 def summary_lines(s: pd.DataFrame) -> list[str]:
     """The summary: verdict counts per kind of row (`_theme.KINDS`: the papers' claims under their own
     rule, the model's arithmetic, tgsim's variants, reviewers' questions, other papers' results,
-    self-checks), each kind counted apart, then one table per kind (figure, claim, verdict, test)."""
+    self-checks), each kind counted apart (`summary_counts`), then one table per kind (figure, claim,
+    verdict with what it hinges on, how the row is counted, a short scale, test)."""
     s = s.fillna("")
+    s = s.assign(count_role=roles(s))
+    counts = summary_counts(s)
     out = ["## Summary", "", "Each kind of row is counted apart: only the first line counts the papers' claims "
-           "about their own method under their own rule; the second counts those claims judged on a stand-in. The "
-           "last column counts the rows with a verdict whose words come from text that was not at hand: a "
+           "about their own method under their own rule; the second counts those claims judged on a stand-in "
+           "(another quantity, smaller models, or the method outside the paper's own conditions). A claim tested "
+           "by several rows is counted once: the others are listed as supporting rows under \"not counted\", with "
+           "the placeholders that point to another row's runs. \"conditional\": the test passed but a condition "
+           "of the claim's rule was not checked here. Reviewer-question rows that re-test a claim (the paper's or "
+           "the reviewer's premise) rather than answer a question have a line of their own. The last column counts "
+           "the rows with a verdict whose words come from text that was not at hand: a "
            "paraphrase of the papers' bodies or of Jiang & Agrawal's abstract (marked \"not checked here\" in the "
            "row), and every other paper's result (QSGD, Stich et al., Suresh et al., SGD theory: paraphrased, "
            "their texts not at hand).",
-           "", "| kind | " + " | ".join(SUMMARY_VERDICTS) + " | words not at hand |",
-           "|---" * (len(SUMMARY_VERDICTS) + 2) + "|"]
-    for kind in KIND_TITLES:
-        k = s[s.kind == kind]
-        c = k.verdict.value_counts()
-        unchecked = int(((k.paper.str.contains(UNCHECKED, regex=False) | (k.kind == "other paper's result"))
-                         & (k.verdict != "n/a")).sum())
-        out.append(f"| {kind} | " + " | ".join(str(c.get(v, 0)) for v in SUMMARY_VERDICTS) + f" | {unchecked} |")
+           "", "| kind | " + " | ".join(SUMMARY_VERDICTS) + " | not counted | words not at hand |",
+           "|---" * (len(SUMMARY_VERDICTS) + 3) + "|"]
+    for line, r in counts.iterrows():
+        out.append(f"| {line} | " + " | ".join(str(r[v]) for v in SUMMARY_VERDICTS)
+                   + f" | {r['not counted']} | {r['words not at hand']} |")
     out.append("")
-    for kind, title in KIND_TITLES.items():
-        k = s[s.kind == kind]
+    titles = dict(KIND_TITLES)
+    titles[RETEST_LINE] = ("Reviewer-question rows that re-test a claim (the paper's, or the reviewer's premise) in the "
+                           "reviewer's setting, rather than answer a question")
+    order = [k for kind in KIND_TITLES for k in ((kind, RETEST_LINE) if kind == "reviewer question" else (kind,))]
+    s["count_line"] = s.kind.where(~((s.kind == "reviewer question") & (s.count_role == "re-test")), RETEST_LINE)
+    for line in order:
+        k = s[s.count_line == line]
         if k.empty:
             continue
-        c = k.verdict.value_counts()
-        out += [f"### {title}", "", ", ".join(f"{c.get(v, 0)} {v}" for v in SUMMARY_VERDICTS[:-1])
-                + f", {c.get('n/a', 0)} measured without a verdict.", "",
-                "| figure | claim | verdict | test |", "|---|---|---|---|"]
-        out += [f"| {r.figure} | {_cell(r.claim)} | {r.verdict} | {_cell(r.test)} |" for r in k.itertuples()]
+        c = counts.loc[line]
+        out += [f"### {titles[line]}", "", ", ".join(f"{c[v]} {v}" for v in SUMMARY_VERDICTS[:-1])
+                + f", {c['n/a']} measured without a verdict"
+                + (f"; {c['not counted']} listed but not counted (supporting rows, placeholders)" if c["not counted"]
+                   else "") + ".", "",
+                "| figure | claim | verdict | counted | scale | test |", "|---|---|---|---|---|---|"]
+        for r in k.itertuples():
+            note = str(getattr(r, "note", "") or "")
+            counted = {"supporting": "no: supporting row", "placeholder": "no: placeholder"}.get(r.count_role, "yes")
+            out.append(f"| {r.figure} | {_cell(r.claim)} | {_cell(with_note(r.verdict, note))} | "
+                       f"{counted} | {_cell(short_scale(getattr(r, 'scale', '')))} | {_cell(r.test)} |")
         out.append("")
     return out
 
@@ -227,7 +357,10 @@ def report(paths: list[Path], timings: list[dict], out: Path, target: Path, quic
              f"Generated by `python papers_figures/make_report.py{' --quick' if quick else ''}` "
              f"({time.strftime('%Y-%m-%d %H:%M %Z')}, {seconds / 60:.1f} min for {len(paths)} scripts"
              + (f", commit {provenance['commit'][:12] or 'unknown'}{' with uncommitted changes' if provenance['dirty'] else ''}"
-                if provenance else "") + ").", "", *CAVEAT, ""]
+                if provenance else "") + ").", "", *caveat(pd.concat(summary, ignore_index=True)), "",
+             *([bits_note(pd.concat(summary, ignore_index=True)), ""]
+               if bits_note(pd.concat(summary, ignore_index=True)) else []),
+             *([reused_runs(out), ""] if reused_runs(out) else [])]
     if quick:
         lines += ["> QUICK form: every script ran its smoke-test size (few steps, few seeds). The code paths "
                   "are the full ones, the numbers are not: do not read the verdicts below as results.", ""]

@@ -241,3 +241,50 @@ def test_zero_length_error_bars_are_not_a_hidden_series():
     ax.plot([1, 2], [1, 2])
     assert any("drawn exactly over" in p for p in _layout.check_layout(fig))
     plt.close(fig)
+
+
+def test_two_texts_overlapping_in_a_panel_are_reported():
+    """Two point labels (or notes) inside one axes whose drawn boxes overlap are reported (fig09 (d)'s
+    "levels 8" ran into "levels 16"); moved apart, they pass; the figure's own texts are checked too."""
+    fig, ax = _clean()
+    ax.annotate("levels 8", (2, 4), xytext=(4, 2), textcoords="offset points")
+    ax.annotate("levels 16", (2, 4), xytext=(10, 4), textcoords="offset points")
+    problems = _layout.check_layout(fig)
+    assert len(problems) == 1 and "'levels 8' overlaps text 'levels 16'" in problems[0], problems
+    ax.texts[1].set_position((10, -40))
+    assert _layout.check_layout(fig) == []
+    fig.text(0.02, 0.01, "a note below the figure")
+    fig.text(0.05, 0.01, "another note on top of it")
+    assert any("the figure: text" in p for p in _layout.check_layout(fig))
+
+
+def test_color_distance_is_ciede2000():
+    """`_theme.color_distance` against Sharma, Wu and Dalal's (2005) CIEDE2000 test pairs (CIELAB in, ΔE00 out)."""
+    for lab1, lab2, want in (((50.0, 2.6772, -79.7751), (50.0, 0.0, -82.7485), 2.0425),
+                             ((50.0, 2.5, 0.0), (73.0, 25.0, -18.0), 27.1492),
+                             ((2.0776, 0.0795, -1.1350), (0.9033, -0.0636, -0.5514), 0.9082),
+                             ((50.0, -1.0, 2.0), (50.0, 0.0, 0.0), 2.3669)):
+        assert _theme.color_distance(lab1, lab2) == pytest.approx(want, abs=1e-4)
+    assert _theme.color_distance("#e69f00", "#e69f00") == 0.0
+
+
+def test_every_two_codec_colours_are_clearly_apart():
+    """No two methods of CODEC_COLORS share a colour or draw near-identical ones (the old palette drew
+    MEAN-sharing TernGrad and PowerSGD rank 2 in two browns, suresh and TernGrad's own-scaler in green and
+    teal, QSGD's 7 and 8 levels in two like blues): every two different colours lie at least
+    MIN_COLOR_DISTANCE (CIEDE2000) apart, and equal colours only name a family and its default variant.
+    TernGrad as the paper runs it stays orange."""
+    import itertools
+
+    colors = _theme.CODEC_COLORS
+    assert colors["terngrad"].lower() == "#e69f00"
+    assert _theme.MIN_COLOR_DISTANCE >= 15
+    close = []
+    for (ka, a), (kb, b) in itertools.combinations(colors.items(), 2):
+        if a.lower() == b.lower():
+            assert ka.split("[")[0] == kb.split("[")[0] and "[" not in ka, (ka, kb, "share a colour")
+            continue
+        d = _theme.color_distance(a, b)
+        if d < _theme.MIN_COLOR_DISTANCE:
+            close.append(f"{ka} {a} / {kb} {b}: {d:.1f}")
+    assert not close, close

@@ -86,14 +86,16 @@ def test_figure_files_exist_and_are_not_empty(quick_report, name):
     assert len(pd.read_csv(out / f"{name}.csv")) > 0
     claims = pd.read_csv(out / f"{name}_claims.csv", keep_default_na=False)
     assert list(claims.columns) == ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale",
-                                    "rows", "quick"] and len(claims) > 0
+                                    "rows", "role", "note", "quick"] and len(claims) > 0
+    assert set(claims.role) <= {"", "supporting", "placeholder", "re-test"}      # _theme.ROLES
     assert claims.quick.astype(str).eq("True").all()
     assert pd.read_csv(out / f"{name}.csv", low_memory=False).quick.astype(bool).all()
-    assert set(claims.verdict) <= {"confirmed", "not confirmed", "inconclusive", "split", "n/a", "untestable here"}
+    assert set(claims.verdict) <= {"confirmed", "conditional", "not confirmed", "inconclusive", "split", "n/a",
+                                   "untestable here"}
     assert set(claims.kind) <= {"paper claim", "paper claim (proxy)", "model arithmetic", "tgsim variant", "reviewer question",
                                 "other paper's result", "self-check"}
     assert (claims.measured.str.len() > 0).all()
-    decided = claims[claims.verdict.isin(["confirmed", "not confirmed", "inconclusive", "split"])]
+    decided = claims[claims.verdict.isin(["confirmed", "conditional", "not confirmed", "inconclusive", "split"])]
     assert (decided.test.str.len() > 0).all(), decided       # every verdict names its test
     for rel in decided.rows:             # and the rows it was decided on, written beside the claims
         assert rel and (out / rel).is_file(), (name, rel)
