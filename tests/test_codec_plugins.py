@@ -52,7 +52,7 @@ def plugin_site(root: Path, entry_name: str = "sr_bf16") -> Path:
 
 
 def tgsim(args: list[str], cwd: Path, pythonpath: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     return subprocess.run([str(TGSIM), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -140,8 +140,7 @@ def test_without_mpi4py_load_mpi_names_the_extras(monkeypatch):
 
 def _entry(code: str, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k not in {*HYDRA, *PRTE, *SRUN, "PMIX_RANK", "TGSIM_MPI_CHECK"}}
-    e.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
-             PYTHONPATH=os.pathsep.join([str(REPO), e.get("PYTHONPATH", "")]), **env)
+    e.update(PYTHONPATH=os.pathsep.join([str(REPO), e.get("PYTHONPATH", "")]), **env)
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
 
 
