@@ -15,7 +15,9 @@ with TGSIM_FIGURES_OUT, as `_common` does):
                          depends on this repository's small models and emulated links, SCALE);
                          rows (the path, relative to the report, of the table the verdict used);
                          role (ROLES: how the report's summary counts the row; "" = under its verdict);
-                         note (optional: what the verdict hinges on, printed beside it in the summary)
+                         note (optional: what the verdict hinges on, printed beside it in the summary);
+                         key (optional: the claim the row tests when its quoted words do not say it;
+                         the summary counts one claim once, make_report.claim_groups)
     inputs/NAME_K.csv    the rows claim K's verdict was decided on (`claim(..., rows=df)`), so that
                          every number printed beside a verdict can be traced to its data
 
@@ -63,7 +65,8 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from _common import OUT, QUICK_MARK, QUICK_OUT, print_written, write_csv  # noqa: E402
 from _layout import LayoutError, check_layout  # noqa: E402,F401
 
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows", "role", "note"]
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale", "rows", "role", "note",
+                 "key"]
 INPUTS = "inputs"       # the folder beside the claims CSVs (and REPORT.md) holding each verdict's rows
 KINDS = ("paper claim", "paper claim (proxy)", "model arithmetic", "tgsim variant", "reviewer question",
          "other paper's result", "self-check")
@@ -245,7 +248,7 @@ def source(key: str, words: str = "", **fields) -> str:
 
 
 def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str = "", test: str = "",
-          scale: str = "", rows=None, role: str = "", note: str = "") -> dict:
+          scale: str = "", rows=None, role: str = "", note: str = "", key: str = "") -> dict:
     """One row of a claims table (CLAIM_COLUMNS, see the module docstring).
 
     `paper`: the paper's words, quoted exactly with their place ('"..." (Sec. 3.3)'), or a line
@@ -253,7 +256,9 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
     string or a tgsim.analysis.verdicts result (its `test` is used when `test` is empty). `kind`: one of
     KINDS. `role`: one of ROLES ("" counts the row under its verdict; "supporting", "placeholder" and
     "re-test" are counted as ROLES says). `note`: what the verdict hinges on, in a few words (the summary
-    prints it beside the verdict). `scale`: keys of SCALE joined by "+" (expanded) or free text. `rows`: the data frame the
+    prints it beside the verdict). `key`: the claim the row tests, when its quoted words do not say it
+    (two claims in one quoted sentence, or one paraphrased sentence tested by several rows): the report's
+    summary counts the rows of one claim once (make_report.claim_groups; "" = the quoted words). `scale`: keys of SCALE joined by "+" (expanded) or free text. `rows`: the data frame the
     verdict was decided on (written by `save` to inputs/NAME_K.csv, its path in the row's `rows`
     column). A verdict other than n/a needs a named test; a paper claim, a reviewer question or
     another paper's result needs a quote or a marked paraphrase with its place (`source`), and no
@@ -278,7 +283,7 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
     if scale and all(k in SCALE for k in scale.split("+")):
         scale = "; ".join(SCALE[k] for k in scale.split("+"))
     out = {"claim": claim, "paper": paper, "measured": measured, "verdict": v, "kind": kind, "setting": setting,
-           "test": test, "scale": scale, "rows": "", "role": role, "note": note}
+           "test": test, "scale": scale, "rows": "", "role": role, "note": note, "key": key}
     if rows is not None:
         out["_rows"] = rows
     return out

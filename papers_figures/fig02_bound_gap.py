@@ -158,7 +158,7 @@ claims = [
           "between random draws, not scalers)", lw < gl, kind="paper claim (proxy)", setting=SETTING,
           role="supporting",      # the layer-wise claim counts once: fig10's row with clipping, over seeds
           test=ONE_RUN + "; confirmed when the whole model's median gap is smaller layer-wise", scale="convnet",
-          rows=GAP_ROWS),
+          rows=GAP_ROWS, key="layer-wise ternarizing"),
     claim("clipping at 2.5σ lowers the error E||Q - g||² (bias included)", GUIDED,
           "median E||Q - g||²/||g||², clipped / unclipped: " + ", ".join(
               f"{layer} {em[layer, VARIANTS[1]]:.2f}/{em[layer, VARIANTS[0]]:.2f}" for layer in order)
@@ -166,7 +166,7 @@ claims = [
           f"{med['whole model', VARIANTS[1]]:.2f} divides by the unclipped ||g||² and drops below 1 through the "
           "bias: not a measure of the error)", len(clip_lower) == len(order), kind="paper claim (proxy)", setting=SETTING,
           test=ONE_RUN + "; confirmed when the clipped code's error incl. bias is lower in every layer and the "
-          "whole model", scale="convnet", rows=ERR_ROWS),
+          "whole model", scale="convnet", rows=ERR_ROWS, key="gradient clipping"),
     claim("1 <= gap <= √n with the vector's own max |g|", "THEORY §1.7: the ratio lies in [1, √n]",
           "all points inside" if inside else "points outside", inside, kind="self-check",
           setting="every recorded point of the run", test="every point inside [1, √n] (exact inequality)",

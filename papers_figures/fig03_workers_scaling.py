@@ -4,6 +4,8 @@
 # TernGrad's Fig. 3 / Table 1: with N workers at a fixed total batch, TernGrad stays within about
 # 0.5 points of fp32's accuracy (its Table 1: CIFAR-10, up to 8 workers) with the scaler shared as
 # the MAX over workers. docs/THEORY.md §1.5 measures where MAX sharing collapses.
+# (A paraphrase of the paper's body, not checked here: only the TernGrad abstract and the public
+# reviews were at hand.)
 #
 # Here: the sweep of papers_figures/terngrad_workers_scaling.py (MNIST-1D convnet, total batch 256,
 # N = 2..64, momentum 0.9 and plain SGD, fp32 against TernGrad with the scaler shared as the MAX,

@@ -4,6 +4,8 @@
 # TernGrad's Theorem 1: under Assumptions 1-3 (one minimum, Σγ = ∞ and Σγ² < ∞, the gradient bound),
 # TernGrad's w_t converges to w* almost surely, like SGD; the theorem gives no rate. With constant
 # steps SGD does not converge but stalls at a noise floor, which TernGrad's extra variance raises.
+# (A paraphrase of the paper's body, not checked here: only the TernGrad abstract and the public
+# reviews were at hand.)
 #
 # Here (`tgsim.analysis.convergence.run`, docs/THEORY.md §1.7): noisy least squares on fresh samples
 # (dim 16, condition 4, 4 workers x 8 samples), fp32 and TernGrad (no clipping, shared MAX scaler).

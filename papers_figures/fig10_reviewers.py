@@ -142,7 +142,7 @@ def layerwise_row(clip: str) -> dict:
                  role="" if clip != "no clipping" else "supporting",
                  test=f"one-sided t-test over seeds of log(error per layer / error with one scaler) < 0 (error incl. "
                       f"the bias of clipping; median over steps and workers per seed), alpha 0.05, {len(d)} seed(s)",
-                 scale="mlp", rows=errs[errs["clip"] == clip])
+                 scale="mlp", rows=errs[errs["clip"] == clip], key="layer-wise ternarizing")
 
 
 def qsgd_row() -> dict:

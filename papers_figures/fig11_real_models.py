@@ -3,7 +3,7 @@
 #
 # TernGrad's claims are about AlexNet ("no accuracy loss") and GoogLeNet ("less than 2 % on average"),
 # its speed claims about GPU clusters; TernGrad's reviewer 2 asked for a 16-bit baseline (a 4-bit gradient,
-# he adds, would then give a factor of 4 over it), Jiang & Agrawal's reviewers for rates tuned
+# the reviewer adds, would then give a factor of 4 over it), Jiang & Agrawal's reviewers for rates tuned
 # for every method and worker count, the total communication to a fixed error and links above 1 Gb/s.
 # Here the two torch models of tgsim.torch.examples: the GroupNorm ResNet (width 8, one block per
 # stage, 5,122 parameters) on scikit-learn's digits and the causal character transformer (82,665

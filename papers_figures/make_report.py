@@ -240,22 +240,77 @@ def roles(s: pd.DataFrame) -> pd.Series:
     return role.where((role != "") | ~measured.str.contains(PLACEHOLDER_WORDS, regex=False), "placeholder")
 
 
+LINES = [k for kind in KIND_TITLES for k in ((kind, RETEST_LINE) if kind == "reviewer question" else (kind,))]
+# lines whose rows are grouped together by claim: a reviewer's re-test of a claim the proxy line already tests
+# (the same quoted words, e.g. the AlexNet sentence at each method's tuned rate) is that claim's supporting row
+FAMILIES = {RETEST_LINE: "paper claim (proxy)"}
+QUOTE = re.compile(r'^\s*["“](.+?)["”]', re.S)
+
+
+def claim_key(paper: str, key: str = "") -> str:
+    """The claim a row tests: its `key` when given, else its quoted words (whitespace folded); "" for a
+    paraphrase or a reference (such a row is a claim of its own unless it names a key)."""
+    if str(key or "").strip():
+        return "key: " + str(key).strip()
+    m = QUOTE.match(str(paper or ""))
+    return "quote: " + " ".join(m.group(1).split()) if m else ""
+
+
+def combined_verdict(verdicts) -> str:
+    """One claim's verdict over the verdicts of its counted rows (analysis.verdicts.combine: all agree ->
+    that verdict; passed with a condition -> "conditional"; differing -> "split"); a row already "split"
+    makes the claim split, "untestable here" rows count only when nothing else tested the claim."""
+    from tgsim.analysis.verdicts import combine
+    v = [x for x in verdicts if x not in ("n/a", "")]
+    tested = [x for x in v if x != "untestable here"]
+    if not tested:
+        return "untestable here" if v else "n/a"
+    if "split" in tested:
+        return "split"
+    return combine(tested)
+
+
+def claim_groups(s: pd.DataFrame) -> pd.DataFrame:
+    """How the summary counts each row, one claim once: `s` with count_role (roles), count_line (its summary
+    line), group (the claim: claim_key within the line, or the re-test line grouped with the proxy line,
+    FAMILIES), counted (the one row that counts the claim: the first row of the first line among the
+    claim's rows that are neither supporting nor placeholders), combined (that row's claim verdict over
+    all those rows, combined_verdict; "" elsewhere), n_rows (how many rows it combines) and counted_with
+    ("figure: claim" of the counting row, for the claim's other rows). A row without a key or quoted words
+    is a claim of its own."""
+    s = s.fillna("").reset_index(drop=True)
+    s = s.assign(count_role=roles(s))
+    s["count_line"] = s.kind.where(~((s.kind == "reviewer question") & (s.count_role == "re-test")), RETEST_LINE)
+    keys = [claim_key(p, k) for p, k in zip(s.paper, s["key"] if "key" in s else [""] * len(s))]
+    s["group"] = [f"{FAMILIES.get(line, line)} | {k or f'row {i}'}" for i, (line, k) in enumerate(zip(s.count_line, keys))]
+    rank = s.count_line.map({line: i for i, line in enumerate(LINES)}).fillna(len(LINES))
+    s["counted"], s["combined"], s["n_rows"], s["counted_with"] = False, "", 0, ""
+    eligible = ~s.count_role.isin(["supporting", "placeholder"])
+    for _, g in s[eligible].groupby("group", sort=False):
+        first = g.assign(rank=rank[g.index]).sort_values("rank", kind="stable").index[0]
+        s.loc[first, ["counted", "combined", "n_rows"]] = [True, combined_verdict(g.verdict), len(g)]
+        others = [i for i in g.index if i != first]
+        s.loc[others, "counted_with"] = f"{s.figure[first] if 'figure' in s else ''}: {s.claim[first]}"
+    return s
+
+
 def summary_counts(s: pd.DataFrame) -> pd.DataFrame:
     """Verdict counts per summary line (index: KIND_TITLES' kinds, with RETEST_LINE after "reviewer
     question"), columns SUMMARY_VERDICTS, "not counted" and "words not at hand". Only what each line tests
-    is counted: a row with role "supporting" (it supports another row that counts the same claim) or
-    "placeholder" (no measurement of its own) goes to "not counted"; a reviewer-question row with role
-    "re-test" (it re-tests a claim rather than answers a question) is counted on RETEST_LINE."""
-    s = s.fillna("").assign(count_role=roles(s.fillna("")))
-    s["count_line"] = s.kind.where(~((s.kind == "reviewer question") & (s.count_role == "re-test")), RETEST_LINE)
-    lines = [k for kind in KIND_TITLES for k in ((kind, RETEST_LINE) if kind == "reviewer question" else (kind,))]
+    is counted, and one claim once (claim_groups): the rows that test one claim (the same key or quoted
+    words; the re-test line's rows grouped with the proxy line's) count once, on the line of their first
+    row, under their combined verdict (combined_verdict); the claim's other rows, a row with role
+    "supporting" and a "placeholder" (no measurement of its own) go to "not counted"; a reviewer-question
+    row with role "re-test" (it re-tests a claim rather than answers a question) is counted on
+    RETEST_LINE unless the proxy line tests the same claim."""
+    s = claim_groups(s)
     out = []
-    for line in lines:
+    for line in LINES:
         k = s[s.count_line == line]
-        counted = k[~k.count_role.isin(["supporting", "placeholder"])]
-        c = counted.verdict.value_counts()
+        counted = k[k.counted]
+        c = counted.combined.value_counts()
         unchecked = int(((counted.paper.str.contains(UNCHECKED, regex=False)
-                          | (counted.kind == "other paper's result")) & (counted.verdict != "n/a")).sum())
+                          | (counted.kind == "other paper's result")) & (counted.combined != "n/a")).sum())
         out.append({"line": line, **{v: int(c.get(v, 0)) for v in SUMMARY_VERDICTS},
                     "not counted": len(k) - len(counted), "words not at hand": unchecked})
     return pd.DataFrame(out).set_index("line")
@@ -266,14 +321,15 @@ def summary_lines(s: pd.DataFrame) -> list[str]:
     rule, the model's arithmetic, tgsim's variants, reviewers' questions, other papers' results,
     self-checks), each kind counted apart (`summary_counts`), then one table per kind (figure, claim,
     verdict with what it hinges on, how the row is counted, a short scale, test)."""
-    s = s.fillna("")
-    s = s.assign(count_role=roles(s))
+    s = claim_groups(s)
     counts = summary_counts(s)
     out = ["## Summary", "", "Each kind of row is counted apart: only the first line counts the papers' claims "
            "about their own method under their own rule; the second counts those claims judged on a stand-in "
            "(another quantity, smaller models, or the method outside the paper's own conditions). A claim tested "
-           "by several rows is counted once: the others are listed as supporting rows under \"not counted\", with "
-           "the placeholders that point to another row's runs. \"conditional\": the test passed but a condition "
+           "by several rows (the same quoted words or claim key: several figures, problems, or fp32's and each "
+           "method's tuned rate) is counted once, on the line of its first row, under one verdict combined over its "
+           "rows (all agree: that verdict; they differ: split); the others are listed as supporting rows under "
+           "\"not counted\", with the placeholders that point to another row's runs. \"conditional\": the test passed but a condition "
            "of the claim's rule was not checked here. Reviewer-question rows that re-test a claim (the paper's or "
            "the reviewer's premise) rather than answer a question have a line of their own. The last column counts "
            "the rows with a verdict whose words come from text that was not at hand: a "
@@ -289,9 +345,7 @@ def summary_lines(s: pd.DataFrame) -> list[str]:
     titles = dict(KIND_TITLES)
     titles[RETEST_LINE] = ("Reviewer-question rows that re-test a claim (the paper's, or the reviewer's premise) in the "
                            "reviewer's setting, rather than answer a question")
-    order = [k for kind in KIND_TITLES for k in ((kind, RETEST_LINE) if kind == "reviewer question" else (kind,))]
-    s["count_line"] = s.kind.where(~((s.kind == "reviewer question") & (s.count_role == "re-test")), RETEST_LINE)
-    for line in order:
+    for line in LINES:
         k = s[s.count_line == line]
         if k.empty:
             continue
@@ -304,6 +358,10 @@ def summary_lines(s: pd.DataFrame) -> list[str]:
         for r in k.itertuples():
             note = str(getattr(r, "note", "") or "")
             counted = {"supporting": "no: supporting row", "placeholder": "no: placeholder"}.get(r.count_role, "yes")
+            if r.counted and r.n_rows > 1:
+                counted = f"yes, once for the claim's {r.n_rows} rows: {r.combined}"
+            elif r.counted_with:
+                counted = f"no: supporting row (the claim is counted once, with {r.counted_with})"
             out.append(f"| {r.figure} | {_cell(r.claim)} | {_cell(with_note(r.verdict, note))} | "
                        f"{counted} | {_cell(short_scale(getattr(r, 'scale', '')))} | {_cell(r.test)} |")
         out.append("")

@@ -145,7 +145,7 @@ QUESTIONS = [
          rows=(("fig08", "TernGrad needs fewer bits in total to reach the loss"),
                ("fig08", "PQASGD needs 3-5 % of fp32's communication")),
          note="bits up + down until the loss reaches 1.25x fp32's minimum"),
-    dict(paper=JIANG, reviewer="R3", question="sparse parameter averaging is elastic-averaging-like; cite it",
+    dict(paper=JIANG, reviewer="R3", question="sparse parameter averaging is the same as communication-efficient distributed methods; cite them (e.g. elastic averaging SGD)",
          rows=(("fig09", "sparse parameter averaging keeps the linear speedup"),),
          note="the citation is for the paper; fig09 measures sparse parameter averaging (fp32, every 4 steps)"),
     dict(paper=JIANG, reviewer="R3", question="periodic parameter averaging may diverge; report accuracies",

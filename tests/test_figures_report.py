@@ -86,7 +86,7 @@ def test_figure_files_exist_and_are_not_empty(quick_report, name):
     assert len(pd.read_csv(out / f"{name}.csv")) > 0
     claims = pd.read_csv(out / f"{name}_claims.csv", keep_default_na=False)
     assert list(claims.columns) == ["claim", "paper", "measured", "verdict", "kind", "setting", "test", "scale",
-                                    "rows", "role", "note", "quick"] and len(claims) > 0
+                                    "rows", "role", "note", "key", "quick"] and len(claims) > 0
     assert set(claims.role) <= {"", "supporting", "placeholder", "re-test"}      # _theme.ROLES
     assert claims.quick.astype(str).eq("True").all()
     assert pd.read_csv(out / f"{name}.csv", low_memory=False).quick.astype(bool).all()

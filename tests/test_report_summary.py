@@ -20,11 +20,16 @@ import _theme  # noqa: E402
 import make_report  # noqa: E402
 
 Q = '"words" (somewhere)'
+_N = iter(range(10**6))
 
 
-def _row(kind, verdict, role="", measured="m", paper=Q, figure="figXX", claim="c"):
+def _row(kind, verdict, role="", measured="m", paper=None, figure="figXX", claim="c", key=""):
+    """One claims row; by default its own quoted words (a claim of its own: rows with the same words or
+    key are one claim, counted once)."""
+    paper = f'"words {next(_N)}" (somewhere)' if paper is None else paper
     return dict(figure=figure, claim=claim, paper=paper, measured=measured, verdict=verdict, kind=kind,
-                setting="", test="t", scale="least squares, 64 dimensions (synthetic)", rows="", role=role, note="")
+                setting="", test="t", scale="least squares, 64 dimensions (synthetic)", rows="", role=role, note="",
+                key=key)
 
 
 def _table() -> pd.DataFrame:
@@ -66,6 +71,77 @@ def test_summary_counts_only_what_each_kind_tests():
     assert (other["not confirmed"], other["n/a"], other["words not at hand"]) == (1, 1, 1)
     assert c.loc["self-check"]["confirmed"] == 1
     assert c[list(make_report.SUMMARY_VERDICTS)].to_numpy().sum() + c["not counted"].sum() == len(_table())
+
+
+ALEXNET = '"applying TernGrad on AlexNet does not incur any accuracy loss" (abstract)'
+GOOGLENET = '"The accuracy loss of GoogLeNet induced by TernGrad is less than 2% on average." (abstract)'
+BITS = '"which can aggressively reduce the communication time." (abstract)'
+GUIDED = '"we propose layer-wise ternarizing and gradient clipping" (abstract)'
+
+
+def _one_claim_table() -> pd.DataFrame:
+    """The report's case (reader findings 4, §4): one abstract sentence tested by fig08 and fig11, at fp32's
+    rate (proxy) and at each method's tuned rate (a reviewer's re-test, or a placeholder), and on tgsim's
+    MEAN variant; one sentence holding two claims told apart by their keys; one paraphrase tested twice."""
+    proxy, rq, tv = "paper claim (proxy)", "reviewer question", "tgsim variant"
+    return pd.DataFrame([
+        _row(proxy, "not confirmed", paper=ALEXNET, figure="fig08", claim="AlexNet"),
+        _row(rq, "not confirmed", role="re-test", paper=ALEXNET, figure="fig08", claim="AlexNet (tuned rate)"),
+        _row(proxy, "not confirmed", paper=ALEXNET, figure="fig11", claim="AlexNet (fp32-lr)"),
+        _row(rq, "n/a", role="placeholder", paper=ALEXNET, figure="fig11", claim="AlexNet (own-lr)"),
+        _row(tv, "not confirmed", paper=ALEXNET, figure="fig11", claim="AlexNet (MEAN; fp32-lr)"),
+        _row(tv, "inconclusive", paper=ALEXNET, figure="fig11", claim="AlexNet (MEAN; own-lr)"),
+        _row(proxy, "split", paper=GOOGLENET, figure="fig08", claim="GoogLeNet"),
+        _row(rq, "split", role="re-test", paper=GOOGLENET, figure="fig08", claim="GoogLeNet (tuned rate)"),
+        _row(proxy, "inconclusive", paper=GOOGLENET, figure="fig11", claim="GoogLeNet (fp32-lr)"),
+        _row(proxy, "split", paper=BITS, figure="fig08", claim="bits"),
+        _row(rq, "confirmed", role="re-test", paper=BITS, figure="fig08", claim="bits (tuned rate)"),
+        _row(proxy, "confirmed", paper=BITS, figure="fig11", claim="bits (fp32-lr)"),
+        _row(proxy, "confirmed", paper=GUIDED, figure="fig02", claim="clipping lowers the error", key="clipping"),
+        _row(proxy, "confirmed", role="supporting", paper=GUIDED, figure="fig02", claim="layer-wise gap",
+             key="layer-wise"),
+        _row(proxy, "confirmed", paper=GUIDED, figure="fig10", claim="layer-wise error", key="layer-wise"),
+        _row(proxy, "not confirmed", paper="paraphrase: length (Sec. 3.3)", figure="fig01", claim="length",
+             key="Sec. 3.3"),
+        _row(proxy, "not confirmed", paper="paraphrase: direction (Sec. 3.3)", figure="fig01", claim="direction",
+             key="Sec. 3.3"),
+        _row(rq, "confirmed", role="re-test", paper='"16bit is reasonably safe" (review)', figure="fig08",
+             claim="fp16 saving"),
+        _row(rq, "not confirmed", role="re-test", paper='"16bit is reasonably safe" (review)', figure="fig11",
+             claim="fp16 saving"),
+    ])
+
+
+def test_a_claim_tested_by_several_rows_is_counted_once_under_its_combined_verdict():
+    """The AlexNet sentence (fig08 and fig11, fp32's and the tuned rate) counts once on the proxy line, not
+    on the re-test line; GoogLeNet's and the bits sentence once each, split; two claims in one sentence
+    (told apart by `key`) count apart; one paraphrased sentence tested twice (fig01) counts once; the
+    MEAN variant's rows count once on their own line; a re-test no proxy row tests counts on its line."""
+    c = make_report.summary_counts(_one_claim_table())
+    proxy = c.loc["paper claim (proxy)"]
+    assert (proxy["confirmed"], proxy["not confirmed"], proxy["split"], proxy["inconclusive"]) == (2, 2, 2, 0), proxy
+    assert proxy["not counted"] == 5                 # fig11's AlexNet, GoogLeNet, bits; fig02's gap; fig01 direction
+    retest = c.loc[make_report.RETEST_LINE]
+    assert (retest["split"], retest[list(make_report.SUMMARY_VERDICTS)].sum(), retest["not counted"]) == (1, 1, 4)
+    tv = c.loc["tgsim variant"]
+    assert (tv["split"], tv["not confirmed"], tv["inconclusive"], tv["not counted"]) == (1, 0, 0, 1)
+    total = c[list(make_report.SUMMARY_VERDICTS)].to_numpy().sum() + c["not counted"].sum()
+    assert total == len(_one_claim_table())
+    text = "\n".join(make_report.summary_lines(_one_claim_table()))
+    assert "yes, once for the claim's 3 rows: not confirmed" in text, text
+    assert "no: supporting row (the claim is counted once, with fig08: AlexNet)" in text, text
+    assert "| paper claim (proxy) | 2 | 0 | 2 | 2 | 0 | 0 | 0 | 5 | 0 |" in text, text
+
+
+def test_combined_verdict_follows_combine():
+    cv = make_report.combined_verdict
+    assert cv(["not confirmed", "not confirmed", "n/a"]) == "not confirmed"
+    assert cv(["split", "confirmed"]) == "split" and cv(["confirmed", "inconclusive"]) == "split"
+    assert cv(["confirmed", "conditional"]) == "conditional"
+    assert cv(["untestable here", "confirmed"]) == "confirmed" and cv(["untestable here"]) == "untestable here"
+    assert cv(["n/a"]) == "n/a"
+    assert make_report.claim_key('"a  b" (x)') == "quote: a b" and make_report.claim_key("paraphrase: a") == ""
+    assert make_report.claim_key('"a" (x)', key="k") == "key: k"
 
 
 def test_summary_tables_say_how_each_row_is_counted_and_its_scale():
