@@ -151,7 +151,7 @@ for i, rule in enumerate(rules):
            title=f"({'ac'[i]}) {rule}: communication to 1.25 x fp32's min. loss\n"
                  f"(90 % t-interval, the verdicts'; {FP16_NOTE.rstrip('; ')};\n"
                  "\"missed k/n\": no bar, k of n seeds missed the target"
-                 + ("; black dotted: 0.05, PQASGD's verdict" if pq_line else "") + ")")
+                 + ("; dotted: 0.05, PQASGD's verdict" if pq_line else "") + ")")
     ax.axhline(1, color="black", lw=0.8)
     ax = axes[i, 1]     # the paired accuracy gap to fp32 at the common step: what the accuracy verdicts test
     g0 = gaps[gaps.rule == rule].assign(shown_problem=lambda x: x.shown + " (" + x.problem + ")")
