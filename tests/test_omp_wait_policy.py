@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROBE = """
 import os, time
 import tgsim
@@ -52,8 +54,6 @@ def test_idle_threads_sleep_between_regions():
     positive control, OMP_WAIT_POLICY=ACTIVE (threads spin through the gaps), uses at least twice
     tgsim's CPU share. With one core the spinning thread cannot run beside the main one, so the
     control needs two."""
-    import pytest
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores < 2:
         pytest.skip("the spinning control needs 2 cores")
