@@ -9,6 +9,8 @@ its threshold.
                             relative error's slope against log N.
 `speedup_row_verdict(...)`  which verdict a fig09 row gets before any slope is compared (not run, no
                             range, the same runs as fp32's, no claim, never reached ε).
+`speed_gain_verdict(...)`   fig11's "significant speed gains" on one model: judged only where the best
+                            float's step has communication to save (SPEED_ROOM_MIN), else "n/a".
 `diverged_note(...)`        fig03's note when a "not confirmed" rests on diverged runs only;
 `diverged_summary(...)`     its few words beside the verdict in the summary (the runs named, the verdict
                             without them).
@@ -88,6 +90,31 @@ def speedup_row_verdict(*, run: bool, has_range: bool, same_as_reference: bool, 
     if runs and not reached:
         return "not confirmed", "missed ε on every run: its failure"
     return (slope_verdict or "inconclusive"), "slope"
+
+
+# -- fig11: "significant speed gains" where there is communication to save ---------------------------------
+SPEED_ROOM_MIN = 1.1
+SPEED_ROOM_RULE = (f"judged only where the best float's step has communication to save: its room, "
+                   f"t_step / (t_step - exposed_comm), the speedup at equal steps K if the code cost nothing and "
+                   f"sent nothing, at least {SPEED_ROOM_MIN:g} (exposed communication at least "
+                   f"{100 * (1 - 1 / SPEED_ROOM_MIN):.1f} % of the step; fig06's minimum growth); below it the "
+                   f"time ratio is the ratio of steps K and the codec's own cost, not a gain from fewer bits, and "
+                   f"the model gets no verdict (n/a, its ratio shown)")
+
+
+def speed_gain_verdict(lo: float, hi: float, t_step: float, exposed_comm: float,
+                       min_room: float = SPEED_ROOM_MIN) -> tuple[str, float]:
+    """(verdict, room) of "significant speed gains" on one model (SPEED_ROOM_RULE): room = t_step /
+    (t_step - exposed_comm) of the best float at the judged N (inf when its step is all communication,
+    nan when unknown); room < `min_room` (or unknown) gives "n/a"; otherwise the speedup's interval
+    [lo, hi] against 1 (interval_verdict: above "confirmed", below "not confirmed", across
+    "inconclusive")."""
+    rest = t_step - exposed_comm
+    room = (math.inf if rest <= 0 else t_step / rest) if math.isfinite(t_step) and math.isfinite(exposed_comm) \
+        else math.nan
+    if not room >= min_room:
+        return "n/a", room
+    return interval_verdict(lo, hi, low=1.0), room
 
 
 # -- fig03: a "not confirmed" that rests on diverged runs ------------------------------------------------------

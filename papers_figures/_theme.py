@@ -290,11 +290,11 @@ def claim(claim: str, paper: str, measured: str, ok, *, kind: str, setting: str 
 
 
 def untestable(name: str, paper: str, why: str, would_test: str, *, kind: str = "paper claim",
-               setting: str = "") -> dict:
+               setting: str = "", key: str = "") -> dict:
     """The claim `name`, out of reach at this scale: verdict "untestable here", `measured` says why and
-    what would test it, `test` says that none ran."""
+    what would test it, `test` says that none ran; `key` as in `claim`."""
     return {**claim(name, paper, f"not measured: {why}. Would test it: {would_test}", "untestable here", kind=kind,
-                    setting=setting), "test": "none (out of reach here)"}
+                    setting=setting, key=key), "test": "none (out of reach here)"}
 
 
 def seeds_note(seeds) -> str:

@@ -324,43 +324,44 @@ def measured(m: str) -> str:
 
 
 def row(name: str, m: str | None, paper: str, kind: str, setting: str, why_absent: str = "", *, role: str = "",
-        note: str = "", no_claim: str = "", conditional: bool = False) -> dict:
+        note: str = "", no_claim: str = "", conditional: bool = False, key: str = "") -> dict:
     """The claim `name` about method m, its verdict by `_rules.speedup_row_verdict`: "n/a" when the run did
     not include m, or when m's K is fp32's on every run (it compresses nothing here: nothing to test);
     "untestable here" without a range; "not confirmed" when m missed ε on every run of the range (its
     failure, as fig08 counts a missed target); else `keeps_speedup` over the tested range, "conditional" in
     place of "confirmed" when `conditional` (a condition of the claim's rule not checked here, `note` names
     it). `no_claim`: why no claim at hand covers the setting run; the row then gives the measurement and
-    no verdict. `role`, `note`: the row's (_theme.claim)."""
+    no verdict. `role`, `note`, `key`: the row's (_theme.claim; `key` keeps two claims that quote one
+    sentence apart in the report's count)."""
     mine = rows_of(m) if m is not None else runs.iloc[:0]
     if no_claim and m is not None:       # no claim at hand in this setting: the measurement, no verdict
         text = measured(m) if m in keep and np.isfinite(keep[m]["slope"]) else (
             f"{m}: reached ε on {int(mine.K.notna().sum())} of {len(mine)} runs over the range")
         return claim(name, paper, f"{text}; no verdict: {no_claim}", None, kind=kind, setting=setting, scale="lsq",
-                     rows=rows_of(BASE, m), role=role)
+                     rows=rows_of(BASE, m), role=role, key=key)
     verdict, why = speedup_row_verdict(run=m is not None, has_range=bool(MS), same_as_reference=m in SAME,
                                        reached=int(mine.K.notna().sum()), runs=len(mine),
                                        slope_verdict=keep[m]["verdict"] if m in keep else None)
     if why == "not run":
-        return claim(name, paper, f"not run: {why_absent}", None, kind=kind, setting=setting)
+        return claim(name, paper, f"not run: {why_absent}", None, kind=kind, setting=setting, key=key)
     if why == "no linear range":
         return {**untestable(name, paper, f"fp32 itself has no linear range here ({lin['test']})", WOULD, kind=kind,
-                             setting=setting), "_rows": lin["prefixes"]}
+                             setting=setting, key=key), "_rows": lin["prefixes"]}
     if why.startswith("the same runs"):
         return claim(name, paper, measured(m) + ("; no verdict: fp32's K up to the sync period (Q = identity), "
                                                  "nothing compressed to test: the test has no power"
                                                  if m in SAME_PERIOD else
                                                  "; no verdict: the same runs as fp32's, nothing compressed to test"),
-                     None, kind=kind, setting=setting, scale="lsq", rows=rows_of(BASE, m))
+                     None, kind=kind, setting=setting, scale="lsq", rows=rows_of(BASE, m), key=key)
     if why.startswith("missed"):
         return claim(name, paper, f"{m}: missed ε on all {len(mine)} runs over M = {min(MS):g}..{max(MS):g} (cap "
                      f"{int(mine.cap.max())} iterations)", verdict, kind=kind, setting=setting,
                      test="a method that reaches ε on no run keeps no speedup (its failure, as in fig08)",
-                     scale="lsq", rows=rows_of(BASE, m))
+                     scale="lsq", rows=rows_of(BASE, m), key=key)
     if verdict == "confirmed" and conditional:
         verdict = "conditional"     # the test passed; a condition of the claim's rule is not checked here
     return claim(name, paper, measured(m), verdict, kind=kind, setting=setting, test=keep[m]["test"],
-                 scale="lsq", rows=rows_of(BASE, m), role=role, note=note)
+                 scale="lsq", rows=rows_of(BASE, m), role=role, note=note, key=key)
 
 
 def tern_config(m: str) -> str:
@@ -462,13 +463,15 @@ claims = [
         "quantized gradients with the quantization configured for the rate; reviewer 4: the level s \"is proportional "
         "to the square root of the data dimension\" (the constant 1 is tgsim's choice); "
         f"here QSGD with s = ceil(sqrt(d)) = {LEVELS} levels at every M, d = {DIM} (the least-squares "
-        "weights, one QSGD bucket), so QSGD's variance factor q = min(d/s^2, sqrt(d)/s) <= 1; " + SETTING, not_run),
+        "weights, one QSGD bucket), so QSGD's variance factor q = min(d/s^2, sqrt(d)/s) <= 1; " + SETTING, not_run,
+        key="Jiang & Agrawal's rate: quantized gradients"),
     row("sparse parameter averaging keeps the linear speedup", SPA[0] if SPA else None, RATE_WORDS + "; " + SPA_WORDS,
         "paper claim",
         "Jiang & Agrawal's sparse parameter averaging (periodic averaging): the model difference every 4 steps, "
         f"uncompressed (Q = identity, {SPA_M}), K counted in iterations on the last synchronized model; the period "
         "is 4 at every M (whether it meets the theorem's condition on the period is not checked here); " + SETTING,
-        not_run, note="the theorem's condition on the period is not checked here", conditional=True),
+        not_run, note="the theorem's condition on the period is not checked here", conditional=True,
+        key="Jiang & Agrawal's rate: sparse parameter averaging"),
     row("PQASGD keeps the linear speedup", PQ[0] if PQ else None, PQ_WORDS, "paper claim (proxy)",
         f"Jiang & Agrawal's PQASGD (their own method; its algorithm paraphrased, {UNCHECKED}); here with TernGrad's "
         f"3-level quantizer on the model difference every 4 steps ({PQ_M}), outside their conditions on the "

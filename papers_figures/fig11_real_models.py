@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import publish_report  # noqa: E402
 from _common import command_line, t_band, t_half_width, with_coding  # noqa: E402
 from _theme import UNCHECKED, claim, codec_color, gap_axis, log_ticks, plt, save, seeds_note, theme  # noqa: E402
-from _rules import accuracy_verdict  # noqa: E402
+from _rules import SPEED_ROOM_MIN, SPEED_ROOM_RULE, accuracy_verdict, speed_gain_verdict  # noqa: E402
 from reviewers import margin, reading, words  # noqa: E402
 from tgsim.analysis import compare_bits as cb  # noqa: E402
 from tgsim.analysis.verdicts import combine, interval_verdict, noninferiority, reached_ratio, tally  # noqa: E402
@@ -483,12 +483,25 @@ for m, recipe in TERN.items():
     if HAVE and (time_df.method == m).any():
         t = time_df[(time_df.method == m) & (time_df.rule == "own-lr") & (time_df.link_gbps == 1)].copy()
         t["K_source"] = np.where(t.workers.isin(K_MEASURED), "measured", f"modeled from N = {K_MEASURED[0]}")
+
+        def best_float_step(r) -> tuple[float, float]:
+            """(t_step, exposed_comm) of row r's best float at r's setting (nan, nan when absent)."""
+            f = time_df[(time_df.method == r.best_float) & (time_df.rule == r.rule) & (time_df.net == r.net)
+                        & (time_df.link_gbps == r.link_gbps) & (time_df.workers == r.workers)]
+            return (f.t_step.iloc[0], f.exposed_comm.iloc[0]) if len(f) else (np.nan, np.nan)
+
+        # each row's verdict and the best float's room at its setting (SPEED_ROOM_RULE)
+        got = [speed_gain_verdict(r.speedup_best_lo, r.speedup_best_hi, *best_float_step(r)) for r in t.itertuples()]
+        t["speed_verdict"], t["room"] = [v for v, _ in got], [room for _, room in got]
         judged = t[t.workers.isin(K_MEASURED)]
-        per = {net: combine([interval_verdict(r.speedup_best_lo, r.speedup_best_hi, low=1.0) for r in g.itertuples()])
-               for net, g in judged.groupby("net", sort=False)}
-        verdict = combine(list(per.values()))
+        per = {net: combine(list(g.speed_verdict)) for net, g in judged.groupby("net", sort=False)}
+        verdict = combine(list(per.values()))         # a model without room ("n/a") is left out
         carried = t[~t.workers.isin(K_MEASURED)]
-        text = ("; ".join(f"{r.net}: {per[r.net]}, {r.speedup_best:.2f} [95 % interval {r.speedup_best_lo:.2f}, "
+        text = ("; ".join(f"{r.net}: {per[r.net]}" + (f" (no room: {r.best_float}'s communication is "
+                                                       f"{100 * (1 - 1 / r.room):.1f} % of its step, room "
+                                                       f"{r.room:.3f}x < {SPEED_ROOM_MIN:g}x)"
+                                                       if per[r.net] == "n/a" else f" (room {r.room:.3g}x)")
+                          + f", {r.speedup_best:.2f} [95 % interval {r.speedup_best_lo:.2f}, "
                           f"{r.speedup_best_hi:.2f}] at N = {r.workers}"
                           + (" (borderline: an end of the interval lies within 0.01 of 1)"
                              if min(abs(r.speedup_best_lo - 1), abs(r.speedup_best_hi - 1)) < 0.01 else "")
@@ -496,8 +509,8 @@ for m, recipe in TERN.items():
                 + (f"; not judged (K carried over from N = {K_MEASURED[0]}): " + ", ".join(
                     f"{net} {int((g.speedup_best_lo > 1).sum())} won / {int((g.speedup_best_hi < 1).sum())} lost of "
                     f"{len(g)}" for net, g in carried.groupby("net", sort=False)) if len(carried) else ""))
-        rows = t[["net", "method", "rule", "link_gbps", "workers", "K_source", "speedup_best", "speedup_best_lo",
-                  "speedup_best_hi"]]
+        rows = t[["net", "method", "rule", "link_gbps", "workers", "K_source", "best_float", "room", "speed_verdict",
+                  "speedup_best", "speedup_best_lo", "speedup_best_hi"]]
     claims.append(claim(
         f"significant speed gains ({recipe}; modeled, 1 Gb/s)", words("speed"), text, verdict,
         kind="paper claim (proxy)" if m == "terngrad" else "tgsim variant",     # modeled time, best float
@@ -506,8 +519,9 @@ for m, recipe in TERN.items():
         "measured on this host's CPU (one thread), codec seconds host",
         test="per model: the " + SPEED_INTERVAL.split(": ")[0] + ", of the speedup over the best of fp32/fp16/bf16 "
              "at the N whose K was measured (each end a one-sided test at alpha 0.025, stricter than the report's "
-             "90 % rows); entirely above 1: confirmed, entirely below 1: not confirmed, else inconclusive; summary "
-             "split when the models disagree; rows at other N (K carried over) are shown, not judged", scale=SCALE,
+             "90 % rows); entirely above 1: confirmed, entirely below 1: not confirmed, else inconclusive; "
+             + SPEED_ROOM_RULE + "; summary split when the judged models disagree; rows at other N (K carried "
+             "over) are shown, not judged", scale=SCALE,
         rows=rows))
     # the faster links reviewer 4 of Jiang & Agrawal asks about: the same model at 10 and 100 Gb/s
     text, rows = ABSENT, None

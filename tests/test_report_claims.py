@@ -9,6 +9,8 @@ _theme's codec colours), each on either side of its threshold, and fig09's rows 
   (`averaging_verdict`);
 - fig09: "n/a" for a method with fp32's runs (nothing compressed) and for a row that answers a question,
   "not confirmed" for a method that never reached ε (`speedup_row_verdict`, and the script on fake CSVs);
+- fig11: "significant speed gains" judged only where the best float's step has at least 1.1x of
+  communication to save (`speed_gain_verdict`), else "n/a" whatever the interval says;
 - fig03: the note on a "not confirmed" that rests on diverged runs names how many of how many diverged
   and the verdict without them (`diverged_note`);
 - a title that runs into another panel's label fails the layout check (`_layout.title_overlaps`);
@@ -34,7 +36,7 @@ sys.path.insert(0, str(FIGURES))
 import _rules  # noqa: E402
 from _common import t_band, t_half_width  # noqa: E402
 from _rules import (AVERAGING_FLOOR, accuracy_verdict, averaging_verdict, diverged_note,  # noqa: E402
-                    diverged_summary, no_loss_verdict, speedup_row_verdict)
+                    diverged_summary, no_loss_verdict, speed_gain_verdict, speedup_row_verdict)
 
 from tgsim.analysis.verdicts import noninferiority, slope_fit  # noqa: E402
 
@@ -140,6 +142,25 @@ def test_speedup_row_failures_and_no_range():
                                slope_verdict="confirmed")[0] == "untestable here"
     assert speedup_row_verdict(run=True, has_range=True, same_as_reference=False, reached=5, runs=12,
                                slope_verdict="inconclusive")[0] == "inconclusive"
+
+
+# -- fig11: a speed gain needs communication to save --------------------------------------------------------
+def test_speed_gain_needs_room_to_gain():
+    # the best float's step: 10 ms, of which 0.5 ms exposed communication -> room 10/9.5 = 1.053x < 1.1
+    assert speed_gain_verdict(0.45, 1.00, 10.0, 0.5) == ("n/a", pytest.approx(10 / 9.5))
+    assert speed_gain_verdict(0.45, 0.90, 10.0, 0.5)[0] == "n/a"      # even a clear loss: no room, no verdict
+    # 2 ms of 10 exposed -> room 1.25x: the interval decides
+    assert speed_gain_verdict(1.05, 1.30, 10.0, 2.0) == ("confirmed", pytest.approx(1.25))
+    assert speed_gain_verdict(0.50, 0.90, 10.0, 2.0)[0] == "not confirmed"
+    assert speed_gain_verdict(0.90, 1.10, 10.0, 2.0)[0] == "inconclusive"
+
+
+def test_speed_gain_room_edges():
+    edge = 10.0 * (1 - 1 / 1.1)                                       # exposed share giving exactly 1.1x
+    assert speed_gain_verdict(1.2, 1.4, 10.0, edge * 1.001)[0] == "confirmed"
+    assert speed_gain_verdict(1.2, 1.4, 10.0, edge * 0.999)[0] == "n/a"
+    assert speed_gain_verdict(1.2, 1.4, 10.0, 10.0) == ("confirmed", math.inf)     # all communication
+    assert speed_gain_verdict(1.2, 1.4, math.nan, 1.0)[0] == "n/a"                 # the float's row missing
 
 
 # -- fig03: "not confirmed" resting on diverged runs ------------------------------------------------------------
