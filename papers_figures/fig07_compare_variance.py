@@ -119,14 +119,17 @@ TG_N = {1: dict(marker="*", ms=14, mfc=_TG, mec="black"), 8: dict(marker="*", ms
 
 
 def floor_note(kind: str) -> str:
-    """The codecs whose error is below FLOOR (not drawn), for the panel's title ("" when none): a box inside
-    the panel covered a codec's line."""
+    """The codecs whose error is below FLOOR (those points not drawn on the log axis), for the panel's
+    title ("" when none): "name (b bits)" where none of its points is drawn, "name from b bits" where
+    its points from b bits on are not (a box inside the panel covered a codec's line)."""
     below = exact[(exact.workers == 1) & (exact.kind == kind)]
     if not len(below):
         return ""
     least = below.groupby("codec", sort=False).bits_per_element.min()
-    names = ", ".join(f"{c} ({b:.3g} bits)" for c, b in least.items())
-    return "\n" + textwrap.fill(f"error < {FLOOR:.0e}, not drawn: {names}", 48)
+    drawn = set(df[(df.workers == 1) & (df.kind == kind)].codec)     # codecs with a point above FLOOR
+    names = ", ".join((f"{c} from {b:.3g} bits" if c in drawn else f"{c} ({b:.3g} bits)").replace(" ", "\u00a0")
+                      for c, b in least.items())           # no line break inside one codec's entry
+    return "\n" + textwrap.fill(f"points with error < {FLOOR:.0e} not drawn: {names}", 48)
 
 
 def kind_panel(ax, letter: str, kind: str) -> None:
