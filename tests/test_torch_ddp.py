@@ -166,6 +166,34 @@ class _OneRank:
         self.comm = SimpleNamespace(allgather=lambda x: [x])
 
 
+def test_a_buckets_plan_is_kept_while_its_key_holds():
+    """Buckets.plan builds a bucket's layers (step order) and flat form once per key: the same key
+    reuses them, another key (a rebuilt bucket) or key None (CuPy) builds again, and the flat form is
+    the buffer's views (FlatLayers), so later writes to the buffer are what the codec reads."""
+    from tgsim.codecs.base import FlatLayers
+    from tgsim.torch.ddp_bucket import Buckets
+
+    state = SimpleNamespace(index={"a": 0, "b": 1}, setup=SimpleNamespace(model=SimpleNamespace(
+        shapes={"a": (2,), "b": (3,)})))
+    buckets = Buckets(state, threaded=False)
+    buf = np.arange(5, dtype=np.float32)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return {"b": buf[2:], "a": buf[:2]}, buf
+
+    layers, form = buckets.plan(0, ("k",), build)
+    assert list(layers) == ["a", "b"] and isinstance(form, FlatLayers) and form.starts == {"a": 0, "b": 2}
+    assert buckets.plan(0, ("k",), build)[1] is form and len(builds) == 1
+    buf[:] = 7.0                                            # the next step's gradients, in place
+    assert (form["b"] == 7.0).all()
+    assert buckets.plan(0, ("other",), build)[1] is not form and len(builds) == 2
+    buckets.plan(1, None, build)
+    buckets.plan(1, None, build)
+    assert len(builds) == 4 and 1 not in buckets.plans
+
+
 def test_create_refuses_configs_the_hook_cannot_run():
     """[workers] n other than the ranks, local steps, the CuPy backend, a float64 module: ConfigError."""
     module = torch.nn.Linear(3, 2)

@@ -145,8 +145,9 @@ class FlatLayers(IndexedLayers):
     the elements [starts[name], starts[name] + n) of every row, n = prod(shapes[name]), shaped
     (W, *shapes[name]). As a Mapping it is {name: that view of the buffer} in the order of `starts`,
     so every codec takes it (one without `properties.multi_tensor` goes through the views layer by
-    layer); `ids` as IndexedLayers ({name: index in the step's full order}; default: the positions).
-    Layers may lie in the buffer in any order, with gaps (a DDP bucket's buffer)."""
+    layer); `rows` {name: the layer's elements of every row as one (W, n) view}; `ids` as IndexedLayers
+    ({name: index in the step's full order}; default: the positions). Layers may lie in the buffer in
+    any order, with gaps (a DDP bucket's buffer)."""
 
     def __init__(self, buffer, starts: Mapping, shapes: Mapping, ids: Mapping | None = None):
         if getattr(buffer, "ndim", None) != 2:
@@ -154,15 +155,17 @@ class FlatLayers(IndexedLayers):
         nw, total = buffer.shape
         if total > 1 and buffer.strides[1] != buffer.itemsize:
             raise ValueError("buffer: each worker's row must be contiguous")
-        views = {}
+        views, rows = {}, {}
         for name, start in starts.items():
             shape = tuple(int(d) for d in shapes[name])
             n, start = math.prod(shape), int(start)
             if start < 0 or start + n > total:
                 raise ValueError(f"layer {name!r}: elements [{start}, {start + n}) outside the buffer's {total}")
-            views[name] = buffer[:, start:start + n].reshape((nw, *shape))
+            rows[name] = buffer[:, start:start + n]
+            views[name] = rows[name].reshape((nw, *shape))
         super().__init__(views, {k: i for i, k in enumerate(views)} if ids is None else ids)
         self.buffer = buffer
+        self.rows = rows
         self.starts = {k: int(starts[k]) for k in views}
         self.shapes = {k: views[k].shape[1:] for k in views}
 

@@ -464,9 +464,12 @@ def tgsim_hook(state: TgsimHookState, bucket):
     fut = torch.futures.Future()
     if state.buckets is not None:
         with torch_threads_kept(torch):
-            grads = {k: _array(g) for k, g in state.bucket_grads(bucket).items()}
-            buf = bucket.buffer()
-            state.buckets.submit(grads, buf, fut, state.setup.xp, bucket.is_last(), _array(buf))
+            buf, params, grads = bucket.buffer(), bucket.parameters(), bucket.gradients()
+            key = (buf.data_ptr(), buf.numel(), tuple(p.data_ptr() for p in params),
+                   tuple(g.data_ptr() for g in grads)) if state.setup.xp is np else None
+            layers, form = state.buckets.plan(bucket.index(), key, lambda: (
+                {k: _array(g) for k, g in state.bucket_grads(bucket).items()}, _array(buf)))
+            state.buckets.submit(layers, form, buf, fut, state.setup.xp, bucket.is_last())
             if bucket.is_last():
                 state.buckets.finish()
         return fut

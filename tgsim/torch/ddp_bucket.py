@@ -15,6 +15,10 @@ For one step `t` of rank r (worker r of N), a bucket B (a subset of the layers, 
     msgs   = codec.encode_many(g, seed, t, [r], shared, stats)  IndexedLayers: StreamKey(seed, t, r, i_l)
     mean   = exchange.aggregate(codec, msgs, mode, shared)      written into the bucket's views
 
+The bucket's layers (g's views, ordered by i_l) and their FlatLayers are built once per bucket and
+kept while the bucket's buffer and views keep their addresses (`Buckets.plan`; DDP reuses the buffer
+every step, a rebuild changes it): each later step costs no per-layer bookkeeping before the codec.
+
 Every quantity is per layer (a codec that does not declare `properties.whole_step` promises it:
 tgsim.codecs.base), the stream keys carry the layer's index i_l in the full order, so each layer's
 mean has the bits of the simulator's one call over all layers (`tgsim.train.loop.train_step`).
@@ -134,7 +138,28 @@ class Buckets:
     def __init__(self, state, threaded: bool):
         self.state = state
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tgsim-ddp-bucket") if threaded else None
+        self.plans: dict = {}            # bucket index -> (key, layers, their _grads form): `plan`
         self._reset()
+
+    def plan(self, index: int, key: tuple, build) -> tuple:
+        """(layers {name: gradient view} in step order, their `_grads` form) of bucket `index`, built
+        once and kept while `key` stays the same. key: the bucket buffer's address and size, and each
+        parameter's and gradient view's address; DDP reuses a bucket's buffer every step, so equal
+        addresses are the same views of it, and a bucket rebuild changes them. The kept views hold the
+        buffer they alias, so no other buffer can take its address while the plan is kept. key None:
+        built every time, nothing kept (CuPy arrays: taking them from torch's tensors (DLPack) is what
+        makes CuPy's stream wait for torch's, each step).
+        build() -> ({name: view}, the buffer as a 1-D array) on a miss."""
+        got = self.plans.get(index)
+        if key is not None and got is not None and got[0] == key:
+            return got[1], got[2]
+        grads, flat = build()
+        index_of = self.state.index
+        layers = {k: grads[k] for k in sorted(grads, key=index_of.__getitem__)}
+        form = self._grads(layers, flat)
+        if key is not None:
+            self.plans[index] = (key, layers, form)
+        return layers, form
 
     def _reset(self) -> None:
         self.jobs: list = []
@@ -144,25 +169,22 @@ class Buckets:
         self.new_state: dict = {}
         self.sent = self.received = 0.0
 
-    def submit(self, grads: dict, buffer, fut, xp, last: bool, flat=None) -> None:
-        """Queue the bucket of gradient views `grads` {name: array} whose buffer fills `fut`. The last
-        bucket runs on the calling thread after the step's other jobs (nothing is left to overlap).
-        flat: the buffer as a 1-D array the views lie in (the codec then gets the bucket as one
-        `FlatLayers`), or None."""
-        index = self.state.index
-        layers = {k: grads[k] for k in sorted(grads, key=index.__getitem__)}
+    def submit(self, layers: dict, form, buffer, fut, xp, last: bool) -> None:
+        """Queue the bucket of gradient views `layers` {name: array} (step order) and their `_grads`
+        form `form` (both from `plan`), whose buffer fills `fut`. The last bucket runs on the calling
+        thread after the step's other jobs (nothing is left to overlap)."""
         self.views.update(layers)
         if self.pool is None or last:
             for j in self.jobs:
                 j.result()
-            self._job(layers, buffer, fut, xp, flat)
+            self._job(layers, form, buffer, fut, xp)
         else:
-            self.jobs.append(self.pool.submit(self._job, layers, buffer, fut, xp, flat))
+            self.jobs.append(self.pool.submit(self._job, layers, form, buffer, fut, xp))
 
-    def _job(self, layers: dict, buffer, fut, xp, flat=None) -> None:
+    def _job(self, layers: dict, form, buffer, fut, xp) -> None:
         try:
             if self.error is None and not self.bad:
-                self._exchange(layers, flat)
+                self._exchange(layers, form)
             if self.error is not None:
                 fut.set_exception(self.error)
                 return
@@ -185,12 +207,12 @@ class Buckets:
                 pass
         return IndexedLayers({k: a.reshape((1,) + shapes[k]) for k, a in layers.items()}, st.index)
 
-    def _exchange(self, layers: dict, flat=None) -> None:
-        """The bucket's check, encode and exchange (module docstring); its mean into `layers`' views."""
+    def _exchange(self, layers: dict, grads) -> None:
+        """The bucket's check, encode and exchange (module docstring) of its gradient views `layers`,
+        given to the codec as `grads` (their `_grads` form); the mean into the views."""
         st = self.state
         setup = st.setup
         cfg, ex, codec = setup.cfg, setup.exchange, setup.codec
-        grads = self._grads(layers, flat)
         state_in = None
         if st.codec_state is not None:
             state_in = {k: v for k, v in st.codec_state.items() if k.partition("/")[2] in layers}

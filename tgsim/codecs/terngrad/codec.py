@@ -38,7 +38,7 @@ import numpy as np
 
 from tgsim.backend import array_module, to_numpy
 from tgsim.codecs import options
-from tgsim.codecs.base import CodecProperties, layer_ids, layer_shapes, per_element_bits, with_ids
+from tgsim.codecs.base import CodecProperties, FlatLayers, layer_ids, layer_shapes, per_element_bits, with_ids
 from tgsim.codecs.terngrad.inputs import as_float32_layer, as_float32_rows
 from tgsim.codecs.terngrad.kernels import get_kernels
 from tgsim.codecs.message import (KIND_FLOAT, KIND_TERNARY, LayerSpec, Layout, Message, PayloadBatch, from_bytes,
@@ -137,6 +137,15 @@ def _layout_cached(codec: "TernGrad", shapes: tuple) -> Layout:
         float_layer = name in codec.float_layers or size < codec.min_size
         specs.append(LayerSpec(name, shape, KIND_FLOAT if float_layer else KIND_TERNARY))
     return Layout(tuple(specs), codec.packing)
+
+
+def _f32_flat_rows(layers) -> list | None:
+    """The (W, n) rows of every layer of a FlatLayers whose buffer is a float32 host array (its
+    views: what `as_float32_rows` returns for each, without the per-layer checks, which such a
+    buffer passes), else None."""
+    if isinstance(layers, FlatLayers) and type(layers.buffer) is np.ndarray and layers.buffer.dtype == np.float32:
+        return list(layers.rows.values())
+    return None
 
 
 @dataclass(frozen=True)
@@ -254,6 +263,8 @@ class TernGrad:
 
     def layout_many(self, layers: Mapping) -> tuple[Layout, int]:
         """(layout of one worker's layers, W) of layers with a leading worker axis (W, *shape)."""
+        if isinstance(layers, FlatLayers):      # its shapes and W are known and checked
+            return self._layout_of(layers.shapes), int(layers.buffer.shape[0])
         shapes, nw = {}, None
         for name, g in layers.items():
             shape = tuple(map(int, g.shape if hasattr(g, "shape") else np.shape(g)))
@@ -315,17 +326,19 @@ class TernGrad:
             err.worker = w
             return err
 
-        converted, stop = [], None           # per layer: rows, or the worker's float64 overflow
-        for spec, g in zip(layout.layers, layers.values()):
-            try:
-                converted.append(as_float32_rows(spec.name, g, nw))
-            except TypeError as e:
-                stop = e                     # raised after the earlier layers' errors are known
-                break
-            except ValueError as e:          # float64 overflow of worker e.worker (the lowest)
-                if getattr(e, "worker", None) is None:
-                    raise
-                converted.append(e)
+        converted, stop = _f32_flat_rows(layers), None     # per layer: rows, or a float64 overflow
+        if converted is None:
+            converted = []
+            for spec, g in zip(layout.layers, layers.values()):
+                try:
+                    converted.append(as_float32_rows(spec.name, g, nw))
+                except TypeError as e:
+                    stop = e                 # raised after the earlier layers' errors are known
+                    break
+                except ValueError as e:      # float64 overflow of worker e.worker (the lowest)
+                    if getattr(e, "worker", None) is None:
+                        raise
+                    converted.append(e)
         moments = self._moments_of(layout, converted)
         batches = self._scalings_of(moments)
         flats, scalings = [], []
@@ -464,7 +477,9 @@ class TernGrad:
         else:
             if len(scalings) != n_layers:
                 raise ValueError(f"{len(scalings)} scalings for {n_layers} layers")
-            flats = [as_float32_rows(spec.name, g, nw) for spec, g in zip(layout.layers, layers.values())]
+            flats = _f32_flat_rows(layers)
+            if flats is None:
+                flats = [as_float32_rows(spec.name, g, nw) for spec, g in zip(layout.layers, layers.values())]
         ternary = np.array([spec.kind == KIND_TERNARY for spec in layout.layers], dtype=bool)
         for spec, sc in zip(layout.layers, scalings):
             if (sc is None) == (spec.kind == KIND_TERNARY):

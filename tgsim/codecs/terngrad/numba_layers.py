@@ -141,7 +141,7 @@ def moments_layers(Gs, need_sigma: bool = True) -> list:
         nw, n = G.shape
         if nw == 0 or n == 0:
             out[i] = (np.zeros(nw), np.zeros(nw), np.ones(nw, dtype=bool))
-        elif threads == 1 or serial_moments(nw, n, need_sigma):
+        elif threads == 1 or serial_moments(nw, n, need_sigma, threads):
             serial.append(i)
         elif n <= ROW_TASK_MAX:
             rows_par.append(i)

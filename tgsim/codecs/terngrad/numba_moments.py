@@ -377,11 +377,12 @@ def _sigma_chunks(G, bits, w0, s1, s2, part, sums, mb):
 
 
 
-def serial_moments(nw: int, n: int, need_sigma: bool) -> bool:
+def serial_moments(nw: int, n: int, need_sigma: bool, threads: int | None = None) -> bool:
     """Whether moments_many of W = nw rows of n elements runs serially on the calling thread: W n
     below SERIAL_MOMENTS (SERIAL_ABSMAX without σ), or for the folded σ pass (_FOLD_MIN <= n <=
-    LANES) below SERIAL_FOLD or one worker; always with one Numba thread."""
-    if _threads() == 1:
+    LANES) below SERIAL_FOLD or one worker; always with one Numba thread (`threads`: the caller's
+    numba.get_num_threads(), read here when None)."""
+    if (_threads() if threads is None else threads) == 1:
         return True
     if need_sigma and _FOLD_MIN <= n <= LANES:   # the folded pass is ~2x cheaper per element
         return nw * n < nc.SERIAL_FOLD or nw == 1
