@@ -203,3 +203,14 @@ def test_integer_code_sums_equal_the_per_layer_calls(nw, fmt):
     rows[2][nw - 1] = np.zeros(nb + 1, np.uint8)
     with pytest.raises(ValueError, match=f"^payload of worker {nw - 1}: expected {nb} uint8"):
         nl.sum_codes_layers(rows, SIZES, fmt)
+
+
+@pytest.mark.parametrize("k", [4, 5])
+def test_chunk_counts_in_numpy_equal_the_kernels(k):
+    """encode_layers counts each row's parallel tasks in NumPy (`_enc_chunk_counts`); the tasks the
+    kernels run are `_enc_chunks`: the same count for every n, across the chunk boundaries."""
+    edge = 4 * nl._ENC2_CHUNK if k == 4 else 20 * nl._B3_UNITS
+    near = (edge * np.arange(1, 5)[:, None] + np.arange(-5, 6)[None, :]).ravel()
+    ns = np.unique(np.concatenate([np.arange(1, 100), near]))
+    ns = ns[ns >= 1]
+    assert nl._enc_chunk_counts(ns, k).tolist() == [nl._enc_chunks(int(n), k) for n in ns]

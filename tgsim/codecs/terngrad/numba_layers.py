@@ -201,6 +201,14 @@ def _enc_chunks(n, k):
     return ((n + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
 
 
+def _enc_chunk_counts(ns: np.ndarray, k: int) -> np.ndarray:
+    """int64 `_enc_chunks(n, k)` of each n >= 1 of ns, in one NumPy expression."""
+    ns = np.asarray(ns, dtype=np.int64)
+    if k == 4:
+        return np.maximum(1, (ns // 4 + _ENC2_CHUNK - 1) // _ENC2_CHUNK)
+    return ((ns + 19) // 20 + _B3_UNITS - 1) // _B3_UNITS
+
+
 @njit(cache=True)
 def _enc_rows_serial(rows, gaddr, oaddr, sizes, nbytes, s_scaled, cb, lay, wid, step, k0, k1, k):
     """Every chunk of the rows `rows` (of n >= 1 elements), in order, on this thread."""
@@ -254,8 +262,8 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
         raise ValueError(f"clip_bounds: expected {nl} vectors of shape ({nw},)")
     k = packing.CODES_PER_BYTE[fmt]
     nbs = -(-ns // k)
-    outs = [np.empty((nw, nb), dtype=np.uint8) for nb in nbs.tolist()]
-    if nw == 0 or nl == 0:
+    outs = [np.empty((nw, nb), dtype=np.uint8) for nb in nbs.tolist()]     # each its own array: a message
+    if nw == 0 or nl == 0:                                                  # part's .base is its layer's batch
         return outs
     with np.errstate(over="ignore", invalid="ignore"):
         cb = cbs.reshape(-1).astype(np.float32)                      # f32(clip_bound), layer-major rows
@@ -272,7 +280,7 @@ def encode_layers(Gs, scalers, clip_bounds, seed: int, step: int, workers, layer
         _enc_rows_serial(rows, *args)
     if par.any():
         rows = np.flatnonzero(par)
-        nch = np.array([_enc_chunks(n, k) for n in sizes[rows].tolist()], np.int64)
+        nch = _enc_chunk_counts(sizes[rows], k)
         task_row = np.repeat(rows, nch)
         task_ch = np.arange(task_row.size, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
         _enc_rows_par(task_row, task_ch, *args)
