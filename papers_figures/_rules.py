@@ -11,6 +11,8 @@ its threshold.
                             range, the same runs as fp32's, no claim, never reached ε).
 `speed_gain_verdict(...)`   fig11's "significant speed gains" on one model: judged only where the best
                             float's step has communication to save (SPEED_ROOM_MIN), else "n/a".
+`spread_checked(r)`         fig03: a setting's t-test result whose usable pairs have no spread (all gaps
+                            equal, a zero-width interval) is "inconclusive", not decided.
 `diverged_note(...)`        fig03's note when a "not confirmed" rests on diverged runs only;
 `diverged_summary(...)`     its few words beside the verdict in the summary (the runs named, the verdict
                             without them).
@@ -115,6 +117,21 @@ def speed_gain_verdict(lo: float, hi: float, t_step: float, exposed_comm: float,
     if not room >= min_room:
         return "n/a", room
     return interval_verdict(lo, hi, low=1.0), room
+
+
+# -- fig03: no decision from a zero-width interval ------------------------------------------------------------
+def spread_checked(r: dict) -> dict:
+    """A `tgsim.analysis.verdicts` t-test result `r` (equivalence, non-inferiority) with its verdict
+    "inconclusive" where its usable pairs have no spread (sd 0 up to rounding, 1e-9 of the gap: every
+    gap equal, e.g. two pairs left
+    after a reference's divergence, on a test set whose accuracy moves in steps) and it was decided
+    on that interval; a method's own failure (r["failed"]) keeps its verdict. `reading` says why."""
+    sd, diff = r.get("sd", math.nan), r.get("diff", math.nan)
+    if r.get("failed") or r.get("verdict") not in ("confirmed", "not confirmed") or not (
+            math.isfinite(sd) and sd <= 1e-9 * max(1.0, abs(diff) if math.isfinite(diff) else 1.0)):
+        return r
+    return dict(r, verdict="inconclusive", reading=f"no spread over its {r.get('n')} usable pair(s): a zero-width "
+                                                    "interval decides nothing")
 
 
 # -- fig03: a "not confirmed" that rests on diverged runs ------------------------------------------------------

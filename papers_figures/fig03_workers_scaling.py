@@ -39,7 +39,7 @@ from matplotlib.ticker import NullLocator
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import collapse_signs, command_line, t_band, train_many  # noqa: E402
-from _rules import diverged_note, diverged_summary  # noqa: E402
+from _rules import diverged_note, diverged_summary, spread_checked  # noqa: E402
 from _theme import UNCHECKED, claim, codec_color, log_ticks, plt, save, seeds_note, source, sns  # noqa: E402
 from reviewers import margin, reading, words  # noqa: E402
 from tgsim.analysis.verdicts import combine, equivalence  # noqa: E402
@@ -249,7 +249,8 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
     for (opt, n), d in df.groupby(["optimizer", "workers"], sort=False):
         a = d[d.variant == v].set_index("seed").test_accuracy
         b = d[d.variant == "fp32"].set_index("seed").test_accuracy.reindex(a.index)
-        res.append((opt, n, equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, scale=100, unit=" points")))
+        res.append((opt, n, spread_checked(equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, scale=100,
+                                                       unit=" points"))))
         finite_only[(opt, n)] = equivalence(a.to_numpy(), b.to_numpy(), margin=MARGIN, nonfinite="drop")
     verdicts = [r["verdict"] for _, _, r in res]
     joint = combine(verdicts, every=True)
@@ -282,6 +283,8 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
         + (f"; {need.count(None)} undecided setting(s) no number of seeds would confirm (|gap| >= margin, or "
            "fewer than 2 seeds: no spread)" if None in need else "")
         + (f"; {ref_failed} pair(s) left out: fp32 diverged (fp32's failure)" if ref_failed else "")
+        + "".join(f"; N = {n} ({o}): undecided, {r['reading']} (gap {r['diff']:+.1f} points)"
+                  for o, n, r in res if "reading" in r)
         + ("; " + note if note else "")
         + ("; fp32's own low runs (kept in their pairs, so their gaps favour the method): " + ", ".join(
             f"N = {r.workers} ({r.optimizer}) seed {r.seed}: {r.test_accuracy:.3f} against its setting's median "
@@ -290,8 +293,9 @@ for v in [x for x in df.variant.unique() if x != "fp32"]:
            f"{len(lost_c['max'])} runs (self-check row below)" if v.split(", ")[-1] == "max" else ""),
         joint, kind=kind, setting=SETTING, note=short,
         test=f"TOST equivalence (paired t) per (optimizer, N), {reading('workers')}, alpha 0.05, "
-             f"{df.seed.nunique()} seed(s); a diverged run fails its own method; confirmed when every setting is, "
-             "not confirmed when any is",
+             f"{df.seed.nunique()} seed(s); a diverged run fails its own method; a setting whose usable pairs have "
+             "no spread (a zero-width interval) is undecided; confirmed when every setting is, not confirmed when "
+             "any is",
         scale="convnet", rows=gap[gap.variant == v][["variant", "optimizer", "workers", "seed", "test_accuracy",
                                                      "ref", "gap_points", "diverged"]]
         .rename(columns={"ref": "fp32_accuracy"})))

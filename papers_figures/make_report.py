@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 PROVENANCE = "provenance.json"   # the run's stamp (publish_report.stamp), beside timings.csv
 sys.path.insert(0, str(HERE))
 from _common import OUT, QUICK_OUT, progress_disabled  # noqa: E402
+from _rules import NO_LOSS_RULE  # noqa: E402
 from _theme import UNCHECKED  # noqa: E402
 from publish_report import ROOT, stamp  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -256,15 +257,19 @@ def claim_key(paper: str, key: str = "") -> str:
     return "quote: " + " ".join(m.group(1).split()) if m else ""
 
 
-def combined_verdict(verdicts) -> str:
+def combined_verdict(verdicts, at_best_inconclusive: bool = False) -> str:
     """One claim's verdict over the verdicts of its counted rows (analysis.verdicts.combine: all agree ->
     that verdict; passed with a condition -> "conditional"; differing -> "split"); a row already "split"
-    makes the claim split, "untestable here" rows count only when nothing else tested the claim."""
-    from tgsim.analysis.verdicts import combine
+    makes the claim split, "untestable here" rows count only when nothing else tested the claim.
+    at_best_inconclusive: a claim no row can confirm (_rules.NO_LOSS_RULE: "no accuracy loss" at margin
+    0), where a loss shown by any row refutes it: combine(best="inconclusive")."""
+    from tgsim.analysis.verdicts import PASSED, combine
     v = [x for x in verdicts if x not in ("n/a", "")]
     tested = [x for x in v if x != "untestable here"]
     if not tested:
         return "untestable here" if v else "n/a"
+    if at_best_inconclusive and not any(x in PASSED or x == "split" for x in tested):
+        return combine(tested, best="inconclusive")
     if "split" in tested:
         return "split"
     return combine(tested)
@@ -288,7 +293,9 @@ def claim_groups(s: pd.DataFrame) -> pd.DataFrame:
     eligible = ~s.count_role.isin(["supporting", "placeholder"])
     for _, g in s[eligible].groupby("group", sort=False):
         first = g.assign(rank=rank[g.index]).sort_values("rank", kind="stable").index[0]
-        s.loc[first, ["counted", "combined", "n_rows"]] = [True, combined_verdict(g.verdict), len(g)]
+        no_loss = "test" in g and all(NO_LOSS_RULE in str(t) for t, v in zip(g.test, g.verdict)
+                                          if v not in ("n/a", "", "untestable here"))
+        s.loc[first, ["counted", "combined", "n_rows"]] = [True, combined_verdict(g.verdict, no_loss), len(g)]
         others = [i for i in g.index if i != first]
         s.loc[others, "counted_with"] = f"{s.figure[first] if 'figure' in s else ''}: {s.claim[first]}"
     return s

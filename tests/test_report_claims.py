@@ -36,7 +36,8 @@ sys.path.insert(0, str(FIGURES))
 import _rules  # noqa: E402
 from _common import t_band, t_half_width  # noqa: E402
 from _rules import (AVERAGING_FLOOR, accuracy_verdict, averaging_verdict, diverged_note,  # noqa: E402
-                    diverged_summary, no_loss_verdict, speed_gain_verdict, speedup_row_verdict)
+                    diverged_summary, no_loss_verdict, speed_gain_verdict, speedup_row_verdict,
+                    spread_checked)
 
 from tgsim.analysis.verdicts import noninferiority, slope_fit  # noqa: E402
 
@@ -161,6 +162,21 @@ def test_speed_gain_room_edges():
     assert speed_gain_verdict(1.2, 1.4, 10.0, edge * 0.999)[0] == "n/a"
     assert speed_gain_verdict(1.2, 1.4, 10.0, 10.0) == ("confirmed", math.inf)     # all communication
     assert speed_gain_verdict(1.2, 1.4, math.nan, 1.0)[0] == "n/a"                 # the float's row missing
+
+
+# -- fig03: no decision from a zero-width interval -------------------------------------------------------------
+def test_a_setting_without_spread_is_undecided():
+    from tgsim.analysis.verdicts import equivalence
+    # the report's N = 64 (plain SGD) MAX setting: fp32 diverged in seed 1, the two pairs left both -2.1
+    # points: sd 0, the interval [-2.1, -2.1], "not confirmed" from a zero-width interval
+    raw = equivalence(np.array([0.925, 0.934, 0.924]), np.array([0.946, np.nan, 0.945]), margin=0.01, scale=100)
+    assert raw["verdict"] == "not confirmed" and raw["n"] == 2
+    got = spread_checked(raw)
+    assert got["verdict"] == "inconclusive" and "no spread" in got["reading"]
+    assert spread_checked(dict(raw, sd=3e-16))["verdict"] == "inconclusive"      # rounding is no spread
+    spread = equivalence(np.array([0.70, 0.72, 0.74]), np.array([0.721, 0.735, 0.762]), margin=0.01, scale=100)
+    assert spread["sd"] > 0 and spread_checked(spread) is spread                # a real interval keeps its verdict
+    assert spread_checked(dict(raw, failed=1))["verdict"] == "not confirmed"     # a method's own failure stays
 
 
 # -- fig03: "not confirmed" resting on diverged runs ------------------------------------------------------------

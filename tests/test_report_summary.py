@@ -144,6 +144,24 @@ def test_combined_verdict_follows_combine():
     assert make_report.claim_key('"a" (x)', key="k") == "key: k"
 
 
+def test_a_no_loss_claim_is_refuted_by_any_row_that_shows_a_loss():
+    """"No accuracy loss" at margin 0 (_rules.NO_LOSS_RULE in the rows' test) can at best be inconclusive,
+    so one row showing a loss makes the claim "not confirmed", not "split"; other claims stay split."""
+    from _rules import NO_LOSS_RULE
+
+    cv = make_report.combined_verdict
+    assert cv(["inconclusive", "not confirmed"], at_best_inconclusive=True) == "not confirmed"
+    assert cv(["inconclusive", "inconclusive", "n/a"], at_best_inconclusive=True) == "inconclusive"
+    assert cv(["inconclusive", "not confirmed"]) == "split"
+    words = '"does not incur any accuracy loss" (abstract)'
+    rows = [dict(_row("paper claim (proxy)", v, paper=words, figure=f), test="t; " + NO_LOSS_RULE)
+            for f, v in (("fig08", "inconclusive"), ("fig11", "not confirmed"))]
+    g = make_report.claim_groups(pd.DataFrame(rows))
+    assert g.combined[g.counted].tolist() == ["not confirmed"]
+    plain = make_report.claim_groups(pd.DataFrame([dict(r, test="t") for r in rows]))
+    assert plain.combined[plain.counted].tolist() == ["split"]
+
+
 def test_summary_tables_say_how_each_row_is_counted_and_its_scale():
     text = "\n".join(make_report.summary_lines(_table()))
     assert "| kind | confirmed | conditional |" in text
