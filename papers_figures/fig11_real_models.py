@@ -531,6 +531,11 @@ for m, recipe in TERN.items():
         text = "; ".join(f"{r.net} at {r.link_gbps:g} Gb/s, N = {r.workers}: {r.speedup_best:.2f} "
                          f"[95 % interval {r.speedup_best_lo:.2f}, {r.speedup_best_hi:.2f}]" for r in f.itertuples()) \
             or ABSENT
+        if len(f):      # the answer in words: how many settings are faster, slower, undecided than the best float
+            text = (f"the answer: faster than the best float in {int((f.speedup_best_lo > 1).sum())}, slower in "
+                    f"{int((f.speedup_best_hi < 1).sum())}, undecided in "
+                    f"{int(((f.speedup_best_lo <= 1) & (f.speedup_best_hi >= 1)).sum())} of {len(f)} settings "
+                    "(95 % intervals; a question, so no verdict); " + text)
         rows = f[["net", "method", "rule", "link_gbps", "workers", "speedup_best", "speedup_best_lo",
                   "speedup_best_hi"]]
     claims.append(claim(
