@@ -123,9 +123,9 @@ def speed_gain_verdict(lo: float, hi: float, t_step: float, exposed_comm: float,
 def spread_checked(r: dict) -> dict:
     """A `tgsim.analysis.verdicts` t-test result `r` (equivalence, non-inferiority) with its verdict
     "inconclusive" where its usable pairs have no spread (sd 0 up to rounding, 1e-9 of the gap: every
-    gap equal, e.g. two pairs left
-    after a reference's divergence, on a test set whose accuracy moves in steps) and it was decided
-    on that interval; a method's own failure (r["failed"]) keeps its verdict. `reading` says why."""
+    gap equal, e.g. two pairs left after a reference's divergence, on a test set whose accuracy moves
+    in steps) and it was decided on that interval; a method's own failure (r["failed"]) keeps its
+    verdict. `reading` says why."""
     sd, diff = r.get("sd", math.nan), r.get("diff", math.nan)
     if r.get("failed") or r.get("verdict") not in ("confirmed", "not confirmed") or not (
             math.isfinite(sd) and sd <= 1e-9 * max(1.0, abs(diff) if math.isfinite(diff) else 1.0)):
