@@ -27,7 +27,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, mnist1d_convnet_config  # noqa: E402
-from _theme import claim, log_ticks, plt, save, sns, source  # noqa: E402
+from _theme import UNCHECKED, claim, log_ticks, plt, save, sns, source  # noqa: E402
 
 from tgsim.analysis.bound import step_points  # noqa: E402
 from tgsim.analysis.common import single_thread, terngrad_error, terngrad_second_moment, trajectory  # noqa: E402
@@ -140,7 +140,8 @@ own = (df.variant == VARIANTS[0]) | ((df.variant == VARIANTS[2]) & (df.layer == 
 inside = bool(((df.ratio >= 1 - 1e-9) & (df.ratio <= df.sqrt_n * (1 + 1e-9)))[own].all())
 em = err.groupby(["layer", "variant"], sort=False).mse.median()
 clip_lower = [layer for layer in order if em[layer, VARIANTS[1]] < em[layer, VARIANTS[0]]]
-SETTING = "the paper: AlexNet, GoogLeNet on ImageNet; here 8 workers, total batch 64, momentum 0.9, c = 2.5"
+SETTING = ("the paper: AlexNet, GoogLeNet (the abstract), ImageNet (" + UNCHECKED + "); here 8 workers, total "
+           "batch 64, momentum 0.9, c = 2.5")
 ONE_RUN = (f"median over {err.step.nunique()} recorded steps x 8 workers of one run (seed 0); no interval: the "
            "points of one run are not independent")
 GUIDED = source("tg-abstract", "Guided by the bound, we propose layer-wise ternarizing and gradient clipping to "

@@ -449,7 +449,7 @@ for m, recipe in TERN.items():
             claims.append(claim(
                 f"{name} ({recipe}; {rule})", words(key), text.strip("; ") or ABSENT,
                 summary, kind=kind_of(m, rule, proxy=True),
-                setting=f"the paper: AlexNet, GoogLeNet on ImageNet; here TernGrad {DETAIL[m]}, {RULES[rule]}; {SETTING}",
+                setting=f"the paper: AlexNet, GoogLeNet (the abstract), ImageNet ({UNCHECKED}); here TernGrad {DETAIL[m]}, {RULES[rule]}; {SETTING}",
                 test=(res[0][1]["test"] + f"; {reading(key)}; {rule_text}; test accuracy at fp32's step budget")
                 if res else "", scale=SCALE, rows=g.reindex(columns=ROW_COLUMNS) if len(g) else None,
                 role=role_of(g, left, kind_of(m, rule, proxy=True), m)))
@@ -512,7 +512,7 @@ for m, recipe in TERN.items():
         rows = t[["net", "method", "rule", "link_gbps", "workers", "K_source", "best_float", "room", "speed_verdict",
                   "speedup_best", "speedup_best_lo", "speedup_best_hi"]]
     claims.append(claim(
-        f"significant speed gains ({recipe}; modeled, 1 Gb/s)", words("speed"), text, verdict,
+        f"significant speed gains ({recipe}; modeled, 1 Gb/s, against the best float)", words("speed"), text, verdict,
         kind="paper claim (proxy)" if m == "terngrad" else "tgsim variant",     # modeled time, best float
         setting=f"TernGrad {DETAIL[m]}; time to the loss target = K (measured, own-lr, at N = "
         f"{', '.join(map(str, K_MEASURED)) or '-'}) x the modeled DDP step on 1 Gb/s, one device per node, compute "

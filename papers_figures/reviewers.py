@@ -164,7 +164,8 @@ QUESTIONS = [
               "levels (its measured bits per element in fig09's rows) is the level count the rate needs here"),
     dict(paper=JIANG, reviewer="R4", question="networks faster than 1 Gb/s",
          rows=(("fig06", "the gain grows as the bandwidth falls"),
-               ("fig11", "significant speed gains (paper quantizer, tgsim downlink; modeled, 1 Gb/s)"),
+               ("fig11", "significant speed gains (paper quantizer, tgsim downlink; modeled, 1 Gb/s, against the "
+                         "best float)"),
                ("fig11", "speedup on faster links (paper quantizer, tgsim downlink; modeled, 10 and 100 Gb/s)")),
          note="model only (fig06: 1 Gb/s Ethernet and 100 Gb/s InfiniBand; fig11: 10 and 100 Gb/s at the measured "
               "N); no measured fast link here"),
