@@ -36,7 +36,6 @@
 
 # %%
 import dataclasses
-import math
 import os
 import subprocess
 import sys
@@ -262,7 +261,7 @@ SETTING = ("the paper: AlexNet, GoogLeNet, VGG-A; 1 Gb/s Ethernet (4 GTX 1080 pe
 # times gain(2); a gain already at the byte cap (32/2 = 16x for the 2-bit downlink) at 2 GPUs cannot grow
 MIN_GROWTH = 1.10
 # the byte cap at 512 GPUs per downlink (perfmodel.byte_cap): 2-bit 64 / 4 = 16x; exact-sum ceil(log2(1025)) = 11 bits
-CAP512 = {"2-bit": pt.byte_cap(2), "exact-sum": pt.byte_cap(math.ceil(math.log2(2 * 512 + 1)))}
+CAP512 = {"2-bit": pt.byte_cap(2), "exact-sum": pt.byte_cap(pt.uint_width(512))}
 DOWN_WORDS = {"2-bit": "the paper's 2-bit downlink (the server re-ternarizes the sum; paraphrase, " + UNCHECKED + ")",
               "exact-sum": "tgsim's exact-sum downlink (ceil(log2(2N+1)) bits per element)"}
 NAME = {"2-bit": "", "exact-sum": " (tgsim's exact-sum downlink)"}

@@ -406,7 +406,8 @@ for key in ("no-loss", "under-2"):
             (f"{shown}: " + (f"{count}. " if count and len(set(verdicts)) > 1 else "") + accuracy_text(res)
              + left_text(left)) if len(tg) else same_runs_text(name, left), summary,
             kind=kind_of(m, rule, proxy=True),
-            setting=f"the paper: AlexNet and GoogLeNet (the abstract), ImageNet ({UNCHECKED}); here {RULES[rule]}; {tg_downlink(m)}; {SETTING}",
+            setting=f"the paper: AlexNet and GoogLeNet (the abstract), ImageNet ({UNCHECKED}); here {RULES[rule]}; "
+                    f"{tg_downlink(m)}; {SETTING}",
             test=(res[0][1]["test"] + f"; {reading(key)}; {rule_text}, "
                   + AT_COMMON) if res else "", scale=SCALE, rows=tg.reindex(columns=ROW_COLUMNS) if len(tg) else None,
             role=role_of(tg, left, kind_of(m, rule), m)))

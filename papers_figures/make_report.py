@@ -309,8 +309,8 @@ def summary_counts(s: pd.DataFrame) -> pd.DataFrame:
     row, under their combined verdict (combined_verdict); the claim's other rows, a row with role
     "supporting" and a "placeholder" (no measurement of its own) go to "not counted"; a reviewer-question
     row with role "re-test" (it re-tests a claim rather than answers a question) is counted on
-    RETEST_LINE unless the proxy line tests the same claim."""
-    s = claim_groups(s)
+    RETEST_LINE unless the proxy line tests the same claim. `s`: the claims, or claim_groups' result."""
+    s = s if "counted" in s else claim_groups(s)
     out = []
     for line in LINES:
         k = s[s.count_line == line]
